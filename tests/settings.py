@@ -1,0 +1,73 @@
+"""Settings for the test suite. WEFT_TEST_DB=postgres (default) or sqlite."""
+
+import os
+
+SECRET_KEY = "weft-tests"  # noqa: S105
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ROOT_URLCONF = "tests.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "weft_django",
+    "tests.testapp",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "/static/"
+
+TEST_DB = os.environ.get("WEFT_TEST_DB", "postgres")
+if TEST_DB == "sqlite":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.environ.get("WEFT_SQLITE_PATH", "/tmp/weft-tests.sqlite3"),
+            "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20, "init_command": "PRAGMA journal_mode=WAL;"},
+            # A file, not :memory:, so engine subprocesses share it.
+            "TEST": {"NAME": os.environ.get("WEFT_SQLITE_TEST_PATH", "/tmp/weft-tests-test.sqlite3")},
+        }
+    }
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": os.environ.get("WEFT_PG_NAME", "weft"),
+            "USER": os.environ.get("WEFT_PG_USER", "postgres"),
+            "HOST": os.environ.get("WEFT_PG_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("WEFT_PG_PORT", "5432"),
+        }
+    }
+
+WEFT = {"POLL_INTERVAL": "100ms"}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"weft_django": {"handlers": ["console"], "level": os.environ.get("WEFT_LOG_LEVEL", "WARNING")}},
+}

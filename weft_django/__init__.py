@@ -1,0 +1,89 @@
+"""weft_django: durable workflows for Django.
+
+Everything public is importable from here. Names are re-exported lazily (PEP 562), so importing
+this package while Django loads INSTALLED_APPS never imports models or touches the app registry.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    # definitions
+    "workflow": "weft_django.registry",
+    "activity": "weft_django.registry",
+    "RetryPolicy": "weft_django.registry",
+    "WorkflowContext": "weft_django.context",
+    "heartbeat": "weft_django.activity_runtime",
+    "activity_info": "weft_django.activity_runtime",
+    "ActivityInfo": "weft_django.activity_runtime",
+    # client
+    "start": "weft_django.client",
+    "astart": "weft_django.client",
+    "get_handle": "weft_django.client",
+    "WorkflowHandle": "weft_django.client",
+    "signal": "weft_django.client",
+    "query": "weft_django.client",
+    "update": "weft_django.client",
+    "cancel": "weft_django.client",
+    "start_or_signal": "weft_django.client",
+    "start_with_update": "weft_django.client",
+    # schedules
+    "schedule": "weft_django.schedules",
+    "get_schedule": "weft_django.schedules",
+    # maintenance
+    "run_maintenance": "weft_django.engine.maintenance",
+    # choices
+    "WorkflowStatus": "weft_django.status",
+}
+
+_EXCEPTIONS = (
+    "WeftError ConfigurationError WorkflowNotRegisteredError WorkflowAlreadyExistsError WorkflowNotFoundError "
+    "WorkflowTerminalError WorkflowStateError WorkflowFailedError WorkflowCancelledError WorkflowTimedOutError "
+    "ActivityError ActivityCancelledError ChildWorkflowError QueryFailedError UpdateValidationError "
+    "UpdateFailedError UpdateTimeoutError QueryNotFoundError QueryTimeoutError WaitTimeoutError "
+    "NonDeterminismError VersionMismatchError PayloadSizeExceededError PayloadNotSerializableError "
+    "IdempotencyKeyPurgedError WorkflowNotLocallyOwnedError WorkflowClaimUnavailableError "
+    "OwnershipModeMismatchError EngineLeaseAcquisitionTimeoutError WorkflowDefinitionError"
+).split()
+_EXPORTS.update({name: "weft_django.exceptions" for name in _EXCEPTIONS})
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'weft_django' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from .activity_runtime import ActivityInfo, activity_info, heartbeat
+    from .client import (
+        WorkflowHandle,
+        astart,
+        cancel,
+        get_handle,
+        query,
+        signal,
+        start,
+        start_or_signal,
+        start_with_update,
+        update,
+    )
+    from .context import WorkflowContext
+    from .engine.maintenance import run_maintenance
+    from .exceptions import *  # noqa: F403
+    from .registry import RetryPolicy, activity, workflow
+    from .schedules import get_schedule, schedule
+    from .status import WorkflowStatus

@@ -1,0 +1,1 @@
+"""System checks (placeholder until conf validation lands)."""

@@ -1,0 +1,194 @@
+"""The WeftError hierarchy. Every message says what to do about it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+
+class WeftError(Exception):
+    """Base class of every error weft_django raises."""
+
+
+class ConfigurationError(WeftError, ImproperlyConfigured):
+    """The WEFT settings are invalid. The message names the setting and the rule."""
+
+
+class WorkflowNotRegisteredError(WeftError):
+    pass
+
+
+class WorkflowAlreadyExistsError(WeftError):
+    pass
+
+
+class WorkflowNotFoundError(WeftError):
+    pass
+
+
+class WorkflowTerminalError(WeftError):
+    pass
+
+
+class WorkflowStateError(WeftError):
+    pass
+
+
+def _error_dict(error: dict[str, Any] | None) -> dict[str, Any]:
+    return dict(error or {})
+
+
+class WorkflowFailedError(WeftError):
+    """The run failed. ``.error`` is ``{"type", "message", "traceback"}``."""
+
+    def __init__(self, message: str, error: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.error = _error_dict(error)
+
+
+class WorkflowCancelledError(WeftError):
+    pass
+
+
+class WorkflowTimedOutError(WeftError):
+    pass
+
+
+class ActivityError(WeftError):
+    """A failed activity, thrown into workflow code. The same live and on replay."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        type: str = "Exception",  # noqa: A002 - the API names this attribute "type"
+        qualified_type: str = "",
+        traceback: str = "",
+        attempts: int = 1,
+        activity: str = "",
+    ) -> None:
+        super().__init__(f"Activity {activity!r} failed after {attempts} attempt(s): {type}: {message}")
+        self.message = message
+        self.type = type
+        self.qualified_type = qualified_type or type
+        self.traceback = traceback
+        self.attempts = attempts
+        self.activity = activity
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "qualified_type": self.qualified_type,
+            "message": self.message,
+            "traceback": self.traceback,
+            "attempts": self.attempts,
+            "activity": self.activity,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ActivityError:
+        return cls(
+            data.get("message", ""),
+            type=data.get("type", "Exception"),
+            qualified_type=data.get("qualified_type", ""),
+            traceback=data.get("traceback", ""),
+            attempts=int(data.get("attempts", 1)),
+            activity=data.get("activity", ""),
+        )
+
+
+class ActivityCancelledError(WeftError):
+    """Raised by weft.heartbeat() once the attempt should stop."""
+
+
+class ChildWorkflowError(WeftError):
+    def __init__(self, message: str, *, child_id: str, status: str, error: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.child_id = child_id
+        self.status = status
+        self.error = _error_dict(error)
+
+
+class QueryFailedError(WeftError):
+    def __init__(self, message: str, error: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.error = _error_dict(error)
+
+
+class UpdateValidationError(WeftError):
+    def __init__(self, name: str, issues: list[dict[str, Any]]) -> None:
+        self.name = name
+        self.issues = issues
+        joined = "; ".join(str(issue["message"]) for issue in issues)
+        super().__init__(f'Update "{name}" rejected by validator: {joined}')
+
+
+class UpdateFailedError(WeftError):
+    def __init__(self, message: str, error: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.error = _error_dict(error)
+
+
+class UpdateTimeoutError(WeftError):
+    pass
+
+
+class QueryNotFoundError(WeftError):
+    pass
+
+
+class QueryTimeoutError(WeftError):
+    pass
+
+
+class WaitTimeoutError(WeftError):
+    """A wait_for_signal (or other wait) ran past its timeout."""
+
+
+class NonDeterminismError(WeftError):
+    """Workflow code yielded a different operation than the recorded one at that position."""
+
+
+class VersionMismatchError(WeftError):
+    """The stored run's version is not registered in this process."""
+
+
+class PayloadSizeExceededError(WeftError):
+    pass
+
+
+class PayloadNotSerializableError(WeftError):
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class IdempotencyKeyPurgedError(WeftError):
+    pass
+
+
+class WorkflowNotLocallyOwnedError(WeftError):
+    pass
+
+
+class WorkflowClaimUnavailableError(WeftError):
+    pass
+
+
+class OwnershipModeMismatchError(WeftError):
+    pass
+
+
+class EngineLeaseAcquisitionTimeoutError(WeftError):
+    pass
+
+
+__all__ = [name for name, value in list(globals().items()) if isinstance(value, type) and issubclass(value, WeftError)]
+
+
+class WorkflowDefinitionError(WeftError, TypeError):
+    """A @workflow / @activity definition is invalid (not a generator, a taken name, bad options)."""
+
+
+__all__ += ["WorkflowDefinitionError"]

@@ -1,0 +1,298 @@
+"""The tables. Payload columns hold codec text (never jsonb): what replay reads must equal what the
+live run saw. Engine-owned state is written only through engine/fencing.py, engine/ownership.py and
+transitions.py."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+
+from .status import (
+    OverlapPolicy,
+    OwnershipMode,
+    QueryStatus,
+    SignalState,
+    StepKind,
+    StepStatus,
+    TimerKind,
+    UpdateStatus,
+    WorkflowStatus,
+)
+
+_ACTIVE = Q(status__in=[WorkflowStatus.PENDING, WorkflowStatus.RUNNING, WorkflowStatus.SUSPENDED])
+
+
+class Workflow(models.Model):
+    """One row per workflow id, holding its latest run."""
+
+    id = models.CharField(primary_key=True, max_length=255)
+    run_id = models.UUIDField(default=uuid.uuid4)
+    workflow_type = models.CharField(max_length=255)
+    version = models.CharField(max_length=64, default="1")
+    status = models.CharField(max_length=16, choices=WorkflowStatus.choices, default=WorkflowStatus.RUNNING)
+    input = models.TextField(help_text="Codec text of {'args': [...], 'kwargs': {...}}.")
+    result = models.TextField(null=True, blank=True, help_text="Codec text of the return value.")
+    error = models.JSONField(null=True, blank=True, help_text="{'type', 'message', 'traceback'} when failed.")
+    parent_id = models.CharField(max_length=255, null=True, blank=True, db_index=True)
+    parent_run_id = models.UUIDField(null=True, blank=True)
+    parent_seq = models.IntegerField(null=True, blank=True)
+    parent_close_policy = models.CharField(max_length=16, default="terminate")
+    depth = models.PositiveSmallIntegerField(default=0)
+    schedule_id = models.CharField(max_length=255, null=True, blank=True, db_index=True)
+    idempotency_key = models.CharField(max_length=320, null=True, blank=True)
+    start_at = models.DateTimeField(null=True, blank=True)
+    execution_deadline = models.DateTimeField(null=True, blank=True)
+    current_step = models.CharField(max_length=255, blank=True, default="")
+    # NonDeterminismError / VersionMismatchError: the run stays running; engines retry after back-off.
+    stuck_error = models.JSONField(null=True, blank=True)
+    stuck_retry_at = models.DateTimeField(null=True, blank=True)
+    stuck_attempts = models.PositiveIntegerField(default=0)
+    cancel_reason = models.TextField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["status", "workflow_type"], name="weft_wf_active", condition=_ACTIVE),
+            models.Index(fields=["status", "finished_at"], name="weft_wf_terminal", condition=~_ACTIVE),
+            models.Index(fields=["created_at"], name="weft_wf_created"),
+        ]
+        permissions = [
+            ("cancel_workflow", "Can cancel, suspend and resume workflows"),
+            ("retry_workflow", "Can retry failed workflows"),
+            ("signal_workflow", "Can send signals to workflows"),
+            ("purge_workflow", "Can purge terminal workflows"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.workflow_type}, {self.status})"
+
+
+class WorkflowClaim(models.Model):
+    """Ownership of one workflow. The epoch never goes down for an id (drawn from a global sequence);
+    a null engine_id means released or never claimed. Renewal rewrites expires_at only (narrow row,
+    expiry unindexed, so renewals stay HOT updates)."""
+
+    workflow_id = models.CharField(primary_key=True, max_length=255)
+    epoch = models.BigIntegerField(default=0)
+    engine_id = models.CharField(max_length=255, null=True, blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["engine_id"], name="weft_claim_engine")]
+
+    def __str__(self) -> str:
+        return f"{self.workflow_id}@{self.epoch} by {self.engine_id or '-'}"
+
+
+class Step(models.Model):
+    """The checkpoint log replay reads: one row per (run, seq)."""
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="steps", db_constraint=False)
+    run_id = models.UUIDField()
+    seq = models.IntegerField()
+    kind = models.CharField(max_length=16, choices=StepKind.choices)
+    name = models.CharField(max_length=255, blank=True, default="")
+    status = models.CharField(max_length=16, choices=StepStatus.choices)
+    result = models.TextField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    epoch = models.BigIntegerField()
+    started_at = models.DateTimeField()
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run_id", "seq"], name="weft_step_run_seq")]
+
+    def __str__(self) -> str:
+        return f"{self.workflow_id}#{self.seq} {self.kind} {self.name}"
+
+
+class AppliedUpdate(models.Model):
+    """An update handler that ran, re-applied on replay at the yield it arrived at."""
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="+", db_constraint=False)
+    run_id = models.UUIDField()
+    seq = models.IntegerField()
+    n = models.IntegerField()
+    name = models.CharField(max_length=255)
+    payload = models.TextField()
+    result = models.TextField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    update_id = models.UUIDField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run_id", "seq", "n"], name="weft_applied_run_seq_n")]
+
+
+class Timer(models.Model):
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="timers", db_constraint=False)
+    run_id = models.UUIDField(null=True, blank=True)
+    kind = models.CharField(max_length=24, choices=TimerKind.choices)
+    seq = models.IntegerField(null=True, blank=True)
+    attempt = models.PositiveIntegerField(null=True, blank=True)
+    fire_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["workflow", "fire_at"], name="weft_timer_wf")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.workflow_id}#{self.seq} at {self.fire_at}"
+
+
+class BufferedSignal(models.Model):
+    """A signal, durable from the moment signal() returns; consumed with the step that consumes it."""
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="signals", db_constraint=False)
+    run_id = models.UUIDField()
+    name = models.CharField(max_length=255)
+    signal_id = models.CharField(max_length=320, null=True, blank=True)
+    payload = models.TextField()
+    state = models.CharField(max_length=16, choices=SignalState.choices, default=SignalState.BUFFERED)
+    consumed_seq = models.IntegerField(null=True, blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run_id", "signal_id"], name="weft_signal_id_per_run", condition=Q(signal_id__isnull=False)
+            )
+        ]
+        indexes = [
+            models.Index(
+                fields=["workflow", "name", "id"], name="weft_signal_buffered", condition=Q(state="buffered")
+            )
+        ]
+
+
+class PendingUpdate(models.Model):
+    """An update request: durable from admission, answered by the owner in a fenced commit."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4)
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="updates", db_constraint=False)
+    run_id = models.UUIDField()
+    name = models.CharField(max_length=255)
+    payload = models.TextField()
+    idempotency_key = models.CharField(max_length=320, null=True, blank=True)
+    status = models.CharField(max_length=16, choices=UpdateStatus.choices, default=UpdateStatus.ADMITTED)
+    result = models.TextField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    issues = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run_id", "idempotency_key"],
+                name="weft_update_key_per_run",
+                condition=Q(idempotency_key__isnull=False),
+            )
+        ]
+        indexes = [
+            models.Index(fields=["workflow", "created_at"], name="weft_update_admitted", condition=Q(status="admitted"))
+        ]
+
+
+class QueryRequest(models.Model):
+    """A query routed through the database to the engine that owns the workflow."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4)
+    workflow_id = models.CharField(max_length=255)
+    engine_id = models.CharField(max_length=255, null=True, blank=True, db_index=True)
+    name = models.CharField(max_length=255)
+    arg = models.TextField(null=True, blank=True)
+    has_arg = models.BooleanField(default=False)
+    status = models.CharField(max_length=16, choices=QueryStatus.choices, default=QueryStatus.PENDING)
+    result = models.TextField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["engine_id", "created_at"], name="weft_query_pending", condition=Q(status="pending"))]
+
+
+class IdempotencyKey(models.Model):
+    """Start idempotency key -> workflow id. Outlives purge so a reused key can say so."""
+
+    key = models.CharField(primary_key=True, max_length=320)
+    workflow_id = models.CharField(max_length=255)
+    run_id = models.UUIDField()
+    created_at = models.DateTimeField()
+    purged_at = models.DateTimeField(null=True, blank=True)
+
+
+class Schedule(models.Model):
+    id = models.CharField(primary_key=True, max_length=200)
+    workflow_type = models.CharField(max_length=255)
+    cron = models.CharField(max_length=255, null=True, blank=True)
+    every = models.PositiveIntegerField(null=True, blank=True, help_text="Seconds between fires.")
+    timezone = models.CharField(max_length=64, default="UTC")
+    args = models.TextField(default="[]")
+    kwargs = models.TextField(default="{}")
+    overlap = models.CharField(max_length=16, choices=OverlapPolicy.choices, default=OverlapPolicy.SKIP)
+    backfill = models.BooleanField(default=False)
+    jitter_ms = models.PositiveIntegerField(default=0)
+    paused = models.BooleanField(default=False)
+    note = models.TextField(blank=True, default="")
+    next_fire_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    last_fired_at = models.DateTimeField(null=True, blank=True)
+    missed_fire_count = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class Engine(models.Model):
+    """One weft_engine process, with its heartbeat."""
+
+    id = models.CharField(primary_key=True, max_length=255)
+    host = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    mode = models.CharField(max_length=16, choices=OwnershipMode.choices)
+    started_at = models.DateTimeField()
+    heartbeat_at = models.DateTimeField()
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class StoreLease(models.Model):
+    """The one store-wide lease of OWNERSHIP="lease" (a single row, id=1)."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    epoch = models.BigIntegerField(default=0)
+    engine_id = models.CharField(max_length=255, null=True, blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+
+class OwnershipMarker(models.Model):
+    """The fencing mode the store runs under (a single row, id=1): engines of another mode refuse to start."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    mode = models.CharField(max_length=16, choices=OwnershipMode.choices)
+    set_by = models.CharField(max_length=255)
+    set_at = models.DateTimeField()
+
+
+class ClockOffset(models.Model):
+    """Workflow time = database time + offset (a single row, id=1). Tests skip time by moving it."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    offset_ms = models.BigIntegerField(default=0)
+
+
+class EpochCounter(models.Model):
+    """Where databases have no sequence (SQLite), epochs come from this one-row counter."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    value = models.BigIntegerField(default=0)

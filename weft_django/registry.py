@@ -1,0 +1,320 @@
+"""@workflow and @activity: definitions and their lookup by name (and version)."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import threading
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, overload
+
+from .durations import InvalidDuration, to_nonnegative_timedelta
+from .exceptions import WorkflowDefinitionError, WorkflowNotRegisteredError
+
+if TYPE_CHECKING:
+    from .client import WorkflowHandle
+
+DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_INITIAL_BACKOFF = timedelta(seconds=1)
+DEFAULT_BACKOFF_MULTIPLIER = 2.0
+DEFAULT_MAX_BACKOFF = timedelta(seconds=30)
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """How an activity is retried. Unset fields take weft's defaults (3 attempts, 1 s, x2, 30 s)."""
+
+    max_attempts: int | None = None
+    initial_backoff: Any = None
+    backoff_multiplier: float | None = None
+    max_backoff: Any = None
+    non_retryable: Iterable[str] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_attempts is not None and (
+            not isinstance(self.max_attempts, int) or isinstance(self.max_attempts, bool) or self.max_attempts < 1
+        ):
+            raise WorkflowDefinitionError(f"RetryPolicy.max_attempts must be a whole number >= 1 (got {self.max_attempts!r}).")
+        if self.backoff_multiplier is not None and (
+            not isinstance(self.backoff_multiplier, int | float) or self.backoff_multiplier < 1
+        ):
+            raise WorkflowDefinitionError(
+                f"RetryPolicy.backoff_multiplier must be a number >= 1 (got {self.backoff_multiplier!r})."
+            )
+        for name in ("initial_backoff", "max_backoff"):
+            value = getattr(self, name)
+            if value is not None:
+                _duration(value, f"RetryPolicy.{name}")
+        if isinstance(self.non_retryable, str):
+            raise WorkflowDefinitionError("RetryPolicy.non_retryable must be a list of exception names, not a string.")
+        object.__setattr__(self, "non_retryable", tuple(self.non_retryable))
+
+    @property
+    def attempts(self) -> int:
+        return self.max_attempts or DEFAULT_MAX_ATTEMPTS
+
+    def backoff(self, failed_attempt: int) -> timedelta:
+        """The wait after failed attempt ``failed_attempt`` (1-based)."""
+        initial = _duration(self.initial_backoff, "initial_backoff") if self.initial_backoff is not None else None
+        cap = _duration(self.max_backoff, "max_backoff") if self.max_backoff is not None else None
+        initial = initial if initial is not None else DEFAULT_INITIAL_BACKOFF
+        cap = cap if cap is not None else DEFAULT_MAX_BACKOFF
+        multiplier = self.backoff_multiplier if self.backoff_multiplier is not None else DEFAULT_BACKOFF_MULTIPLIER
+        seconds = initial.total_seconds() * multiplier ** (failed_attempt - 1)
+        return min(timedelta(seconds=seconds), cap)
+
+    def is_retryable(self, error: BaseException) -> bool:
+        names = set(self.non_retryable)
+        for klass in type(error).__mro__:
+            if klass.__name__ in names or f"{klass.__module__}.{klass.__qualname__}" in names:
+                return False
+        return True
+
+
+NO_RETRY = RetryPolicy(max_attempts=1)
+
+
+def _duration(value: Any, name: str) -> timedelta:
+    try:
+        return to_nonnegative_timedelta(value, name)
+    except InvalidDuration as exc:
+        raise WorkflowDefinitionError(str(exc)) from None
+
+
+def _origin(fn: Callable[..., Any]) -> tuple[str, str, int]:
+    code = getattr(fn, "__code__", None)
+    return (fn.__qualname__, getattr(code, "co_filename", ""), getattr(code, "co_firstlineno", 0))
+
+
+@dataclasses.dataclass(frozen=True)
+class ActivityDefinition:
+    fn: Callable[..., Any]
+    name: str
+    retry: RetryPolicy
+    timeout: timedelta | None = None
+    schedule_to_close_timeout: timedelta | None = None
+    atomic: bool = False
+    executor: str | None = None
+    queue: str | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Calling an activity directly just runs it (handy in tests)."""
+        return self.fn(*args, **kwargs)
+
+    def options(self, **overrides: Any) -> ActivityDefinition:
+        """A copy with per-call options: ``ctx.run(charge.options(timeout="5s"), ...)``."""
+        unknown = set(overrides) - {"retry", "timeout", "schedule_to_close_timeout", "executor", "queue"}
+        if unknown:
+            raise WorkflowDefinitionError(f"Unknown activity option(s): {', '.join(sorted(unknown))}.")
+        return dataclasses.replace(self, **_activity_options(self.name, **overrides, _partial=True))
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkflowDefinition:
+    fn: Callable[..., Any]
+    name: str
+    version: str
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def start(self, *args: Any, **kwargs: Any) -> WorkflowHandle:
+        """Start a run with a generated id; every argument goes to the workflow."""
+        from .client import start
+
+        return start(self, args=args, kwargs=kwargs)
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.workflows: dict[tuple[str, str], WorkflowDefinition] = {}
+        self.latest: dict[str, WorkflowDefinition] = {}
+        self.activities: dict[str, ActivityDefinition] = {}
+
+    def add_workflow(self, definition: WorkflowDefinition) -> WorkflowDefinition:
+        key = (definition.name, definition.version)
+        with self._lock:
+            existing = self.workflows.get(key)
+            if existing is not None:
+                if _origin(existing.fn) == _origin(definition.fn):
+                    return existing  # the same module imported twice
+                raise WorkflowDefinitionError(
+                    f'Workflow "{definition.name}" version "{definition.version}" is already registered by '
+                    f"{existing.fn.__module__}.{existing.fn.__qualname__}; give this one another name or version."
+                )
+            self.workflows[key] = definition
+            self.latest[definition.name] = definition
+            return definition
+
+    def add_activity(self, definition: ActivityDefinition) -> ActivityDefinition:
+        with self._lock:
+            existing = self.activities.get(definition.name)
+            if existing is not None:
+                if _origin(existing.fn) == _origin(definition.fn):
+                    return existing
+                raise WorkflowDefinitionError(
+                    f'Activity "{definition.name}" is already registered by '
+                    f"{existing.fn.__module__}.{existing.fn.__qualname__}; give this one another name."
+                )
+            self.activities[definition.name] = definition
+            return definition
+
+    def workflow(self, name: str, version: str | None = None) -> WorkflowDefinition:
+        definition = self.latest.get(name) if version is None else self.workflows.get((name, version))
+        if definition is None:
+            known = ", ".join(sorted(self.latest)) or "none"
+            wanted = f'"{name}"' + (f' version "{version}"' if version is not None else "")
+            raise WorkflowNotRegisteredError(
+                f"No workflow {wanted} is registered in this process (registered: {known}). Define it with "
+                f"@weft.workflow in a module that is imported at start-up (an app's "
+                f"workflows.py is autodiscovered)."
+            )
+        return definition
+
+    def activity(self, name: str) -> ActivityDefinition:
+        definition = self.activities.get(name)
+        if definition is None:
+            raise WorkflowNotRegisteredError(
+                f'No activity "{name}" is registered in this process. Define it with @weft.activity in a '
+                f"module that is imported at start-up."
+            )
+        return definition
+
+
+registry = Registry()
+
+
+def resolve_workflow(workflow: WorkflowDefinition | Callable[..., Any] | str) -> WorkflowDefinition:
+    """The definition for a decorated function, a definition, or a registered name."""
+    if isinstance(workflow, WorkflowDefinition):
+        return workflow
+    if isinstance(workflow, str):
+        return registry.workflow(workflow)
+    definition = getattr(workflow, "__weft_workflow__", None)
+    if isinstance(definition, WorkflowDefinition):
+        return definition
+    raise WorkflowNotRegisteredError(
+        f"{workflow!r} is not a workflow: decorate it with @weft.workflow or pass its registered name."
+    )
+
+
+def resolve_activity(activity: ActivityDefinition | Callable[..., Any] | str) -> ActivityDefinition:
+    if isinstance(activity, ActivityDefinition):
+        return activity
+    if isinstance(activity, str):
+        return registry.activity(activity)
+    definition = getattr(activity, "__weft_activity__", None)
+    if isinstance(definition, ActivityDefinition):
+        return definition
+    raise WorkflowNotRegisteredError(
+        f"{activity!r} is not an activity: decorate it with @weft.activity or pass its registered name."
+    )
+
+
+def _check_name(kind: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > 255:
+        raise WorkflowDefinitionError(f"{kind} name must be a non-empty string of at most 255 characters (got {value!r}).")
+    return value
+
+
+def _activity_options(name: str, _partial: bool = False, **options: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if "retry" in options or not _partial:
+        retry = options.get("retry")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise WorkflowDefinitionError(f"Activity {name!r}: retry must be a weft.RetryPolicy (got {retry!r}).")
+        out["retry"] = retry or NO_RETRY
+    for key in ("timeout", "schedule_to_close_timeout"):
+        if key in options or not _partial:
+            value = options.get(key)
+            if value is not None:
+                value = _duration(value, f"Activity {name!r} {key}")
+                if value <= timedelta(0):
+                    raise WorkflowDefinitionError(f"Activity {name!r}: {key} must be greater than zero.")
+            out[key] = value
+    if "executor" in options or not _partial:
+        executor = options.get("executor")
+        if executor not in (None, "threads", "celery"):
+            raise WorkflowDefinitionError(
+                f"Activity {name!r}: executor must be \"threads\" or \"celery\" (got {executor!r})."
+            )
+        out["executor"] = executor
+    if "queue" in options or not _partial:
+        out["queue"] = options.get("queue")
+    return out
+
+
+@overload
+def workflow(fn: Callable[..., Any], /) -> Callable[..., Any]: ...
+@overload
+def workflow(*, name: str | None = None, version: str = "1") -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
+
+
+def workflow(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, version: str = "1") -> Any:
+    """Register a generator function as a workflow. Works bare or with ``name=`` / ``version=``."""
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        if not inspect.isgeneratorfunction(func):
+            raise WorkflowDefinitionError(
+                f"@weft.workflow needs a generator function: {func.__module__}.{func.__qualname__} has no "
+                f"`yield`. Yield each durable operation, e.g. `result = yield ctx.run(my_activity)`."
+            )
+        if not isinstance(version, str) or not version or len(version) > 64:
+            raise WorkflowDefinitionError(f"Workflow version must be a non-empty string (got {version!r}).")
+        wf_name = _check_name("Workflow", name if name is not None else f"{func.__module__}.{func.__qualname__}")
+        definition = registry.add_workflow(WorkflowDefinition(func, wf_name, version))
+        func.__weft_workflow__ = definition  # type: ignore[attr-defined]
+        func.start = definition.start  # type: ignore[attr-defined]
+        return func
+
+    return decorate(fn) if fn is not None else decorate
+
+
+def activity(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    retry: RetryPolicy | None = None,
+    timeout: Any = None,
+    schedule_to_close_timeout: Any = None,
+    atomic: bool = False,
+    executor: str | None = None,
+    queue: str | None = None,
+) -> Any:
+    """Register a function as an activity. Works bare or with options."""
+
+    def decorate(func: Callable[..., Any]) -> ActivityDefinition:
+        if inspect.isgeneratorfunction(func) or inspect.iscoroutinefunction(func):
+            raise WorkflowDefinitionError(
+                f"@weft.activity needs a plain function: {func.__module__}.{func.__qualname__} is a generator "
+                f"or coroutine function."
+            )
+        act_name = _check_name("Activity", name if name is not None else f"{func.__module__}.{func.__qualname__}")
+        options = _activity_options(
+            act_name,
+            retry=retry,
+            timeout=timeout,
+            schedule_to_close_timeout=schedule_to_close_timeout,
+            executor=executor,
+            queue=queue,
+        )
+        definition = registry.add_activity(ActivityDefinition(func, act_name, atomic=bool(atomic), **options))
+        func.__weft_activity__ = definition  # type: ignore[attr-defined]
+        return definition
+
+    return decorate(fn) if fn is not None else decorate
+
+
+def autodiscover() -> None:
+    """Import ``<app>.<AUTODISCOVER_MODULE>`` for every installed app."""
+    from django.utils.module_loading import autodiscover_modules
+
+    from .conf import autodiscover_module
+
+    autodiscover_modules(autodiscover_module())
+
+
+__all__ = ["ActivityDefinition", "RetryPolicy", "WorkflowDefinition", "activity", "registry", "workflow"]
