@@ -1,0 +1,1 @@
+"""The example app: an order pipeline defined in workflows.py."""

@@ -1,0 +1,151 @@
+"""Workflows and activities the engine tests drive. Activities count their calls in the database
+(ActivityCall rows), so tests can assert how often each ran across processes."""
+
+from __future__ import annotations
+
+import time
+
+import weft_django as weft
+
+from .models import ActivityCall, Reservation
+
+
+def _count(name: str, key: str = "") -> int:
+    ActivityCall.objects.create(name=name, key=key)
+    return ActivityCall.objects.filter(name=name, key=key).count()
+
+
+@weft.activity
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@weft.activity
+def record_call(key: str) -> str:
+    _count("record_call", key)
+    return key
+
+
+@weft.activity
+def slow_step(key: str, seconds: float) -> str:
+    _count("slow_step", key)
+    time.sleep(seconds)
+    return key
+
+
+@weft.activity(retry=weft.RetryPolicy(max_attempts=3, initial_backoff="10ms", max_backoff="50ms"))
+def flaky(key: str, fail_times: int) -> int:
+    calls = _count("flaky", key)
+    if calls <= fail_times:
+        raise ConnectionError(f"failure {calls}")
+    return calls
+
+
+@weft.activity(retry=weft.RetryPolicy(max_attempts=5, initial_backoff="10ms", non_retryable=["ValueError"]))
+def refuses(key: str) -> None:
+    _count("refuses", key)
+    raise ValueError("bad input")
+
+
+@weft.activity(atomic=True)
+def reserve(order_id: int) -> int:
+    Reservation.objects.create(order_id=order_id)
+    return order_id
+
+
+@weft.activity
+def info() -> dict:
+    i = weft.activity_info()
+    return {"attempt": i.attempt, "epoch": i.epoch, "key": i.idempotency_key, "seq": i.seq}
+
+
+@weft.workflow(name="tests.three_steps")
+def three_steps(ctx, key: str):
+    a = yield ctx.run(record_call, f"{key}-1")
+    b = yield ctx.run(record_call, f"{key}-2")
+    c = yield ctx.run(record_call, f"{key}-3")
+    return [a, b, c]
+
+
+@weft.workflow(name="tests.sum")
+def sum_workflow(ctx, a: int, b: int):
+    total = yield ctx.run(add, a, b)
+    return {"total": total}
+
+
+@weft.workflow(name="tests.retrying")
+def retrying(ctx, key: str, fail_times: int):
+    try:
+        calls = yield ctx.run(flaky, key, fail_times)
+    except weft.ActivityError as error:
+        return {"error": error.type, "attempts": error.attempts, "message": error.message}
+    return {"calls": calls}
+
+
+@weft.workflow(name="tests.non_retryable")
+def non_retryable(ctx, key: str):
+    try:
+        yield ctx.run(refuses, key)
+    except weft.ActivityError as error:
+        return {"type": error.type, "attempts": error.attempts}
+
+
+@weft.workflow(name="tests.signals")
+def waits_for_signal(ctx, timeout=None):
+    try:
+        payload = yield ctx.wait_for_signal("go", timeout=timeout)
+    except weft.WaitTimeoutError:
+        return "timed out"
+    return payload
+
+
+@weft.workflow(name="tests.sleeper")
+def sleeper(ctx, seconds: float):
+    yield ctx.sleep(seconds)
+    return "woke"
+
+
+@weft.workflow(name="tests.parallel")
+def parallel(ctx):
+    a, b = yield ctx.all([ctx.run(add, 1, 2), ctx.run(add, 3, 4)])
+    index, value = yield ctx.race([ctx.wait_for_signal("never"), ctx.run(add, 5, 6)])
+    return {"all": [a, b], "race": [index, value]}
+
+
+@weft.workflow(name="tests.memo")
+def memo(ctx):
+    counter = {"n": 0}
+
+    def compute():
+        counter["n"] += 1
+        return {"token": "abc", "tuple": (1, 2)}
+
+    value = yield ctx.memo("token", compute)
+    yield ctx.run(add, 1, 1)
+    return value
+
+
+@weft.workflow(name="tests.fails")
+def fails(ctx):
+    yield ctx.run(add, 1, 1)
+    raise RuntimeError("workflow code broke")
+
+
+@weft.workflow(name="tests.atomic")
+def atomic_workflow(ctx, order_id: int):
+    value = yield ctx.run(reserve, order_id)
+    return value
+
+
+@weft.workflow(name="tests.info")
+def info_workflow(ctx):
+    value = yield ctx.run(info)
+    return value
+
+
+@weft.workflow(name="tests.slow")
+def slow(ctx, key: str, steps: int, seconds: float):
+    out = []
+    for i in range(steps):
+        out.append((yield ctx.run(slow_step, f"{key}-{i}", seconds)))
+    return out

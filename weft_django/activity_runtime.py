@@ -1,0 +1,66 @@
+"""What activity code sees while it runs: ``weft.activity_info()`` and ``weft.heartbeat()``."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+from .exceptions import ActivityCancelledError, WeftError
+
+
+@dataclasses.dataclass(frozen=True)
+class ActivityInfo:
+    workflow_id: str
+    run_id: str
+    activity: str
+    seq: int
+    attempt: int  # 1-based
+    epoch: int
+    idempotency_key: str  # f"{workflow_id}:{run_id}:{seq}": stable across attempts and epochs
+
+
+class AttemptControl:
+    """Shared between the running attempt and its engine: heartbeat details in, stop requests out."""
+
+    def __init__(self, info: ActivityInfo) -> None:
+        self.info = info
+        self.details: Any = None
+        self.heartbeat_count = 0
+        self.stop_reason: str | None = None
+
+    def request_stop(self, reason: str) -> None:
+        self.stop_reason = reason
+
+
+_local = threading.local()
+
+
+def bind(control: AttemptControl | None) -> None:
+    _local.control = control
+
+
+def current_control() -> AttemptControl | None:
+    return getattr(_local, "control", None)
+
+
+def activity_info() -> ActivityInfo:
+    """The running attempt's identity. Raises outside an activity."""
+    control = current_control()
+    if control is None:
+        raise WeftError("weft.activity_info() was called outside an activity; call it from activity code run by an engine.")
+    return control.info
+
+
+def heartbeat(details: Any = None) -> None:
+    """Report progress (served by the built-in query "activity_progress"). Raises
+    ActivityCancelledError once the attempt should stop. A no-op outside an activity."""
+    control = current_control()
+    if control is None:
+        return
+    control.details = details
+    control.heartbeat_count += 1
+    if control.stop_reason is not None:
+        raise ActivityCancelledError(
+            f"Activity {control.info.activity!r} attempt {control.info.attempt} should stop: {control.stop_reason}."
+        )

@@ -1,0 +1,841 @@
+"""The client: start runs, get handles, signal, describe, wait for results, and the transitions.
+
+Clients write rows and send wake-ups; they never claim a workflow and never run one. ``start``,
+``signal`` and the transitions join the caller's ``transaction.atomic()`` on the WEFT database and
+take effect (wake-up included) when it commits. ``result`` waits for an engine, so it never joins
+the caller's transaction: it runs on a "weft-wait" thread with its own autocommit connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import unicodedata
+import uuid
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import IntegrityError, close_old_connections, connections, transaction
+from django.db.models import Count, IntegerField, OuterRef, Subquery
+from django.db.models.functions import Coalesce
+
+from . import notify, transitions
+from .clock import db_now
+from .durations import InvalidDuration, to_nonnegative_timedelta
+from .epochs import next_epoch_sql
+from .exceptions import (
+    IdempotencyKeyPurgedError,
+    PayloadNotSerializableError,
+    WeftError,
+    WorkflowAlreadyExistsError,
+    WorkflowCancelledError,
+    WorkflowFailedError,
+    WorkflowNotFoundError,
+    WorkflowTerminalError,
+    WorkflowTimedOutError,
+)
+from .models import BufferedSignal, IdempotencyKey, Step, Timer, Workflow, WorkflowClaim
+from .registry import WorkflowDefinition, resolve_workflow
+from .status import TERMINAL_STATUSES, TimerKind, WorkflowStatus
+
+logger = logging.getLogger(__name__)
+
+MAX_ID_LENGTH = 255
+MAX_KEY_LENGTH = 320  # signal ids and idempotency keys; an activity_info().idempotency_key fits
+MAX_NAME_LENGTH = 255
+ON_CONFLICT = ("error", "use_existing", "start_new")
+_UNSET: Any = object()
+
+
+class InvalidArgumentError(WeftError, ValueError):
+    """An argument to the client is invalid. The message names it and says what to pass instead."""
+
+
+class InvalidWorkflowIdError(InvalidArgumentError):
+    """A workflow id is not 1-255 characters without control characters."""
+
+
+# ---------------------------------------------------------------------------------------- validation
+
+
+def _alias() -> str:
+    from .conf import database_alias
+
+    return database_alias()
+
+
+def validate_workflow_id(value: object, name: str = "id") -> str:
+    """Return ``value`` if it is a valid workflow id, else raise InvalidWorkflowIdError."""
+    if not isinstance(value, str):
+        raise InvalidWorkflowIdError(f"{name} must be a str (got {type(value).__name__}: {value!r}).")
+    if not 1 <= len(value) <= MAX_ID_LENGTH:
+        raise InvalidWorkflowIdError(
+            f"{name} must be 1 to {MAX_ID_LENGTH} characters long (got {len(value)}); use a shorter, "
+            f"non-empty id."
+        )
+    for index, char in enumerate(value):
+        if unicodedata.category(char) == "Cc":
+            raise InvalidWorkflowIdError(
+                f"{name} must not contain control characters (found {char!r} at index {index}); "
+                f"remove it from {value!r}."
+            )
+    return value
+
+
+def _validate_key(value: object, name: str) -> str:
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_KEY_LENGTH:
+        shown = f"{len(value)} characters" if isinstance(value, str) else f"{type(value).__name__}: {value!r}"
+        raise InvalidArgumentError(f"{name} must be a str of 1 to {MAX_KEY_LENGTH} characters (got {shown}).")
+    return value
+
+
+def _validate_name(value: object, name: str) -> str:
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_NAME_LENGTH:
+        raise InvalidArgumentError(
+            f"{name} must be a str of 1 to {MAX_NAME_LENGTH} characters (got {value!r})."
+        )
+    return value
+
+
+def _duration(value: object, name: str, *, positive: bool = False) -> timedelta:
+    try:
+        result = to_nonnegative_timedelta(value, name)
+    except InvalidDuration as exc:
+        raise InvalidArgumentError(str(exc)) from None
+    if positive and result <= timedelta(0):
+        raise InvalidArgumentError(f"{name} must be greater than zero (got {value!r}).")
+    return result
+
+
+def _encode_input(args: Any, kwargs: Any) -> str:
+    from . import codec
+
+    if isinstance(args, str | bytes) or not isinstance(args, Sequence):
+        raise InvalidArgumentError(
+            f"args must be a list or tuple of positional arguments (got {type(args).__name__}: "
+            f"{args!r:.60}); for a single argument pass args=[value]."
+        )
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, Mapping) or not all(isinstance(key, str) for key in kwargs):
+        raise InvalidArgumentError(f"kwargs must be a dict with str keys (got {kwargs!r:.60}).")
+    value = {"args": list(args), "kwargs": dict(kwargs)}
+    try:
+        return codec.encode_payload(value, path="input")
+    except PayloadNotSerializableError:
+        # Name the bad part from the caller's point of view: args[1]['items'][3], not input['args'][1]...
+        codec.encode(value["args"], path="args")
+        codec.encode(value["kwargs"], path="kwargs")
+        raise
+
+
+def _start_time(start_after: Any, start_at: Any) -> timedelta | datetime | None:
+    if start_after is not None and start_at is not None:
+        raise InvalidArgumentError(
+            "start_after and start_at are mutually exclusive: pass a delay (start_after) or a moment "
+            "(start_at), not both."
+        )
+    if start_after is not None:
+        return _duration(start_after, "start_after")
+    if start_at is not None:
+        if not isinstance(start_at, datetime):
+            raise InvalidArgumentError(
+                f"start_at must be a datetime (got {type(start_at).__name__}: {start_at!r})."
+            )
+        if start_at.utcoffset() is None:
+            raise InvalidArgumentError(
+                f"start_at must be timezone-aware (got the naive {start_at!r}); use "
+                f"django.utils.timezone.make_aware() or pass tzinfo."
+            )
+        return start_at
+    return None
+
+
+# ------------------------------------------------------------------------------------------- start
+
+
+class _Plan:
+    """Everything a start writes, computed before the first query."""
+
+    def __init__(
+        self,
+        definition: WorkflowDefinition,
+        input_text: str,
+        delay: timedelta | datetime | None,
+        execution_timeout: timedelta | None,
+        idempotency_key: str | None,
+    ) -> None:
+        self.definition = definition
+        self.input_text = input_text
+        self.delay = delay
+        self.execution_timeout = execution_timeout
+        self.idempotency_key = idempotency_key
+
+    def workflow(self, workflow_id: str, now: datetime) -> tuple[Workflow, Timer | None]:
+        begins = self.delay if isinstance(self.delay, datetime) else now + (self.delay or timedelta(0))
+        delayed = begins > now
+        if not delayed:
+            begins = now
+        run = Workflow(
+            id=workflow_id,
+            run_id=uuid.uuid4(),
+            workflow_type=self.definition.name,
+            version=self.definition.version,
+            status=WorkflowStatus.PENDING if delayed else WorkflowStatus.RUNNING,
+            input=self.input_text,
+            idempotency_key=self.idempotency_key,
+            start_at=begins if delayed else None,
+            execution_deadline=begins + self.execution_timeout
+            if self.execution_timeout is not None
+            else None,
+            created_at=now,
+            updated_at=now,
+            started_at=None if delayed else now,
+        )
+        timer = Timer(
+            workflow_id=workflow_id, run_id=run.run_id, kind=TimerKind.DELAYED_START, fire_at=begins
+        )
+        return run, timer if delayed else None
+
+
+def _now_and_epoch(using: str) -> tuple[datetime, int]:
+    """Workflow time and a fresh epoch, in one round trip on PostgreSQL."""
+    connection = connections[using]
+    if connection.vendor == "postgresql":
+        from .clock import workflow_now_sql
+
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {workflow_now_sql('postgresql')}, {next_epoch_sql('postgresql')}")
+            now, epoch = cursor.fetchone()
+        return now, int(epoch)
+    from .epochs import next_epoch
+
+    return db_now(using), next_epoch(using)
+
+
+def _insert_run(plan: _Plan, workflow_id: str, using: str) -> None:
+    """Insert a new run with its claim (fresh epoch, no holder); IntegrityError if the id is taken."""
+    now, epoch = _now_and_epoch(using)
+    run, timer = plan.workflow(workflow_id, now)
+    run.save(using=using, force_insert=True)
+    transitions.write_claim(workflow_id, epoch, using)
+    if timer is not None:
+        timer.save(using=using, force_insert=True)
+    notify.send("w", workflow_id, using)
+
+
+def _replace_run(plan: _Plan, workflow_id: str, using: str) -> bool:
+    """on_conflict="start_new": a new run over a terminal one. False when the id is free again."""
+    existing = transitions.lock_workflow(workflow_id, using)
+    if existing is None:
+        return False
+    _check_type(workflow_id, existing["workflow_type"], plan.definition)
+    if existing["status"] not in TERMINAL_STATUSES:
+        raise WorkflowAlreadyExistsError(
+            f'Workflow "{workflow_id}" is still {existing["status"]}; on_conflict="start_new" replaces '
+            f"only a finished run. Cancel it first, or use another id."
+        )
+    transitions.delete_run_rows([workflow_id], using)
+    run, timer = plan.workflow(workflow_id, db_now(using))
+    run.save(using=using, force_update=True)
+    transitions.rotate_epoch(workflow_id, using)
+    if timer is not None:
+        timer.save(using=using, force_insert=True)
+    notify.send("w", workflow_id, using)
+    return True
+
+
+def _check_type(workflow_id: str, existing_type: str, definition: WorkflowDefinition) -> None:
+    if existing_type != definition.name:
+        raise WorkflowAlreadyExistsError(
+            f'Workflow "{workflow_id}" already exists as a "{existing_type}" run, not "{definition.name}". '
+            f"Use another id."
+        )
+
+
+def _resolve_conflict(plan: _Plan, workflow_id: str, on_conflict: str, using: str) -> WorkflowHandle | None:
+    """Apply ``on_conflict`` to an existing id; None when the id turned out to be free."""
+    if on_conflict == "start_new":
+        return WorkflowHandle(workflow_id) if _replace_run(plan, workflow_id, using) else None
+    existing = Workflow.objects.using(using).filter(pk=workflow_id).values("workflow_type", "status").first()
+    if existing is None:
+        return None
+    if on_conflict == "use_existing":
+        _check_type(workflow_id, existing["workflow_type"], plan.definition)
+        return WorkflowHandle(workflow_id)
+    raise WorkflowAlreadyExistsError(
+        f'Workflow "{workflow_id}" already exists ({existing["workflow_type"]}, {existing["status"]}). Pass '
+        f'on_conflict="use_existing" to get its handle, on_conflict="start_new" to start a new run over a '
+        f"finished one, or use another id."
+    )
+
+
+def _start_with_id(plan: _Plan, workflow_id: str, on_conflict: str, using: str) -> WorkflowHandle:
+    for _ in range(transitions.MAX_ATTEMPTS):
+        try:
+            # The insert is the test for a taken id; when it fails, only this block rolls back (it is
+            # a savepoint inside the caller's transaction), so the caller's transaction stays usable.
+            with transaction.atomic(using=using):
+                _insert_run(plan, workflow_id, using)
+                return WorkflowHandle(workflow_id)
+        except IntegrityError:
+            pass
+        handle = transitions.run_in_transaction(
+            using, lambda: _resolve_conflict(plan, workflow_id, on_conflict, using)
+        )
+        if handle is not None:
+            return handle
+    raise WorkflowAlreadyExistsError(  # pragma: no cover - the id was created and purged over and over
+        f'Workflow "{workflow_id}" kept changing while it was being started; try again.'
+    )
+
+
+def _existing_for_key(key: str, definition: WorkflowDefinition, using: str) -> WorkflowHandle | None:
+    mapping = IdempotencyKey.objects.using(using).filter(pk=key).first()
+    if mapping is None:
+        return None
+    current = (
+        Workflow.objects.using(using).filter(pk=mapping.workflow_id).values("run_id", "workflow_type").first()
+    )
+    if mapping.purged_at is not None or current is None or current["run_id"] != mapping.run_id:
+        when = f" on {mapping.purged_at:%Y-%m-%d %H:%M:%S %Z}" if mapping.purged_at else ""
+        raise IdempotencyKeyPurgedError(
+            f'Idempotency key "{key}" started workflow "{mapping.workflow_id}", whose run was '
+            f"purged{when} or replaced. Use a new key to start another run."
+        )
+    _check_type(mapping.workflow_id, current["workflow_type"], definition)
+    return WorkflowHandle(mapping.workflow_id)
+
+
+def _start_with_key(plan: _Plan, key: str, using: str) -> WorkflowHandle:
+    for _ in range(transitions.MAX_ATTEMPTS):
+        try:
+            with transaction.atomic(using=using):
+                existing = _existing_for_key(key, plan.definition, using)
+                if existing is not None:
+                    return existing
+                workflow_id = str(uuid.uuid4())
+                now, epoch = _now_and_epoch(using)
+                run, timer = plan.workflow(workflow_id, now)
+                # The key's primary key is where concurrent starts with one key meet: one insert wins,
+                # the others wait for it and fail, then return the winner's run.
+                IdempotencyKey(key=key, workflow_id=workflow_id, run_id=run.run_id, created_at=now).save(
+                    using=using, force_insert=True
+                )
+                run.save(using=using, force_insert=True)
+                transitions.write_claim(workflow_id, epoch, using)
+                if timer is not None:
+                    timer.save(using=using, force_insert=True)
+                notify.send("w", workflow_id, using)
+                return WorkflowHandle(workflow_id)
+        except IntegrityError:
+            continue
+    raise WorkflowAlreadyExistsError(  # pragma: no cover
+        f'Idempotency key "{key}" could not be resolved after {transitions.MAX_ATTEMPTS} attempts; try again.'
+    )
+
+
+def start(
+    workflow: Any,
+    /,
+    *,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    id: str | None = None,
+    idempotency_key: str | None = None,
+    on_conflict: str = "error",
+    start_after: Any = None,
+    start_at: datetime | None = None,
+    execution_timeout: Any = None,
+) -> WorkflowHandle:
+    """Start a run of ``workflow`` (the decorated function, its definition or its registered name).
+
+    The new run is ``running`` with no owner until an engine claims it, or ``pending`` until
+    ``start_after`` / ``start_at``. Joins the caller's transaction; the run exists once it commits.
+    """
+    if id is not None and idempotency_key is not None:
+        raise InvalidArgumentError(
+            "id and idempotency_key are mutually exclusive: with an idempotency key the workflow id is "
+            "generated. Pass one of them."
+        )
+    if on_conflict not in ON_CONFLICT:
+        raise InvalidArgumentError(
+            f'on_conflict must be "error", "use_existing" or "start_new" (got {on_conflict!r}).'
+        )
+    if id is not None:
+        validate_workflow_id(id)
+    if idempotency_key is not None:
+        _validate_key(idempotency_key, "idempotency_key")
+    delay = _start_time(start_after, start_at)
+    timeout = (
+        _duration(execution_timeout, "execution_timeout", positive=True)
+        if execution_timeout is not None
+        else None
+    )
+    definition = resolve_workflow(workflow)
+    plan = _Plan(definition, _encode_input(args, kwargs), delay, timeout, idempotency_key)
+    using = _alias()
+    if idempotency_key is not None:
+        return _start_with_key(plan, idempotency_key, using)
+    if id is not None:
+        return _start_with_id(plan, id, on_conflict, using)
+    workflow_id = str(uuid.uuid4())
+    with transaction.atomic(using=using):
+        _insert_run(plan, workflow_id, using)
+    return WorkflowHandle(workflow_id)
+
+
+async def astart(workflow: Any, /, **options: Any) -> WorkflowHandle:
+    """Async twin of :func:`start`."""
+    return await sync_to_async(start)(workflow, **options)
+
+
+def get_handle(id: str) -> WorkflowHandle:
+    """A handle for workflow ``id``. Lazy: no query until it is used."""
+    return WorkflowHandle(validate_workflow_id(id))
+
+
+# ------------------------------------------------------------------------------------------ signal
+
+
+def signal(id: str, name: str, payload: Any = None, *, signal_id: str | None = None) -> None:
+    """Send signal ``name`` to the current run of workflow ``id``; durable once the caller commits.
+
+    A repeated ``signal_id`` for the same run is a no-op (the new payload is ignored). Raises
+    WorkflowTerminalError for a finished run and WorkflowNotFoundError for an unknown id.
+    """
+    from . import codec
+
+    validate_workflow_id(id)
+    _validate_name(name, "name")
+    if signal_id is not None:
+        _validate_key(signal_id, "signal_id")
+    text = codec.encode_payload(payload, path="payload")
+    using = _alias()
+    connection = connections[using]
+    signals, workflows = BufferedSignal._meta.db_table, Workflow._meta.db_table
+    active = [WorkflowStatus.PENDING, WorkflowStatus.RUNNING, WorkflowStatus.SUSPENDED]
+    if connection.vendor == "postgresql":
+        from .clock import workflow_now_sql
+
+        now_sql, now_params = workflow_now_sql("postgresql"), []
+    else:
+        now_sql, now_params = "%s", [connection.ops.adapt_datetimefield_value(db_now(using))]
+    with transaction.atomic(using=using), connection.cursor() as cursor:
+        # No lock on the claim (a slow caller must never stall renewal); the row is appended to the
+        # current run's mailbox only while that run is active.
+        # Table names are the models' own; every value is a parameter.
+        cursor.execute(
+            f"INSERT INTO {signals} (workflow_id, run_id, name, signal_id, payload, state, created_at) "  # noqa: S608
+            f"SELECT w.id, w.run_id, %s, %s, %s, %s, {now_sql} FROM {workflows} w "
+            f"WHERE w.id = %s AND w.status IN (%s, %s, %s) ON CONFLICT DO NOTHING",
+            [name, signal_id, text, "buffered", *now_params, id, *active],
+        )
+        if cursor.rowcount != 1:
+            status = Workflow.objects.using(using).filter(pk=id).values_list("status", flat=True).first()
+            if status is None:
+                raise WorkflowNotFoundError(f'Cannot signal workflow "{id}": no such workflow. Check the id.')
+            if status in TERMINAL_STATUSES:
+                raise WorkflowTerminalError(
+                    f'Cannot signal workflow "{id}": it already ended ({status}), so nothing would receive '
+                    f'"{name}".'
+                )
+            return  # a duplicate signal_id: already buffered for this run
+        notify.send("w", id, using)
+
+
+def cancel(id: str, reason: str | None = None) -> None:
+    """Cancel workflow ``id`` (see WorkflowHandle.cancel)."""
+    transitions.cancel(validate_workflow_id(id), reason, using=_alias())
+
+
+def query(id: str, name: str, arg: Any = _UNSET, *, timeout: Any = "5s") -> Any:
+    raise NotImplementedError("weft.query() lands with the messages issue.")
+
+
+def update(id: str, name: str, payload: Any = None, **options: Any) -> Any:
+    raise NotImplementedError("weft.update() lands with the messages issue.")
+
+
+def start_or_signal(workflow: Any, signal_name: str, payload: Any = None, **options: Any) -> Any:
+    raise NotImplementedError("weft.start_or_signal() lands with the messages issue.")
+
+
+def start_with_update(workflow: Any, update_name: str, payload: Any = None, **options: Any) -> Any:
+    raise NotImplementedError("weft.start_with_update() lands with the messages issue.")
+
+
+# ------------------------------------------------------------------------------------------ result
+
+
+def _outcome(workflow_id: str, row: dict[str, Any]) -> Any:
+    from . import codec
+
+    status = row["status"]
+    if status == WorkflowStatus.COMPLETED:
+        return codec.decode(row["result"])
+    if status == WorkflowStatus.FAILED:
+        error = row["error"] if isinstance(row["error"], dict) else {}
+        raise WorkflowFailedError(
+            f'Workflow "{workflow_id}" failed: {error.get("type", "Error")}: {error.get("message", "")}',
+            error,
+        )
+    if status == WorkflowStatus.CANCELLED:
+        reason = f": {row['cancel_reason']}" if row["cancel_reason"] else ""
+        raise WorkflowCancelledError(f'Workflow "{workflow_id}" was cancelled{reason}.')
+    raise WorkflowTimedOutError(
+        f'Workflow "{workflow_id}" timed out: its execution deadline ({row["execution_deadline"]}) passed.'
+    )
+
+
+class _ResultListener:
+    """One LISTEN connection per database alias, shared by every result() waiting in this process.
+
+    Engines and transitions send ``r:<workflow_id>`` when a run ends; each notification wakes the
+    waiters of that id, which then re-read the row. Opened on the first waiter, closed soon after
+    the last one leaves (a lingering connection would, for one, block dropping a test database).
+    """
+
+    POLL = 0.2  # how often the listening thread looks for departed waiters
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+        self._lock = threading.Lock()
+        self._waiters: dict[str, set[threading.Event]] = {}
+        self._thread: threading.Thread | None = None
+        self.listening = threading.Event()
+
+    def subscribe(self, workflow_id: str) -> threading.Event:
+        event = threading.Event()
+        with self._lock:
+            self._waiters.setdefault(workflow_id, set()).add(event)
+            if self._thread is None:
+                self.listening.clear()
+                self._thread = threading.Thread(
+                    target=self._run, name=f"weft-wait-listen-{self.alias}", daemon=True
+                )
+                self._thread.start()
+        return event
+
+    def unsubscribe(self, workflow_id: str, event: threading.Event) -> None:
+        with self._lock:
+            events = self._waiters.get(workflow_id)
+            if events is not None:
+                events.discard(event)
+                if not events:
+                    del self._waiters[workflow_id]
+
+    def _idle(self) -> bool:
+        """True (and the thread is forgotten) when nobody waits any more."""
+        with self._lock:
+            if self._waiters:
+                return False
+            self._thread = None
+            self.listening.clear()
+            return True
+
+    def _wake(self, workflow_id: str | None) -> None:
+        with self._lock:
+            if workflow_id is None:
+                events = [event for group in self._waiters.values() for event in group]
+            else:
+                events = list(self._waiters.get(workflow_id, ()))
+        for event in events:
+            event.set()
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        params = dict(connections[self.alias].get_connection_params())
+        for key in ("cursor_factory", "context", "prepare_threshold"):
+            params.pop(key, None)
+        return psycopg.connect(**params, autocommit=True)
+
+    def _run(self) -> None:
+        backoff = 0.1
+        while not self._idle():
+            try:
+                with self._connect() as conn:
+                    conn.execute(f"LISTEN {notify.CHANNEL}")
+                    self.listening.set()
+                    self._wake(None)  # a run may have ended before LISTEN took effect: re-check all
+                    backoff = 0.1
+                    while not self._idle():
+                        for note in conn.notifies(timeout=self.POLL):
+                            kind, _, ident = note.payload.partition(":")
+                            if kind == "r":
+                                self._wake(None if ident == "*" else ident)
+            except Exception:
+                logger.warning(
+                    "weft result listener lost its connection (alias=%s); polling meanwhile",
+                    self.alias,
+                    exc_info=True,
+                )
+                self.listening.clear()
+                self._wake(None)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+
+_listeners: dict[str, _ResultListener] = {}
+_listeners_lock = threading.Lock()
+_executor_lock = threading.Lock()
+_executor: ThreadPoolExecutor | None = None
+WAIT_THREADS = 64
+LISTEN_RECHECK = 2.0  # re-read the row this often even while listening, in case a wake-up was lost
+POLL_FIRST, POLL_MAX = 0.05, 0.5
+
+
+def _wait_executor() -> ThreadPoolExecutor:
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(max_workers=WAIT_THREADS, thread_name_prefix="weft-wait")
+        return _executor
+
+
+def _listener(alias: str) -> _ResultListener | None:
+    if connections[alias].vendor != "postgresql":
+        return None
+    with _listeners_lock:
+        if alias not in _listeners:
+            _listeners[alias] = _ResultListener(alias)
+        return _listeners[alias]
+
+
+_RESULT_FIELDS = ("status", "result", "error", "cancel_reason", "execution_deadline")
+
+
+def _wait_for_end(
+    workflow_id: str, alias: str, deadline: float | None, abandoned: threading.Event
+) -> dict[str, Any]:
+    """On a weft-wait thread: poll (woken by LISTEN on PostgreSQL) until the run is terminal."""
+    close_old_connections()
+    listener = _listener(alias)
+    event = listener.subscribe(workflow_id) if listener is not None else threading.Event()
+    try:
+        if listener is not None:
+            listener.listening.wait(min(1.0, _remaining(deadline)))
+        delay = POLL_FIRST
+        while True:
+            event.clear()
+            row = Workflow.objects.using(alias).filter(pk=workflow_id).values(*_RESULT_FIELDS).first()
+            if row is None:
+                raise WorkflowNotFoundError(
+                    f'No workflow "{workflow_id}" exists (never started, purged, or started in a transaction '
+                    f"that has not committed yet: result() reads committed data on its own connection)."
+                )
+            if row["status"] in TERMINAL_STATUSES:
+                return row
+            remaining = _remaining(deadline)
+            if remaining <= 0:
+                raise TimeoutError(
+                    f'Workflow "{workflow_id}" is still {row["status"]}; the wait for its result timed out.'
+                )
+            if abandoned.is_set():
+                raise TimeoutError("the caller stopped waiting")
+            if listener is not None and listener.listening.is_set():
+                event.wait(min(remaining, LISTEN_RECHECK))
+            else:
+                event.wait(min(remaining, delay))
+                delay = min(delay * 2, POLL_MAX)
+    finally:
+        if listener is not None:
+            listener.unsubscribe(workflow_id, event)
+        close_old_connections()
+
+
+def _remaining(deadline: float | None) -> float:
+    return float("inf") if deadline is None else deadline - time.monotonic()
+
+
+def _deadline(timeout: Any) -> float | None:
+    if timeout is None:
+        return None
+    return time.monotonic() + _duration(timeout, "timeout").total_seconds()
+
+
+# ------------------------------------------------------------------------------------------ handle
+
+
+class WorkflowHandle:
+    """A reference to workflow ``id`` (its latest run). Cheap: every method reads or writes fresh."""
+
+    __slots__ = ("id",)
+
+    def __init__(self, id: str) -> None:
+        self.id = id
+
+    def __repr__(self) -> str:
+        return f"<WorkflowHandle {self.id!r}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, WorkflowHandle) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash((WorkflowHandle, self.id))
+
+    @property
+    def status(self) -> WorkflowStatus:
+        """The run's status, read from the database now."""
+        status = Workflow.objects.using(_alias()).filter(pk=self.id).values_list("status", flat=True).first()
+        if status is None:
+            raise WorkflowNotFoundError(f'No workflow "{self.id}" exists (never started, or purged).')
+        return WorkflowStatus(status)
+
+    def describe(self) -> dict[str, Any]:
+        """id, status, workflow_type, version, run_id, owner_engine, epoch, claim_expires_at,
+        created_at, started_at, finished_at, current_step, pending_timers (one query)."""
+        using = _alias()
+        claim = WorkflowClaim.objects.using(using).filter(pk=OuterRef("pk"))
+        last_step = Step.objects.using(using).filter(run_id=OuterRef("run_id")).order_by("-seq")
+        timers = (
+            Timer.objects.using(using)
+            .filter(workflow_id=OuterRef("pk"))
+            .order_by()
+            .values("workflow_id")
+            .annotate(n=Count("pk"))
+            .values("n")
+        )
+        row = (
+            Workflow.objects.using(using)
+            .filter(pk=self.id)
+            .annotate(
+                owner_engine=Subquery(claim.values("engine_id")[:1]),
+                epoch=Subquery(claim.values("epoch")[:1]),
+                claim_expires_at=Subquery(claim.values("expires_at")[:1]),
+                pending_timers=Coalesce(Subquery(timers, output_field=IntegerField()), 0),
+                last_seq=Subquery(last_step.values("seq")[:1]),
+                last_kind=Subquery(last_step.values("kind")[:1]),
+                last_name=Subquery(last_step.values("name")[:1]),
+            )
+            .values(
+                "id",
+                "status",
+                "workflow_type",
+                "version",
+                "run_id",
+                "owner_engine",
+                "epoch",
+                "claim_expires_at",
+                "created_at",
+                "started_at",
+                "finished_at",
+                "current_step",
+                "pending_timers",
+                "last_seq",
+                "last_kind",
+                "last_name",
+            )
+            .first()
+        )
+        if row is None:
+            raise WorkflowNotFoundError(f'No workflow "{self.id}" exists (never started, or purged).')
+        described: dict[str, Any] = dict(row)
+        last_seq, last_kind, last_name = (
+            described.pop(key) for key in ("last_seq", "last_kind", "last_name")
+        )
+        if not described["current_step"]:
+            described["current_step"] = (
+                None
+                if last_seq is None
+                else f"#{last_seq} {last_kind}" + (f" {last_name}" if last_name else "")
+            )
+        described["status"] = WorkflowStatus(described["status"])
+        return described
+
+    def signal(self, name: str, payload: Any = None, *, signal_id: str | None = None) -> None:
+        """Send a signal (see :func:`signal`)."""
+        signal(self.id, name, payload, signal_id=signal_id)
+
+    def cancel(self, reason: str | None = None) -> None:
+        """Cancel the run; WorkflowTerminalError if it already ended."""
+        transitions.cancel(self.id, reason, using=_alias())
+
+    def suspend(self) -> None:
+        """running -> suspended; WorkflowStateError otherwise."""
+        transitions.suspend(self.id, using=_alias())
+
+    def resume(self) -> None:
+        """suspended -> running; WorkflowStateError otherwise."""
+        transitions.resume(self.id, using=_alias())
+
+    def retry(self) -> None:
+        """failed -> running, same run_id, from its last checkpoint; WorkflowStateError otherwise."""
+        transitions.retry(self.id, using=_alias())
+
+    def query(self, name: str, arg: Any = _UNSET, *, timeout: Any = "5s") -> Any:
+        return query(self.id, name, arg, timeout=timeout)
+
+    def update(self, name: str, payload: Any = None, **options: Any) -> Any:
+        return update(self.id, name, payload, **options)
+
+    def _submit_wait(self, timeout: Any) -> tuple[Any, threading.Event]:
+        deadline = _deadline(timeout)
+        abandoned = threading.Event()
+        future = _wait_executor().submit(_wait_for_end, self.id, _alias(), deadline, abandoned)
+        return future, abandoned
+
+    def result(self, timeout: Any = None) -> Any:
+        """Wait until the run ends; return its value or raise WorkflowFailedError,
+        WorkflowCancelledError or WorkflowTimedOutError. The builtin TimeoutError when ``timeout``
+        (a duration) runs out first. Reads committed data only, on its own connection."""
+        future, abandoned = self._submit_wait(timeout)
+        try:
+            row = future.result()
+        finally:
+            abandoned.set()
+        return _outcome(self.id, row)
+
+    async def aresult(self, timeout: Any = None) -> Any:
+        future, abandoned = self._submit_wait(timeout)
+        try:
+            row = await asyncio.wrap_future(future)
+        finally:
+            abandoned.set()
+        return _outcome(self.id, row)
+
+    async def adescribe(self) -> dict[str, Any]:
+        return await sync_to_async(self.describe)()
+
+    async def asignal(self, name: str, payload: Any = None, *, signal_id: str | None = None) -> None:
+        await sync_to_async(self.signal)(name, payload, signal_id=signal_id)
+
+    async def acancel(self, reason: str | None = None) -> None:
+        await sync_to_async(self.cancel)(reason)
+
+    async def asuspend(self) -> None:
+        await sync_to_async(self.suspend)()
+
+    async def aresume(self) -> None:
+        await sync_to_async(self.resume)()
+
+    async def aretry(self) -> None:
+        await sync_to_async(self.retry)()
+
+    async def aquery(self, name: str, arg: Any = _UNSET, *, timeout: Any = "5s") -> Any:
+        return await sync_to_async(self.query, thread_sensitive=False)(name, arg, timeout=timeout)
+
+    async def aupdate(self, name: str, payload: Any = None, **options: Any) -> Any:
+        return await sync_to_async(self.update, thread_sensitive=False)(name, payload, **options)
+
+
+__all__ = [
+    "InvalidArgumentError",
+    "InvalidWorkflowIdError",
+    "WorkflowHandle",
+    "astart",
+    "cancel",
+    "get_handle",
+    "query",
+    "signal",
+    "start",
+    "start_or_signal",
+    "start_with_update",
+    "update",
+]

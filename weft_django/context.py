@@ -1,0 +1,178 @@
+"""WorkflowContext: what workflow code receives. It builds operation descriptors (no I/O) and keeps
+the query, update and cancel handlers the owning engine calls between turns."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from .durations import InvalidDuration, to_nonnegative_timedelta
+from .exceptions import WorkflowDefinitionError
+from .operations import (
+    All,
+    Inert,
+    Memo,
+    Operation,
+    Race,
+    RunActivity,
+    Sleep,
+    WaitForSignal,
+    WaitForUpdate,
+    WaitUntil,
+)
+from .registry import resolve_activity
+
+logger = logging.getLogger("weft_django.workflow")
+_BRANCHABLE = (RunActivity, Sleep, WaitForSignal)
+
+
+class _ReplayAwareLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """ctx.log: silent while replaying, so a recovered run does not log its history again."""
+
+    def __init__(self, ctx: WorkflowContext) -> None:
+        super().__init__(logger, {})
+        self._ctx = ctx
+
+    def isEnabledFor(self, level: int) -> bool:  # noqa: N802 - logging's name
+        return not self._ctx.is_replaying and super().isEnabledFor(level)
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        return f"[{self._ctx.workflow_id}] {msg}", kwargs
+
+
+class WorkflowContext:
+    """The first argument of every workflow function."""
+
+    def __init__(
+        self,
+        *,
+        workflow_id: str,
+        run_id: str,
+        workflow_type: str,
+        started_at: datetime | None,
+        epoch: int,
+    ) -> None:
+        self.workflow_id = workflow_id
+        self.run_id = run_id
+        self.workflow_type = workflow_type
+        self.started_at = started_at
+        self.epoch = epoch
+        self.is_replaying = False
+        self.detached = False
+        self.query_handlers: dict[str, Callable[..., Any]] = {}
+        self.exposed: dict[str, Callable[[], Any]] = {}
+        self.update_handlers: dict[str, tuple[Callable[[Any], Any], Any]] = {}
+        self.cancel_handlers: list[Callable[[], Any]] = []
+        self.log = _ReplayAwareLogger(self)
+
+    # -- operations -------------------------------------------------------------------------
+    def run(self, activity: Any, /, *args: Any, **kwargs: Any) -> Operation:
+        """Run an activity: ``result = yield ctx.run(charge_card, order_id, "12.00")``."""
+        if self.detached:
+            return Inert()
+        from .codec import encode_payload
+
+        definition = resolve_activity(activity)
+        text = encode_payload({"args": list(args), "kwargs": kwargs}, path="activity input")
+        return RunActivity(definition, text)
+
+    def sleep(self, duration: Any) -> Operation:
+        """A durable timer: ``yield ctx.sleep("5m")``."""
+        if self.detached:
+            return Inert()
+        return Sleep(_duration(duration, "ctx.sleep duration"))
+
+    def wait_for_signal(self, name: str, *, timeout: Any = None) -> Operation:
+        """Wait for a signal; its payload is the result. WaitTimeoutError after ``timeout``."""
+        if self.detached:
+            return Inert()
+        _check_name("signal", name)
+        return WaitForSignal(name, None if timeout is None else _duration(timeout, "wait_for_signal timeout"))
+
+    def wait_for_update(self, name: str) -> Operation:
+        if self.detached:
+            return Inert()
+        _check_name("update", name)
+        if name in self.update_handlers:
+            raise WorkflowDefinitionError(
+                f'Update "{name}" has an on_update handler; an update name is either handled or waited for.'
+            )
+        return WaitForUpdate(name)
+
+    def wait_until(self, predicate: Callable[[], Any], *, timeout: Any = None) -> Operation:
+        if self.detached:
+            return Inert()
+        if not callable(predicate):
+            raise WorkflowDefinitionError("ctx.wait_until needs a callable predicate.")
+        return WaitUntil(predicate, None if timeout is None else _duration(timeout, "wait_until timeout"))
+
+    def memo(self, key: str, compute: Callable[[], Any]) -> Operation:
+        """Compute a value once and record it: ``token = yield ctx.memo("token", make_token)``."""
+        if self.detached:
+            return Inert()
+        _check_name("memo key", key)
+        if not callable(compute):
+            raise WorkflowDefinitionError("ctx.memo needs a callable that computes the value.")
+        return Memo(key, compute)
+
+    def all(self, operations: Sequence[Operation]) -> Operation:
+        """Run operations in parallel; the result is their results in order."""
+        if self.detached:
+            return Inert()
+        return All(_branches("ctx.all", operations))
+
+    def race(self, operations: Sequence[Operation]) -> Operation:
+        """The first operation to settle wins: the result is ``(index, value)``."""
+        if self.detached:
+            return Inert()
+        return Race(_branches("ctx.race", operations))
+
+    # -- handlers ---------------------------------------------------------------------------
+    def expose(self, **accessors: Callable[[], Any]) -> None:
+        """Read-only accessors answered by ``handle.query(name)``."""
+        for name, accessor in accessors.items():
+            if not callable(accessor):
+                raise WorkflowDefinitionError(f"ctx.expose({name}=...) needs a callable.")
+            self.exposed[name] = accessor
+
+    def on_query(self, name: str, handler: Callable[..., Any]) -> None:
+        _check_name("query", name)
+        if name == "activity_progress":
+            raise WorkflowDefinitionError('"activity_progress" is a built-in query; choose another name.')
+        self.query_handlers[name] = handler
+
+    def on_update(self, name: str, handler: Callable[[Any], Any], *, validator: Any = None) -> None:
+        _check_name("update", name)
+        self.update_handlers[name] = (handler, validator)
+
+    def on_cancel(self, handler: Callable[[], Any]) -> None:
+        self.cancel_handlers.append(handler)
+
+
+def _duration(value: Any, name: str) -> Any:
+    try:
+        return to_nonnegative_timedelta(value, name)
+    except InvalidDuration as exc:
+        raise WorkflowDefinitionError(str(exc)) from None
+
+
+def _check_name(kind: str, name: Any) -> None:
+    if not isinstance(name, str) or not name or len(name) > 255:
+        raise WorkflowDefinitionError(f"The {kind} name must be a non-empty string of at most 255 characters.")
+
+
+def _branches(where: str, operations: Sequence[Operation]) -> tuple[Operation, ...]:
+    branches = tuple(operations)
+    if not branches:
+        raise WorkflowDefinitionError(f"{where} needs at least one operation.")
+    for op in branches:
+        if isinstance(op, WaitUntil | WaitForUpdate):
+            raise WorkflowDefinitionError(f"{where}: wait_until and wait_for_update are not allowed inside all/race.")
+        if not isinstance(op, _BRANCHABLE):
+            raise WorkflowDefinitionError(
+                f"{where} takes ctx.run, ctx.sleep, ctx.wait_for_signal or ctx.start_child operations "
+                f"(got {op!r})."
+            )
+    return branches

@@ -1,0 +1,155 @@
+"""Runs activity attempts on a thread pool and reports their outcomes to the engine loop.
+
+An attempt is identified by (run, seq, attempt, epoch): the engine drops any outcome that does not
+match what it currently waits for, so a timed-out or deposed attempt's late result is never recorded.
+``atomic=True`` activities run inside transaction.atomic() and write their step in that same
+transaction, after locking the claim row: the user's writes commit once, under the current epoch, or
+not at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from typing import Any
+
+from django.db import close_old_connections, transaction
+
+from ..activity_runtime import ActivityInfo, AttemptControl, bind
+from ..codec import decode, encode_payload
+from ..registry import ActivityDefinition
+
+logger = logging.getLogger(__name__)
+
+
+class FenceRefused(Exception):  # noqa: N818 - control flow, never leaves this module
+    """The claim was gone when an atomic activity tried to commit: roll the user's writes back."""
+
+
+@dataclasses.dataclass
+class AttemptTask:
+    workflow_id: str
+    run_id: str
+    seq: int
+    attempt: int
+    epoch: int
+    definition: ActivityDefinition
+    args_text: str
+    started_at: datetime
+    deadline: float | None  # time.monotonic() after which the attempt has timed out
+    control: AttemptControl = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.control = AttemptControl(
+            ActivityInfo(
+                workflow_id=self.workflow_id,
+                run_id=self.run_id,
+                activity=self.definition.name,
+                seq=self.seq,
+                attempt=self.attempt,
+                epoch=self.epoch,
+                idempotency_key=f"{self.workflow_id}:{self.run_id}:{self.seq}",
+            )
+        )
+
+    @property
+    def key(self) -> tuple[str, int, int, int]:
+        return (self.run_id, self.seq, self.attempt, self.epoch)
+
+
+@dataclasses.dataclass
+class AttemptOutcome:
+    task: AttemptTask
+    ok: bool
+    result: str | None = None
+    error: dict[str, Any] | None = None
+    retryable: bool = True
+    committed: bool = False  # an atomic activity already wrote its step in its own transaction
+    refused: bool = False  # an atomic activity found the claim gone: nothing was written
+
+
+def describe_failure(exc: BaseException) -> dict[str, Any]:
+    return {
+        "type": type(exc).__name__,
+        "qualified_type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc)),
+    }
+
+
+class ThreadExecutor:
+    """The default ACTIVITY_EXECUTOR: a pool of threads in the engine process."""
+
+    def __init__(
+        self,
+        concurrency: int,
+        on_done: Callable[[], None],
+        commit_atomic: Callable[[AttemptTask, str], None],
+        using: str,
+    ) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="weft-activity")
+        self.outcomes: queue.SimpleQueue[AttemptOutcome] = queue.SimpleQueue()
+        self._on_done = on_done
+        self._commit_atomic = commit_atomic
+        self._using = using
+        self._running: dict[tuple[str, int, int, int], AttemptTask] = {}
+        self._lock = threading.Lock()
+
+    def submit(self, task: AttemptTask) -> None:
+        with self._lock:
+            self._running[task.key] = task
+        self._pool.submit(self._run, task)
+
+    @property
+    def running(self) -> list[AttemptTask]:
+        with self._lock:
+            return list(self._running.values())
+
+    def _run(self, task: AttemptTask) -> None:
+        close_old_connections()
+        bind(task.control)
+        try:
+            outcome = self._attempt(task)
+        finally:
+            bind(None)
+            close_old_connections()
+            with self._lock:
+                self._running.pop(task.key, None)
+        self.outcomes.put(outcome)
+        self._on_done()
+
+    def _attempt(self, task: AttemptTask) -> AttemptOutcome:
+        payload = decode(task.args_text) or {}
+        args, kwargs = payload.get("args", []), payload.get("kwargs", {})
+        definition = task.definition
+        try:
+            if definition.atomic:
+                with transaction.atomic(using=self._using):
+                    text = encode_payload(definition.fn(*args, **kwargs), path="activity result")
+                    self._commit_atomic(task, text)  # locks the claim last; raises FenceRefused
+                return AttemptOutcome(task, ok=True, result=text, committed=True)
+            text = encode_payload(definition.fn(*args, **kwargs), path="activity result")
+            return AttemptOutcome(task, ok=True, result=text)
+        except FenceRefused:
+            return AttemptOutcome(task, ok=False, refused=True)
+        except Exception as exc:
+            logger.info(
+                "activity failed workflow=%s activity=%s seq=%s attempt=%s error=%s",
+                task.workflow_id, definition.name, task.seq, task.attempt, type(exc).__name__,
+            )
+            return AttemptOutcome(
+                task, ok=False, error=describe_failure(exc), retryable=definition.retry.is_retryable(exc)
+            )
+
+    def shutdown(self, wait_seconds: float) -> None:
+        deadline = time.monotonic() + wait_seconds
+        while self.running and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self._pool.shutdown(wait=False, cancel_futures=True)

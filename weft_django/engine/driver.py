@@ -1,0 +1,311 @@
+"""Drives one workflow generator: replays it from the Step log by position, stops at the first
+operation with no recorded outcome (the frontier), and resumes it when the engine settles that
+operation. Pure logic: no database, no threads. The engine records steps; the driver checks that the
+code yields the same operations at the same positions and feeds the recorded outcomes back."""
+
+from __future__ import annotations
+
+import dataclasses
+import traceback
+from collections.abc import Generator
+from datetime import datetime
+from typing import Any
+
+from ..codec import decode, encode_payload
+from ..context import WorkflowContext
+from ..exceptions import ActivityError, ChildWorkflowError, NonDeterminismError, WaitTimeoutError, WeftError
+from ..operations import All, Inert, Memo, Operation, Race, WaitForUpdate
+from ..registry import WorkflowDefinition
+
+
+@dataclasses.dataclass
+class StepRecord:
+    seq: int
+    kind: str
+    name: str
+    status: str  # running | completed | failed
+    result: str | None = None
+    error: dict[str, Any] | None = None
+    attempts: int = 0
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+
+    @property
+    def settled(self) -> bool:
+        return self.status in ("completed", "failed")
+
+    @property
+    def outcome(self) -> Outcome:
+        return Outcome(ok=self.status == "completed", text=self.result, error=self.error)
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    ok: bool
+    text: str | None = None  # codec text of the value when ok
+    error: dict[str, Any] | None = None  # an exception to throw into the workflow when not ok
+
+
+@dataclasses.dataclass
+class Leaf:
+    seq: int
+    op: Operation
+    outcome: Outcome | None = None
+
+
+@dataclasses.dataclass
+class Frontier:
+    seq: int
+    op: Operation
+    leaves: list[Leaf]
+
+
+def error_to_exception(error: dict[str, Any]) -> Exception:
+    """Rebuild the exception recorded for a step, identically live and on replay."""
+    kind = error.get("exc")
+    if kind == "ActivityError":
+        return ActivityError.from_dict(error)
+    if kind == "ChildWorkflowError":
+        return ChildWorkflowError(
+            error.get("message", ""), child_id=error.get("child_id", ""), status=error.get("status", ""),
+            error=error.get("error"),
+        )
+    return WaitTimeoutError(error.get("message", "The wait timed out."))
+
+
+def describe_exception(exc: BaseException) -> dict[str, Any]:
+    """The shape of ``Workflow.error`` and ``WorkflowFailedError.error``."""
+    return {
+        "type": type(exc).__name__,
+        "qualified_type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc)),
+    }
+
+
+class WorkflowRun:
+    """One live incarnation of a workflow's generator."""
+
+    def __init__(
+        self, definition: WorkflowDefinition, ctx: WorkflowContext, input_text: str, steps: dict[int, StepRecord]
+    ) -> None:
+        self.definition = definition
+        self.ctx = ctx
+        self.input_text = input_text
+        self.steps = steps
+        self.new_steps: list[StepRecord] = []  # recorded by the driver itself (memo, race winners)
+        self.next_seq = 0
+        self.frontier: Frontier | None = None
+        self.result_text: str | None = None
+        self.failure: dict[str, Any] | None = None
+        self.stuck: WeftError | None = None
+        self._gen: Generator[Any, Any, Any] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.result_text is not None or self.failure is not None or self.stuck is not None
+
+    @property
+    def completed(self) -> bool:
+        return self.result_text is not None
+
+    # -- driving ------------------------------------------------------------------------------
+    def start(self) -> None:
+        payload = decode(self.input_text) or {}
+        try:
+            self._gen = self.definition.fn(self.ctx, *payload.get("args", ()), **payload.get("kwargs", {}))
+        except Exception as exc:  # a TypeError for wrong arguments, say
+            self.failure = describe_exception(exc)
+            return
+        self._advance(None, None)
+
+    def settle(self, seq: int, outcome: Outcome) -> None:
+        """The engine settled the frontier leaf at ``seq`` (and recorded its step)."""
+        frontier = self.frontier
+        if frontier is None:
+            return
+        leaf = next((leaf for leaf in frontier.leaves if leaf.seq == seq), None)
+        if leaf is None or leaf.outcome is not None:
+            return
+        leaf.outcome = outcome
+        self._settle_frontier()
+
+    def pending_leaves(self) -> list[Leaf]:
+        if self.frontier is None:
+            return []
+        return [leaf for leaf in self.frontier.leaves if leaf.outcome is None]
+
+    def is_pending(self, seq: int) -> bool:
+        return any(leaf.seq == seq for leaf in self.pending_leaves())
+
+    def record(self, step: StepRecord) -> None:
+        self.steps[step.seq] = step
+
+    def close(self) -> None:
+        """Detach the context first, so a ``finally`` that yields gets an inert operation."""
+        self.ctx.detached = True
+        gen, self._gen = self._gen, None
+        if gen is not None:
+            try:
+                gen.close()
+            except RuntimeError:  # the generator yielded in its finally block
+                pass
+            except Exception:  # noqa: BLE001, S110 - user cleanup code failing while closed is not ours to raise
+                pass
+
+    # -- internals ----------------------------------------------------------------------------
+    def _settle_frontier(self) -> None:
+        frontier = self.frontier
+        assert frontier is not None
+        op = frontier.op
+        if isinstance(op, Race):
+            winner = next((i for i, leaf in enumerate(frontier.leaves) if leaf.outcome is not None), None)
+            if winner is None:
+                return
+            self._record_new(StepRecord(frontier.seq, "race", "", "completed", encode_payload(winner)))
+            outcome = frontier.leaves[winner].outcome
+            assert outcome is not None
+            self.frontier = None
+            if outcome.ok:
+                self._advance((winner, decode(outcome.text)), None)
+            else:
+                self._advance(None, error_to_exception(outcome.error or {}))
+            return
+        if any(leaf.outcome is None for leaf in frontier.leaves):
+            return
+        self.frontier = None
+        outcomes = [leaf.outcome for leaf in frontier.leaves]
+        failed = next((o for o in outcomes if o is not None and not o.ok), None)
+        if failed is not None:
+            self._advance(None, error_to_exception(failed.error or {}))
+        elif isinstance(op, All):
+            self._advance([decode(o.text) for o in outcomes if o is not None], None)
+        else:
+            only = outcomes[0]
+            assert only is not None
+            self._advance(decode(only.text), None)
+
+    def _record_new(self, step: StepRecord) -> None:
+        self.steps[step.seq] = step
+        self.new_steps.append(step)
+
+    def _advance(self, value: Any, exc: BaseException | None) -> None:
+        gen = self._gen
+        if gen is None:
+            return
+        while True:
+            self.ctx.is_replaying = any(seq >= self.next_seq for seq in self.steps)
+            try:
+                op = gen.throw(exc) if exc is not None else gen.send(value)
+            except StopIteration as stop:
+                self._finish_ok(stop.value)
+                return
+            except Exception as error:  # workflow code failed: the run fails
+                self.failure = describe_exception(error)
+                self._gen = None
+                return
+            value, exc = None, None
+            if isinstance(op, Inert):
+                continue
+            if not isinstance(op, Operation):
+                exc = TypeError(
+                    f"Workflow code yielded {op!r}; yield an operation such as ctx.run(...), ctx.sleep(...) "
+                    f"or ctx.wait_for_signal(...)."
+                )
+                continue
+            seq = self.next_seq
+            mismatch = self._mismatch(seq, op)
+            if mismatch:
+                self._get_stuck(NonDeterminismError(mismatch))
+                return
+            self.next_seq += op.width
+            if isinstance(op, Memo):
+                value, exc = self._memo(seq, op)
+                continue
+            resolved = self._from_log(seq, op)
+            if resolved is not None:
+                value, exc = resolved
+                continue
+            self.ctx.is_replaying = False
+            self.frontier = self._frontier(seq, op)
+            if isinstance(op, Race) and any(leaf.outcome is not None for leaf in self.frontier.leaves):
+                self._settle_frontier()
+            return
+
+    def _finish_ok(self, value: Any) -> None:
+        self._gen = None
+        try:
+            self.result_text = encode_payload(value, path="result")
+        except WeftError as error:
+            self.failure = describe_exception(error)
+
+    def _get_stuck(self, error: WeftError) -> None:
+        self.stuck = error
+        self.close()
+
+    def _mismatch(self, seq: int, op: Operation) -> str | None:
+        expected: list[tuple[int, Operation]] = [(seq, op)]
+        if isinstance(op, All | Race):
+            expected += [(seq + 1 + i, branch) for i, branch in enumerate(op.branches)]
+            if isinstance(op, All):
+                expected = expected[1:]
+        for position, operation in expected:
+            recorded = self.steps.get(position)
+            if recorded is not None and (recorded.kind != operation.kind or recorded.name != operation.name):
+                return (
+                    f"Workflow {self.ctx.workflow_id!r} yielded {operation.kind} {operation.name!r} at step "
+                    f"{position}, but the recorded history has {recorded.kind} {recorded.name!r} there. Workflow "
+                    f"code must yield the same operations in the same order for the same results; deploy code "
+                    f"that matches the running version, or start new runs under a new workflow version."
+                )
+        return None
+
+    def _memo(self, seq: int, op: Memo) -> tuple[Any, BaseException | None]:
+        recorded = self.steps.get(seq)
+        if recorded is not None and recorded.settled:
+            return decode(recorded.result), None
+        try:
+            text = encode_payload(op.compute(), path=f"memo {op.key!r}")
+        except Exception as error:
+            return None, error
+        self._record_new(StepRecord(seq, "memo", op.key, "completed", text))
+        return decode(text), None
+
+    def _from_log(self, seq: int, op: Operation) -> tuple[Any, BaseException | None] | None:
+        if isinstance(op, Race):
+            recorded = self.steps.get(seq)
+            if recorded is None or not recorded.settled:
+                return None
+            winner = decode(recorded.result)
+            step = self.steps.get(seq + 1 + winner)
+            if step is None or not step.settled:
+                return None
+            if step.status == "failed":
+                return None, error_to_exception(step.error or {})
+            return (winner, decode(step.result)), None
+        if isinstance(op, All):
+            steps = [self.steps.get(seq + 1 + i) for i in range(len(op.branches))]
+            if not all(step is not None and step.settled for step in steps):
+                return None
+            for step in steps:
+                assert step is not None
+                if step.status == "failed":
+                    return None, error_to_exception(step.error or {})
+            return [decode(step.result) for step in steps if step is not None], None
+        recorded = self.steps.get(seq)
+        if recorded is None or not recorded.settled:
+            return None
+        if recorded.status == "failed":
+            return None, error_to_exception(recorded.error or {})
+        if isinstance(op, WaitForUpdate):
+            return decode(recorded.result), None
+        return decode(recorded.result), None
+
+    def _frontier(self, seq: int, op: Operation) -> Frontier:
+        if isinstance(op, All | Race):
+            leaves = []
+            for i, branch in enumerate(op.branches):
+                step = self.steps.get(seq + 1 + i)
+                leaves.append(Leaf(seq + 1 + i, branch, step.outcome if step is not None and step.settled else None))
+            return Frontier(seq, op, leaves)
+        return Frontier(seq, op, [Leaf(seq, op)])

@@ -1,0 +1,696 @@
+"""Engine: start-up gates, the loop, shutdown. No argparse, no Django command: runnable from tests.
+
+One thread drives generators; a thread pool runs activities; renewal has its own thread and
+connection; on PostgreSQL a listener thread turns NOTIFY into wake-ups. Per wake the loop claims new
+work, settles finished activities, fires due timers of owned workflows, delivers signals, advances
+generators, and commits every workflow's resulting writes in one fenced commit. Activities are
+dispatched only after the commit that recorded their attempt (the ordering rule).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import DatabaseError, close_old_connections, connections
+
+from ..clock import db_now
+from ..conf import WeftSettings, get_settings
+from ..context import WorkflowContext
+from ..exceptions import VersionMismatchError, WeftError, WorkflowNotRegisteredError
+from ..models import BufferedSignal, Step, Timer, Workflow
+from ..operations import RunActivity, Sleep, WaitForSignal, WaitUntil
+from ..registry import registry
+from ..status import StepStatus, TimerKind, WorkflowStatus
+from . import ownership
+from .activities import AttemptOutcome, AttemptTask, FenceRefused, ThreadExecutor
+from .driver import Outcome, StepRecord, WorkflowRun
+from .fencing import Finish, WorkflowWrites, fenced_commit, lock_claims
+from .timers import TimerHeap
+from .wakeups import Listener
+
+logger = logging.getLogger(__name__)
+STUCK_MAX_BACKOFF = timedelta(minutes=5)
+
+
+@dataclasses.dataclass
+class Owned:
+    """A workflow this engine holds, with its live generator and what it waits for."""
+
+    workflow_id: str
+    run_id: str
+    epoch: int
+    run: WorkflowRun
+    timers: dict[tuple[str, int], Timer] = dataclasses.field(default_factory=dict)
+    inflight: dict[int, AttemptTask] = dataclasses.field(default_factory=dict)
+    armed: set[int] = dataclasses.field(default_factory=set)
+    dispatch: list[AttemptTask] = dataclasses.field(default_factory=list)
+    stuck_attempts: int = 0
+    clear_stuck: bool = False
+
+
+class Engine:
+    def __init__(
+        self,
+        engine_id: str | None = None,
+        *,
+        concurrency: int | None = None,
+        settings: WeftSettings | None = None,
+        drain_timeout: float = 10.0,
+    ) -> None:
+        self.settings = settings or get_settings()
+        self.using = self.settings.database
+        self.engine_id = engine_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.concurrency = concurrency or self.settings.activity_concurrency
+        self.drain_timeout = drain_timeout
+        self.owned: dict[str, Owned] = {}
+        self.timers = TimerHeap()
+        self.stopping = threading.Event()
+        self._threads_stop = threading.Event()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._notified: set[str] = set()
+        self._rescan = True
+        self._lost: set[str] = set()
+        self._epochs: dict[str, int] = {}  # snapshot for the renewal thread
+        self._reload: dict[str, int] = {}
+        self._last_claim_scan = 0.0
+        self._last_takeover_scan = 0.0
+        self._last_signal_poll = 0.0
+        self.refused_commits = 0
+        self.executor = ThreadExecutor(self.concurrency, self._wake.set, self._commit_atomic_step, self.using)
+        self._threads: list[threading.Thread] = []
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        ownership.register_engine(self.engine_id, self.settings.ownership, self.using)
+        renewer = threading.Thread(target=self._renew_loop, name="weft-renew", daemon=True)
+        self._threads.append(renewer)
+        if connections[self.using].vendor == "postgresql":
+            self._threads.append(Listener(self.using, self._on_notify, self._threads_stop))
+        for thread in self._threads:
+            thread.start()
+        logger.info("engine started engine=%s mode=%s", self.engine_id, self.settings.ownership)
+
+    def run(self, *, once: bool = False) -> None:
+        """Run until stopped (or, with ``once``, until nothing is runnable now), then shut down."""
+        self.start()
+        try:
+            while not self.stopping.is_set():
+                busy = self.tick()
+                if once and not busy and self.idle():
+                    break
+                if not busy:
+                    self._wait()
+            self._drain()
+        finally:
+            self.shutdown()
+
+    def run_until_idle(self, timeout: float = 30.0) -> None:
+        """Tick in this thread until nothing is runnable now (tests, the demo). Threads are started
+        and stopped around it."""
+        deadline = time.monotonic() + timeout
+        self.start()
+        try:
+            while time.monotonic() < deadline:
+                busy = self.tick()
+                if not busy and self.idle():
+                    return
+                if not busy:
+                    self._wait(0.02)
+            raise TimeoutError(f"run_until_idle: still busy after {timeout}s")
+        finally:
+            self.shutdown()
+
+    def request_stop(self) -> None:
+        self.stopping.set()
+        self._wake.set()
+
+    def idle(self) -> bool:
+        # An activity waiting out its retry back-off is still being processed, not parked.
+        if self.executor.running or any(
+            o.inflight or o.dispatch or any(kind == TimerKind.ACTIVITY_RETRY for kind, _ in o.timers)
+            for o in self.owned.values()
+        ):
+            return False
+        next_fire = self.timers.next_fire_at()
+        if next_fire is not None and next_fire <= db_now(self.using):
+            return False
+        return not self._claimable()
+
+    def shutdown(self) -> None:
+        self._threads_stop.set()
+        self.executor.shutdown(0)
+        try:
+            ownership.release(self.engine_id, {wid: o.epoch for wid, o in self.owned.items()}, self.using)
+            ownership.stop_engine(self.engine_id, self.using)
+        except DatabaseError:
+            logger.exception("could not release claims at shutdown engine=%s", self.engine_id)
+        for owned in self.owned.values():
+            owned.run.close()
+        self.owned.clear()
+        self._publish_epochs()
+        for thread in self._threads:
+            thread.join(timeout=2)
+        logger.info("engine stopped engine=%s", self.engine_id)
+
+    def _drain(self) -> None:
+        """Let running activities finish for at most drain_timeout and commit their results."""
+        deadline = time.monotonic() + self.drain_timeout
+        while self.executor.running and time.monotonic() < deadline:
+            self.tick(claim=False)
+            self._wait(0.05)
+        self.tick(claim=False)
+
+    def _wait(self, seconds: float | None = None) -> None:
+        self._wake.wait(seconds if seconds is not None else self.settings.poll_interval.total_seconds())
+        self._wake.clear()
+
+    def _on_notify(self, payload: str | None) -> None:
+        with self._lock:
+            if payload is None or payload.endswith(":*"):
+                self._rescan = True
+            elif payload.startswith("w:"):
+                self._notified.add(payload[2:])
+            else:
+                return
+        self._wake.set()
+
+    # -- the tick ----------------------------------------------------------------------------
+    def tick(self, *, claim: bool = True) -> bool:
+        """One pass of the loop. Returns whether anything happened."""
+        close_old_connections()
+        try:
+            return self._tick(claim)
+        except DatabaseError:
+            logger.exception("database error in tick engine=%s; retrying", self.engine_id)
+            self._reload.update({wid: o.epoch for wid, o in self.owned.items()})
+            for owned in list(self.owned.values()):
+                self._drop(owned.workflow_id, reason=None)
+            time.sleep(0.2)
+            return False
+
+    def _tick(self, claim: bool) -> bool:
+        now = db_now(self.using)
+        busy = False
+        with self._lock:
+            lost, self._lost = self._lost, set()
+            notified, self._notified = self._notified, set()
+            rescan, self._rescan = self._rescan, False
+        for wid in lost:
+            busy = True
+            self._drop(wid, reason="claim lost")
+        writes: dict[str, WorkflowWrites] = {}
+        changed: set[str] = set()
+
+        for outcome in self._drain_outcomes():
+            busy = True
+            self._on_outcome(outcome, now, writes, changed)
+        self._expire_attempts(now, writes, changed)
+        for wid, kind, seq in self.timers.pop_due(now):
+            busy = True
+            self._on_timer(wid, kind, seq, now, writes, changed)
+
+        poll_due = time.monotonic() - self._last_signal_poll >= self.settings.poll_interval.total_seconds()
+        signal_check = {wid for wid in self.owned if poll_due or wid in notified or rescan}
+        if signal_check:
+            self._last_signal_poll = time.monotonic() if poll_due else self._last_signal_poll
+            busy |= self._deliver_signals(signal_check, now, writes, changed)
+
+        if claim and not self.stopping.is_set():
+            unknown = {wid for wid in notified if wid not in self.owned}
+            busy |= self._claim(now, writes, changed, force=bool(unknown) or rescan)
+
+        for _ in range(1000):  # settle cascades (memo, wait_until, consumed signals) within this tick
+            if not changed:
+                break
+            pending, changed = changed, set()
+            for wid in pending:
+                self._advance_effects(wid, now, writes, changed)
+        if writes:
+            busy = True
+            self._commit(list(writes.values()), now)
+        self._dispatch()
+        return busy
+
+    # -- claiming and loading ------------------------------------------------------------------
+    def _claimable(self) -> bool:
+        return Workflow.objects.using(self.using).filter(
+            status=WorkflowStatus.RUNNING, id__in=_unheld_claims(self.using)
+        ).exists()
+
+    def _capacity(self) -> int:
+        return self.settings.claim_batch_size
+
+    def _claim(self, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str], force: bool) -> bool:
+        poll = self.settings.poll_interval.total_seconds()
+        clock = time.monotonic()
+        claimed: dict[str, int] = {}
+        if force or clock - self._last_claim_scan >= poll:
+            self._last_claim_scan = clock
+            got = ownership.acquire(
+                self.engine_id,
+                limit=self._capacity(),
+                ttl=self.settings.workflow_claim_ttl,
+                renew_interval=self.settings.workflow_claim_renew_interval,
+                using=self.using,
+            )
+            claimed.update({wid: epoch for wid, (epoch, _) in got.items()})
+        if clock - self._last_takeover_scan >= self.settings.workflow_claim_renew_interval.total_seconds():
+            self._last_takeover_scan = clock
+            got = ownership.acquire(
+                self.engine_id,
+                limit=self._capacity(),
+                ttl=self.settings.workflow_claim_ttl,
+                renew_interval=self.settings.workflow_claim_renew_interval,
+                using=self.using,
+                takeover=True,
+            )
+            for wid, (epoch, previous) in got.items():
+                logger.warning("took over workflow=%s from engine=%s epoch=%s", wid, previous, epoch)
+            claimed.update({wid: epoch for wid, (epoch, _) in got.items()})
+        reload, self._reload = self._reload, {}
+        claimed.update({wid: epoch for wid, epoch in reload.items() if wid not in claimed})
+        if not claimed:
+            return False
+        self._load(claimed, now, writes, changed)
+        return True
+
+    def _load(self, claimed: dict[str, int], now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]) -> None:
+        rows = {row.id: row for row in Workflow.objects.using(self.using).filter(id__in=list(claimed))}
+        run_ids = [row.run_id for row in rows.values()]
+        steps: dict[str, dict[int, StepRecord]] = {str(r): {} for r in run_ids}
+        for step in Step.objects.using(self.using).filter(run_id__in=run_ids):
+            steps[str(step.run_id)][step.seq] = StepRecord(
+                step.seq, step.kind, step.name, step.status, step.result, step.error, step.attempts,
+                step.started_at, step.completed_at,
+            )
+        timers: dict[str, list[Timer]] = {}
+        for timer in Timer.objects.using(self.using).filter(workflow_id__in=list(claimed)):
+            timers.setdefault(timer.workflow_id, []).append(timer)
+        release: dict[str, int] = {}
+        for wid, epoch in claimed.items():
+            row = rows.get(wid)
+            if row is None or row.status != WorkflowStatus.RUNNING:
+                release[wid] = epoch
+                continue
+            owned = self._start_run(row, epoch, steps[str(row.run_id)], timers.get(wid, []), now, writes)
+            if owned is not None:
+                changed.add(wid)
+        if release:
+            ownership.release(self.engine_id, release, self.using)
+        self._publish_epochs()
+
+    def _start_run(
+        self, row: Workflow, epoch: int, steps: dict[int, StepRecord], timers: list[Timer], now: datetime,
+        writes: dict[str, WorkflowWrites],
+    ) -> Owned | None:
+        ctx = WorkflowContext(
+            workflow_id=row.id, run_id=str(row.run_id), workflow_type=row.workflow_type, started_at=row.started_at,
+            epoch=epoch,
+        )
+        try:
+            definition = registry.workflow(row.workflow_type, row.version)
+        except WorkflowNotRegisteredError as exc:
+            error: WeftError = exc
+            if row.workflow_type in registry.latest:
+                error = VersionMismatchError(
+                    f"Workflow {row.id!r} runs {row.workflow_type!r} version {row.version!r}, but this engine "
+                    f"has version {registry.latest[row.workflow_type].version!r}. Deploy code that registers "
+                    f"version {row.version!r} (keep the old version registered next to the new one)."
+                )
+            self._stuck(row.id, str(row.run_id), epoch, row.stuck_attempts, error, now, writes)
+            return None
+        run = WorkflowRun(definition, ctx, row.input, steps)
+        owned = Owned(row.id, str(row.run_id), epoch, run, stuck_attempts=row.stuck_attempts,
+                      clear_stuck=row.stuck_error is not None)
+        self.owned[row.id] = owned
+        for timer in timers:
+            owned.timers[(timer.kind, timer.seq or 0)] = timer
+            self.timers.push(timer.fire_at, row.id, timer.kind, timer.seq or 0)
+        if row.execution_deadline is not None:
+            self.timers.push(row.execution_deadline, row.id, TimerKind.EXECUTION_DEADLINE, -1)
+        run.start()
+        if owned.clear_stuck:
+            self._writes(owned, writes).clear_stuck = True
+        return owned
+
+    def _stuck(
+        self, wid: str, run_id: str, epoch: int, attempts: int, error: WeftError, now: datetime,
+        writes: dict[str, WorkflowWrites],
+    ) -> None:
+        backoff = min(timedelta(seconds=2 ** min(attempts, 12)), STUCK_MAX_BACKOFF)
+        logger.error("workflow stuck workflow=%s error=%s retry_in=%s", wid, error, backoff)
+        w = writes.setdefault(wid, WorkflowWrites(wid, run_id, epoch))
+        w.stuck = {
+            "error": {"type": type(error).__name__, "message": str(error)},
+            "retry_at": now + backoff,
+            "attempts": attempts + 1,
+        }
+
+    # -- effects of a generator's new frontier ------------------------------------------------------
+    def _writes(self, owned: Owned, writes: dict[str, WorkflowWrites]) -> WorkflowWrites:
+        w = writes.get(owned.workflow_id)
+        if w is None:
+            w = writes[owned.workflow_id] = WorkflowWrites(owned.workflow_id, owned.run_id, owned.epoch)
+        return w
+
+    def _advance_effects(self, wid: str, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]) -> None:
+        owned = self.owned.get(wid)
+        if owned is None:
+            return
+        run = owned.run
+        if run.new_steps:
+            self._writes(owned, writes).steps.extend(run.new_steps)
+            run.new_steps = []
+        if run.finished:
+            w = self._writes(owned, writes)
+            if run.stuck is not None:
+                self._stuck(wid, owned.run_id, owned.epoch, owned.stuck_attempts, run.stuck, now, writes)
+            elif run.completed:
+                w.finish = Finish(WorkflowStatus.COMPLETED, result=run.result_text)
+            else:
+                w.finish = Finish(WorkflowStatus.FAILED, error=run.failure)
+            for task in owned.inflight.values():
+                task.control.request_stop("the workflow finished")
+            return
+        for leaf in run.pending_leaves():
+            if leaf.seq in owned.armed:
+                continue
+            owned.armed.add(leaf.seq)
+            op = leaf.op
+            if isinstance(op, RunActivity):
+                self._arm_activity(owned, leaf.seq, op, now, writes)
+            elif isinstance(op, Sleep):
+                self._arm_timer(owned, TimerKind.SLEEP, leaf.seq, now + op.duration, writes)
+            elif isinstance(op, WaitForSignal):
+                if op.timeout is not None:
+                    self._arm_timer(owned, TimerKind.SIGNAL_TIMEOUT, leaf.seq, now + op.timeout, writes)
+                with self._lock:
+                    self._notified.add(wid)  # look for a buffered signal on the next pass
+                self._wake.set()
+            elif isinstance(op, WaitUntil):
+                self._check_wait_until(owned, leaf.seq, op, now, writes, changed)
+
+    def _arm_activity(
+        self, owned: Owned, seq: int, op: RunActivity, now: datetime, writes: dict[str, WorkflowWrites]
+    ) -> None:
+        step = owned.run.steps.get(seq)
+        if step is None:
+            step = StepRecord(seq, "activity", op.name, StepStatus.RUNNING, attempts=1, started_at=now)
+            owned.run.record(step)
+            self._writes(owned, writes).steps.append(step)
+        elif (TimerKind.ACTIVITY_RETRY, seq) in owned.timers:
+            timer = owned.timers[(TimerKind.ACTIVITY_RETRY, seq)]
+            self.timers.push(timer.fire_at, owned.workflow_id, TimerKind.ACTIVITY_RETRY, seq)
+            return
+        # A recovered attempt runs again under the same attempt number.
+        owned.dispatch.append(self._task(owned, seq, op, step.attempts, step.started_at or now))
+
+    def _task(self, owned: Owned, seq: int, op: RunActivity, attempt: int, started_at: datetime) -> AttemptTask:
+        timeout = op.activity.timeout
+        return AttemptTask(
+            workflow_id=owned.workflow_id, run_id=owned.run_id, seq=seq, attempt=attempt, epoch=owned.epoch,
+            definition=op.activity, args_text=op.args_text, started_at=started_at,
+            deadline=time.monotonic() + timeout.total_seconds() if timeout else None,
+        )
+
+    def _arm_timer(
+        self, owned: Owned, kind: str, seq: int, fire_at: datetime, writes: dict[str, WorkflowWrites],
+        attempt: int | None = None,
+    ) -> None:
+        existing = owned.timers.get((kind, seq))
+        if existing is not None:  # recorded before a crash: keep its original fire time
+            self.timers.push(existing.fire_at, owned.workflow_id, kind, seq)
+            return
+        timer = Timer(workflow_id=owned.workflow_id, run_id=owned.run_id, kind=kind, seq=seq, attempt=attempt,
+                      fire_at=fire_at)
+        owned.timers[(kind, seq)] = timer
+        self._writes(owned, writes).timers_add.append(timer)
+        self.timers.push(fire_at, owned.workflow_id, kind, seq)
+
+    def _take_timer(self, owned: Owned, kind: str, seq: int, writes: dict[str, WorkflowWrites]) -> Timer | None:
+        timer = owned.timers.pop((kind, seq), None)
+        if timer is not None:
+            w = self._writes(owned, writes)
+            if timer.pk is not None:
+                w.timers_delete.append(timer.pk)
+            elif timer in w.timers_add:
+                w.timers_add.remove(timer)
+        return timer
+
+    def _settle(
+        self, owned: Owned, step: StepRecord, writes: dict[str, WorkflowWrites], changed: set[str]
+    ) -> None:
+        owned.run.record(step)
+        self._writes(owned, writes).steps.append(step)
+        owned.armed.discard(step.seq)
+        owned.run.settle(step.seq, step.outcome)
+        changed.add(owned.workflow_id)
+
+    def _check_wait_until(
+        self, owned: Owned, seq: int, op: WaitUntil, now: datetime, writes: dict[str, WorkflowWrites],
+        changed: set[str],
+    ) -> None:
+        try:
+            satisfied = bool(op.predicate())
+        except Exception as exc:  # noqa: BLE001 - a broken predicate fails the wait, visibly
+            logger.warning("wait_until predicate raised workflow=%s error=%s", owned.workflow_id, exc)
+            satisfied = False
+        if satisfied:
+            self._take_timer(owned, TimerKind.WAIT_CONDITION, seq, writes)
+            self._settle(owned, StepRecord(seq, "wait_until", "", "completed", "true", completed_at=now), writes, changed)
+        elif op.timeout is not None:
+            self._arm_timer(owned, TimerKind.WAIT_CONDITION, seq, now + op.timeout, writes)
+
+    # -- activity outcomes ---------------------------------------------------------------------------
+    def _drain_outcomes(self) -> list[AttemptOutcome]:
+        outcomes = []
+        while True:
+            try:
+                outcomes.append(self.executor.outcomes.get_nowait())
+            except Exception:  # noqa: BLE001 - queue.Empty
+                return outcomes
+
+    def _on_outcome(
+        self, outcome: AttemptOutcome, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]
+    ) -> None:
+        task = outcome.task
+        owned = self.owned.get(task.workflow_id)
+        current = owned.inflight.get(task.seq) if owned else None
+        if owned is None or current is None or current.key != task.key:
+            logger.info("late activity result discarded workflow=%s seq=%s attempt=%s epoch=%s",
+                        task.workflow_id, task.seq, task.attempt, task.epoch)
+            return
+        del owned.inflight[task.seq]
+        if outcome.refused:
+            self.refused_commits += 1
+            self._drop(owned.workflow_id, reason="claim lost at an atomic activity's commit")
+            return
+        if outcome.ok:
+            step = StepRecord(task.seq, "activity", task.definition.name, "completed", outcome.result,
+                              attempts=task.attempt, started_at=task.started_at, completed_at=now)
+            if outcome.committed:
+                owned.run.record(step)
+                owned.armed.discard(task.seq)
+                owned.run.settle(task.seq, step.outcome)
+                changed.add(owned.workflow_id)
+            else:
+                self._settle(owned, step, writes, changed)
+            return
+        self._on_failure(owned, task, outcome.error or {}, outcome.retryable, now, writes, changed)
+
+    def _on_failure(
+        self, owned: Owned, task: AttemptTask, error: dict[str, Any], retryable: bool, now: datetime,
+        writes: dict[str, WorkflowWrites], changed: set[str],
+    ) -> None:
+        policy = task.definition.retry
+        budget = task.definition.schedule_to_close_timeout
+        if retryable and task.attempt < policy.attempts:
+            fire_at = now + policy.backoff(task.attempt)
+            if budget is None or fire_at < task.started_at + budget:
+                self._arm_timer(owned, TimerKind.ACTIVITY_RETRY, task.seq, fire_at, writes, attempt=task.attempt + 1)
+                return
+        step = StepRecord(
+            task.seq, "activity", task.definition.name, "failed",
+            error={"exc": "ActivityError", **error, "attempts": task.attempt, "activity": task.definition.name},
+            attempts=task.attempt, started_at=task.started_at, completed_at=now,
+        )
+        self._settle(owned, step, writes, changed)
+
+    def _expire_attempts(self, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]) -> None:
+        clock = time.monotonic()
+        for owned in list(self.owned.values()):
+            for seq, task in list(owned.inflight.items()):
+                if task.deadline is not None and clock >= task.deadline:
+                    task.control.request_stop("the attempt timed out")
+                    del owned.inflight[seq]
+                    timeout = task.definition.timeout
+                    error = {
+                        "type": "ActivityTimeoutError", "qualified_type": "weft_django.ActivityTimeoutError",
+                        "message": f"attempt {task.attempt} did not finish within {timeout}", "traceback": "",
+                    }
+                    self._on_failure(owned, task, error, True, now, writes, changed)
+
+    # -- timers and signals ----------------------------------------------------------------------
+    def _on_timer(
+        self, wid: str, kind: str, seq: int, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]
+    ) -> None:
+        owned = self.owned.get(wid)
+        if owned is None:
+            return
+        if kind == TimerKind.EXECUTION_DEADLINE:
+            self._writes(owned, writes).finish = Finish(
+                WorkflowStatus.TIMED_OUT,
+                error={"type": "WorkflowTimedOutError", "message": "The run passed its execution timeout."},
+            )
+            owned.run.close()
+            return
+        if (kind, seq) not in owned.timers or not owned.run.is_pending(seq):
+            return
+        timer = self._take_timer(owned, kind, seq, writes)
+        if kind == TimerKind.SLEEP:
+            self._settle(owned, StepRecord(seq, "sleep", "", "completed", "null", completed_at=now), writes, changed)
+        elif kind == TimerKind.SIGNAL_TIMEOUT:
+            leaf_op = next(leaf.op for leaf in owned.run.pending_leaves() if leaf.seq == seq)
+            message = f"No signal {leaf_op.name!r} arrived within the timeout."
+            error = {"exc": "WaitTimeoutError", "message": message}
+            self._settle(owned, StepRecord(seq, "signal", leaf_op.name, "failed", error=error, completed_at=now),
+                         writes, changed)
+        elif kind == TimerKind.WAIT_CONDITION:
+            self._settle(owned, StepRecord(seq, "wait_until", "", "completed", "false", completed_at=now),
+                         writes, changed)
+        elif kind == TimerKind.ACTIVITY_RETRY and timer is not None:
+            leaf_op = next(leaf.op for leaf in owned.run.pending_leaves() if leaf.seq == seq)
+            assert isinstance(leaf_op, RunActivity)
+            step = owned.run.steps[seq]
+            step.attempts = timer.attempt or step.attempts + 1
+            self._writes(owned, writes).steps.append(step)  # the attempt count is durable before dispatch
+            owned.dispatch.append(self._task(owned, seq, leaf_op, step.attempts, step.started_at or now))
+
+    def _deliver_signals(
+        self, workflow_ids: set[str], now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]
+    ) -> bool:
+        waiting = {
+            wid: [leaf for leaf in self.owned[wid].run.pending_leaves() if isinstance(leaf.op, WaitForSignal)]
+            for wid in workflow_ids
+            if wid in self.owned
+        }
+        waiting = {wid: leaves for wid, leaves in waiting.items() if leaves}
+        if not waiting:
+            return False
+        delivered = False
+        buffered = BufferedSignal.objects.using(self.using).filter(
+            workflow_id__in=list(waiting), state="buffered"
+        ).order_by("id").values_list("id", "workflow_id", "run_id", "name", "payload")
+        taken: set[int] = set()
+        for pk, wid, run_id, name, payload in buffered:
+            owned = self.owned[wid]
+            if str(run_id) != owned.run_id or pk in taken:
+                continue
+            leaf = next((lf for lf in waiting[wid] if lf.op.name == name and owned.run.is_pending(lf.seq)), None)
+            if leaf is None:
+                continue
+            taken.add(pk)
+            delivered = True
+            self._take_timer(owned, TimerKind.SIGNAL_TIMEOUT, leaf.seq, writes)
+            self._writes(owned, writes).signals_consumed.append((pk, leaf.seq))
+            step = StepRecord(leaf.seq, "signal", name, "completed", payload, completed_at=now)
+            self._settle(owned, step, writes, changed)
+            waiting[wid] = [lf for lf in waiting[wid] if lf.seq != leaf.seq]
+        return delivered
+
+    # -- committing and dispatching ------------------------------------------------------------------
+    def _commit(self, batch: list[WorkflowWrites], now: datetime) -> None:
+        try:
+            result = fenced_commit(self.engine_id, batch, now, self.using)
+        except DatabaseError:
+            logger.exception("fenced commit failed engine=%s; reloading its workflows", self.engine_id)
+            for writes in batch:
+                owned = self.owned.get(writes.workflow_id)
+                if owned is not None:
+                    self._reload[owned.workflow_id] = owned.epoch
+                    self._drop(owned.workflow_id, reason=None)
+            return
+        for wid, reason in result.lost.items():
+            self.refused_commits += 1
+            self._drop(wid, reason=f"fenced commit refused ({reason})")
+        for writes in batch:
+            if writes.workflow_id not in result.committed:
+                continue
+            if writes.finish is not None or writes.stuck is not None:
+                owned = self.owned.pop(writes.workflow_id, None)
+                if owned is not None:
+                    owned.run.close()
+        self._publish_epochs()
+
+    def _dispatch(self) -> None:
+        for owned in self.owned.values():
+            for task in owned.dispatch:
+                owned.inflight[task.seq] = task
+                self.executor.submit(task)
+            owned.dispatch = []
+
+    def _commit_atomic_step(self, task: AttemptTask, result: str) -> None:
+        """Called inside an atomic activity's transaction, after the user's writes: lock the claim
+        last (it still conflicts with a takeover) and write the step in the same transaction."""
+        if not lock_claims(self.engine_id, {task.workflow_id: task.epoch}, self.using):
+            raise FenceRefused
+        now = db_now(self.using)
+        Step.objects.using(self.using).update_or_create(
+            run_id=task.run_id, seq=task.seq,
+            defaults={
+                "workflow_id": task.workflow_id, "kind": "activity", "name": task.definition.name,
+                "status": StepStatus.COMPLETED, "result": result, "error": None, "attempts": task.attempt,
+                "epoch": task.epoch, "started_at": task.started_at, "completed_at": now,
+            },
+        )
+
+    def _drop(self, wid: str, reason: str | None) -> None:
+        owned = self.owned.pop(wid, None)
+        if owned is None:
+            return
+        if reason:
+            logger.warning("stopped driving workflow=%s engine=%s reason=%s", wid, self.engine_id, reason)
+        for task in owned.inflight.values():
+            task.control.request_stop(reason or "the engine reloads the workflow")
+        owned.run.close()
+        self._publish_epochs()
+
+    # -- renewal -----------------------------------------------------------------------------------
+    def _publish_epochs(self) -> None:
+        with self._lock:
+            self._epochs = {wid: o.epoch for wid, o in self.owned.items()}
+
+    def _renew_loop(self) -> None:
+        interval = self.settings.workflow_claim_renew_interval.total_seconds()
+        try:
+            while not self._threads_stop.wait(interval):
+                with self._lock:
+                    epochs = dict(self._epochs)
+                try:
+                    lost = ownership.renew(self.engine_id, epochs, self.settings.workflow_claim_ttl, self.using)
+                    ownership.heartbeat_engine(self.engine_id, self.using)
+                except DatabaseError as exc:  # a storage error is not a loss: try again next tick
+                    logger.warning("claim renewal failed engine=%s error=%s", self.engine_id, exc)
+                    close_old_connections()
+                    continue
+                if lost:
+                    with self._lock:
+                        self._lost |= lost
+                    self._wake.set()
+        finally:
+            connections.close_all()
+
+
+def _unheld_claims(using: str) -> Any:
+    from ..models import WorkflowClaim
+
+    return WorkflowClaim.objects.using(using).filter(engine_id__isnull=True).values("workflow_id")

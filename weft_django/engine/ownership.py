@@ -1,0 +1,192 @@
+"""Claims: acquire, renew, release, takeover. Together with transitions.py, the only writer of
+claim rows. Every statement uses the database clock (clock_timestamp()), never the engine's.
+
+acquire / takeover: candidates are locked with SKIP LOCKED and rewritten with a fresh epoch only if
+they still have the exact holder and epoch that were seen: one row back means it is ours.
+renew: one statement for all of an engine's claims, skipping rows a commit holds (the commit in flight
+proves ownership; retried next tick). A claim is lost only when a plain re-read shows another epoch
+or holder.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from datetime import timedelta
+
+from django.db import connections, transaction
+
+from ..clock import _python_now, workflow_now_sql
+from ..epochs import next_epoch, next_epoch_sql
+from ..models import Engine
+from .fencing import CLAIM_TABLE
+
+logger = logging.getLogger(__name__)
+WORKFLOW_TABLE = "weft_django_workflow"
+TAKEOVER_GRACE_MULTIPLIER = 2
+
+
+def _ms(delta: timedelta) -> int:
+    return round(delta.total_seconds() * 1000)
+
+
+def acquire(
+    engine_id: str, *, limit: int, ttl: timedelta, renew_interval: timedelta, using: str, takeover: bool = False
+) -> dict[str, tuple[int, str | None]]:
+    """Claim up to ``limit`` running workflows that no engine holds (or, with ``takeover``, whose holder's
+    claim expired more than the grace ago). Returns {workflow_id: (new epoch, previous holder)}."""
+    if limit <= 0:
+        return {}
+    connection = connections[using]
+    if takeover:
+        holder = (
+            "c.engine_id IS NOT NULL AND c.expires_at + %s * interval '1 millisecond' < clock_timestamp()"
+            if connection.vendor == "postgresql"
+            else "c.engine_id IS NOT NULL AND c.expires_at < %s"
+        )
+    else:
+        holder = "c.engine_id IS NULL"
+    if connection.vendor == "postgresql":
+        grace = [_ms(renew_interval) * TAKEOVER_GRACE_MULTIPLIER] if takeover else []
+        sql = f"""
+            WITH candidates AS (
+                SELECT c.workflow_id, c.epoch, c.engine_id
+                FROM {CLAIM_TABLE} c JOIN {WORKFLOW_TABLE} w ON w.id = c.workflow_id
+                WHERE w.status = 'running' AND {holder}
+                  AND (w.stuck_retry_at IS NULL OR w.stuck_retry_at <= {workflow_now_sql('postgresql')})
+                ORDER BY w.created_at
+                LIMIT %s
+                FOR NO KEY UPDATE OF c SKIP LOCKED
+            )
+            UPDATE {CLAIM_TABLE} AS claim
+            SET epoch = {next_epoch_sql('postgresql')}, engine_id = %s, claimed_at = clock_timestamp(),
+                expires_at = clock_timestamp() + %s * interval '1 millisecond'
+            FROM candidates
+            WHERE claim.workflow_id = candidates.workflow_id AND claim.epoch = candidates.epoch
+              AND claim.engine_id IS NOT DISTINCT FROM candidates.engine_id
+            RETURNING claim.workflow_id, claim.epoch, candidates.engine_id
+        """
+        with transaction.atomic(using=using), connection.cursor() as cursor:
+            cursor.execute(sql, [*grace, limit, engine_id, _ms(ttl)])
+            return {wid: (epoch, previous) for wid, epoch, previous in cursor.fetchall()}
+    return _acquire_sqlite(engine_id, holder, limit, ttl, renew_interval, takeover, using)
+
+
+def _acquire_sqlite(
+    engine_id: str, holder: str, limit: int, ttl: timedelta, renew: timedelta, takeover: bool, using: str
+) -> dict[str, tuple[int, str | None]]:
+    # One writer at a time (IMMEDIATE): what we read inside the transaction stays true until commit.
+    from ..clock import offset
+
+    now = _python_now()
+    wf_now = now + offset(using)
+    params: list[object] = [now - renew * TAKEOVER_GRACE_MULTIPLIER] if takeover else []
+    claimed: dict[str, tuple[int, str | None]] = {}
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute(
+            f"""SELECT c.workflow_id, c.epoch, c.engine_id FROM {CLAIM_TABLE} c
+                JOIN {WORKFLOW_TABLE} w ON w.id = c.workflow_id
+                WHERE w.status = 'running' AND {holder}
+                  AND (w.stuck_retry_at IS NULL OR w.stuck_retry_at <= %s)
+                ORDER BY w.created_at LIMIT %s""",
+            [*params, wf_now, limit],
+        )
+        for wid, seen_epoch, seen_holder in cursor.fetchall():
+            epoch = next_epoch(using)
+            cursor.execute(
+                f"""UPDATE {CLAIM_TABLE} SET epoch = %s, engine_id = %s, claimed_at = %s, expires_at = %s
+                    WHERE workflow_id = %s AND epoch = %s AND engine_id IS %s""",
+                [epoch, engine_id, now, now + ttl, wid, seen_epoch, seen_holder],
+            )
+            if cursor.rowcount == 1:
+                claimed[wid] = (epoch, seen_holder)
+    return claimed
+
+
+def renew(engine_id: str, owned: dict[str, int], ttl: timedelta, using: str) -> set[str]:
+    """Extend every claim still held at its epoch. Returns the ids found lost (another epoch or
+    holder on a plain re-read); rows skipped because a commit holds them are neither renewed nor lost."""
+    if not owned:
+        return set()
+    connection = connections[using]
+    ids = sorted(owned)
+    epochs = [owned[i] for i in ids]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                f"""WITH mine AS (
+                        SELECT c.workflow_id FROM {CLAIM_TABLE} c
+                        JOIN unnest(%s::text[], %s::bigint[]) AS o(workflow_id, epoch)
+                          ON o.workflow_id = c.workflow_id AND o.epoch = c.epoch
+                        WHERE c.engine_id = %s
+                        ORDER BY c.workflow_id FOR NO KEY UPDATE OF c SKIP LOCKED)
+                    UPDATE {CLAIM_TABLE} AS claim SET expires_at = clock_timestamp() + %s * interval '1 millisecond'
+                    FROM mine WHERE claim.workflow_id = mine.workflow_id RETURNING claim.workflow_id""",
+                [ids, epochs, engine_id, _ms(ttl)],
+            )
+            renewed = {row[0] for row in cursor.fetchall()}
+        else:
+            with transaction.atomic(using=using):
+                now = _python_now()
+                renewed = set()
+                for chunk in range(0, len(ids), 500):
+                    part = ids[chunk : chunk + 500]
+                    marks = ", ".join(["%s"] * len(part))
+                    cursor.execute(
+                        f"SELECT workflow_id, epoch FROM {CLAIM_TABLE} WHERE engine_id = %s AND workflow_id IN ({marks})",
+                        [engine_id, *part],
+                    )
+                    mine = [wid for wid, epoch in cursor.fetchall() if owned[wid] == epoch]
+                    if mine:
+                        marks = ", ".join(["%s"] * len(mine))
+                        cursor.execute(
+                            f"UPDATE {CLAIM_TABLE} SET expires_at = %s WHERE workflow_id IN ({marks})",
+                            [now + ttl, *mine],
+                        )
+                    renewed.update(mine)
+        missing = [wid for wid in ids if wid not in renewed]
+        if not missing:
+            return set()
+        marks = ", ".join(["%s"] * len(missing))
+        cursor.execute(f"SELECT workflow_id, epoch, engine_id FROM {CLAIM_TABLE} WHERE workflow_id IN ({marks})", missing)
+        current = {wid: (epoch, holder) for wid, epoch, holder in cursor.fetchall()}
+    return {wid for wid in missing if current.get(wid) != (owned[wid], engine_id)}
+
+
+def release(engine_id: str, owned: dict[str, int], using: str) -> None:
+    """Release claims at their epochs (graceful shutdown): holder cleared, epoch kept."""
+    from .fencing import release_claims
+
+    if owned:
+        with transaction.atomic(using=using):
+            release_claims(engine_id, owned, using)
+
+
+def register_engine(engine_id: str, mode: str, using: str) -> None:
+    now = _db_clock(using)
+    Engine.objects.using(using).update_or_create(
+        id=engine_id,
+        defaults={
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "mode": mode,
+            "started_at": now,
+            "heartbeat_at": now,
+            "stopped_at": None,
+        },
+    )
+
+
+def heartbeat_engine(engine_id: str, using: str) -> None:
+    Engine.objects.using(using).filter(id=engine_id).update(heartbeat_at=_db_clock(using))
+
+
+def stop_engine(engine_id: str, using: str) -> None:
+    Engine.objects.using(using).filter(id=engine_id).update(stopped_at=_db_clock(using))
+
+
+def _db_clock(using: str):  # type: ignore[no-untyped-def]
+    from ..clock import db_clock
+
+    return db_clock(using)

@@ -1,0 +1,34 @@
+"""The owner's in-memory view of its workflows' durable timers: a heap ordered by fire time.
+
+Workflow-scoped timers are selected only by their owner (it created them, or loaded them when it
+claimed the workflow) and deleted in its fenced commit, so a non-owner can never consume a fire the
+owner needs. Entries of dropped workflows are skipped lazily.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from datetime import datetime
+
+
+class TimerHeap:
+    def __init__(self) -> None:
+        self._heap: list[tuple[datetime, int, str, str, int]] = []
+        self._counter = itertools.count()
+
+    def push(self, fire_at: datetime, workflow_id: str, kind: str, seq: int) -> None:
+        heapq.heappush(self._heap, (fire_at, next(self._counter), workflow_id, kind, seq))
+
+    def pop_due(self, now: datetime) -> list[tuple[str, str, int]]:
+        due = []
+        while self._heap and self._heap[0][0] <= now:
+            _, _, workflow_id, kind, seq = heapq.heappop(self._heap)
+            due.append((workflow_id, kind, seq))
+        return due
+
+    def next_fire_at(self) -> datetime | None:
+        return self._heap[0][0] if self._heap else None
+
+    def __len__(self) -> int:
+        return len(self._heap)

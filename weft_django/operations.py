@@ -1,0 +1,123 @@
+"""Operation descriptors: what workflow code yields. Each names its kind and name, which replay
+checks against the Step recorded at the same position (a mismatch is a NonDeterminismError)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, ClassVar
+
+from .registry import ActivityDefinition
+
+
+class Operation:
+    kind: ClassVar[str] = ""
+
+    @property
+    def name(self) -> str:
+        return ""
+
+    @property
+    def width(self) -> int:
+        """How many seqs the operation takes: one, plus one per branch for composites."""
+        return 1
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RunActivity(Operation):
+    kind: ClassVar[str] = "activity"
+    activity: ActivityDefinition
+    args_text: str  # codec text of {"args": [...], "kwargs": {...}}, encoded when yielded
+
+    @property
+    def name(self) -> str:
+        return self.activity.name
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Sleep(Operation):
+    kind: ClassVar[str] = "sleep"
+    duration: timedelta
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class WaitForSignal(Operation):
+    kind: ClassVar[str] = "signal"
+    signal: str
+    timeout: timedelta | None
+
+    @property
+    def name(self) -> str:
+        return self.signal
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class WaitForUpdate(Operation):
+    kind: ClassVar[str] = "update"
+    update: str
+
+    @property
+    def name(self) -> str:
+        return self.update
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class WaitUntil(Operation):
+    kind: ClassVar[str] = "wait_until"
+    predicate: Callable[[], Any]
+    timeout: timedelta | None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Memo(Operation):
+    kind: ClassVar[str] = "memo"
+    key: str
+    compute: Callable[[], Any]
+
+    @property
+    def name(self) -> str:
+        return self.key
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class StartChild(Operation):
+    kind: ClassVar[str] = "child"
+    workflow_type: str
+    version: str
+    input_text: str
+    child_id: str | None
+    parent_close_policy: str
+
+    @property
+    def name(self) -> str:
+        return self.workflow_type
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class All(Operation):
+    kind: ClassVar[str] = "all"
+    branches: tuple[Operation, ...]
+
+    @property
+    def width(self) -> int:
+        return 1 + len(self.branches)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Race(Operation):
+    kind: ClassVar[str] = "race"
+    branches: tuple[Operation, ...]
+
+    @property
+    def width(self) -> int:
+        return 1 + len(self.branches)
+
+
+class Inert(Operation):
+    """Yielded by a detached context (a generator being closed): the engine ignores it."""
+
+    kind: ClassVar[str] = "inert"
+
+
+LEAF_KINDS = (RunActivity, Sleep, WaitForSignal, StartChild)

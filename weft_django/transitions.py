@@ -1,0 +1,465 @@
+"""External state transitions: cancel, suspend, resume, retry, time out and purge.
+
+Besides the engine's fenced commits, this module is the only code that changes a workflow's status.
+Any process may commit these transitions. Each one runs in one transaction on the WEFT database
+and takes its locks in the global order claim -> workflow -> steps / timers / signals / updates.
+It draws a new epoch for the claim and clears the holder in the same transaction, which deposes an
+engine that is still driving the run: that engine's next fenced commit finds another epoch and
+writes nothing. Wake-ups are sent in the transaction, so engines and result() callers see them only
+once it commits.
+
+Inside a caller's ``transaction.atomic()`` a transition joins that transaction and takes effect when
+it commits. A deadlock or serialization failure is retried a few times when the transition owns the
+transaction. Inside a caller's transaction it is raised, because only the caller can retry the whole
+transaction.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import Any, TypeVar
+
+from django.db import DatabaseError, connections, transaction
+from django.db.models import QuerySet
+
+from . import notify
+from .clock import db_now
+from .epochs import next_epoch, next_epoch_sql
+from .exceptions import WorkflowNotFoundError, WorkflowStateError, WorkflowTerminalError
+from .models import (
+    AppliedUpdate,
+    BufferedSignal,
+    IdempotencyKey,
+    PendingUpdate,
+    QueryRequest,
+    Step,
+    Timer,
+    Workflow,
+    WorkflowClaim,
+)
+from .status import (
+    ACTIVE_STATUSES,
+    TERMINAL_STATUSES,
+    ParentClosePolicy,
+    SignalState,
+    StepStatus,
+    UpdateStatus,
+    WorkflowStatus,
+)
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+MAX_ATTEMPTS = 5
+PURGE_BATCH_SIZE = 500
+_RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})  # deadlock_detected, serialization_failure
+_WORKFLOW_FIELDS = ("id", "run_id", "status", "workflow_type", "parent_id", "error")
+# Rows that belong to a run and go with it (Workflow itself and its claim are handled separately).
+_RUN_TABLES = (Step, Timer, BufferedSignal, PendingUpdate, AppliedUpdate)
+
+
+def _alias(using: str | None) -> str:
+    if using:
+        return using
+    from .conf import database_alias
+
+    return database_alias()
+
+
+def _is_retryable(error: DatabaseError) -> bool:
+    if getattr(error.__cause__, "sqlstate", None) in _RETRYABLE_SQLSTATES:
+        return True
+    return "database is locked" in str(error)  # SQLite, when a writer outlasts the busy timeout
+
+
+def run_in_transaction(using: str, body: Callable[[], T]) -> T:
+    """Run ``body`` in ``transaction.atomic(using)``, retrying deadlocks and serialization failures
+    when this call owns the transaction."""
+    owns_transaction = not connections[using].in_atomic_block
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        try:
+            with transaction.atomic(using=using):
+                return body()
+        except DatabaseError as exc:
+            if not owns_transaction or attempt == MAX_ATTEMPTS or not _is_retryable(exc):
+                raise
+            delay = random.uniform(0.01, 0.05) * 2**attempt
+            logger.info("weft transition retried after %s (attempt=%s delay=%.3fs)", exc, attempt, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def lock_workflow(workflow_id: str, using: str) -> dict[str, Any] | None:
+    """Lock the claim row, then the workflow row (the global lock order); return the workflow's
+    id, run_id, status, workflow_type, parent_id and error, or None when there is no such workflow."""
+    list(WorkflowClaim.objects.using(using).select_for_update().filter(pk=workflow_id).values_list("pk"))
+    return (
+        Workflow.objects.using(using)
+        .select_for_update()
+        .filter(pk=workflow_id)
+        .values(*_WORKFLOW_FIELDS)
+        .first()
+    )
+
+
+def _lock(workflow_id: str, using: str) -> dict[str, Any]:
+    row = lock_workflow(workflow_id, using)
+    if row is None:
+        raise WorkflowNotFoundError(
+            f'No workflow "{workflow_id}" exists (it was never started, or it was purged). Check the id.'
+        )
+    return row
+
+
+def rotate_epoch(workflow_id: str, using: str) -> int:
+    """Give the claim a new epoch and no holder; return the epoch. Lock the claim row first."""
+    connection = connections[using]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {WorkflowClaim._meta.db_table} SET epoch = {next_epoch_sql('postgresql')}, "  # noqa: S608
+                "engine_id = NULL, claimed_at = NULL, expires_at = NULL "
+                "WHERE workflow_id = %s RETURNING epoch",
+                [workflow_id],
+            )
+            row = cursor.fetchone()
+        if row is not None:
+            return int(row[0])
+        epoch = next_epoch(using)
+    else:
+        epoch = next_epoch(using)
+        if (
+            WorkflowClaim.objects.using(using)
+            .filter(pk=workflow_id)
+            .update(epoch=epoch, engine_id=None, claimed_at=None, expires_at=None)
+        ):
+            return epoch
+    write_claim(workflow_id, epoch, using)
+    return epoch
+
+
+def write_claim(workflow_id: str, epoch: int, using: str) -> None:
+    """Insert the claim of a new run with ``epoch`` and no holder (replacing a leftover row)."""
+    WorkflowClaim.objects.using(using).bulk_create(
+        [WorkflowClaim(workflow_id=workflow_id, epoch=epoch)],
+        update_conflicts=True,
+        unique_fields=["workflow_id"],
+        update_fields=["epoch", "engine_id", "claimed_at", "expires_at"],
+    )
+
+
+def delete_run_rows(workflow_ids: list[str], using: str) -> None:
+    """Delete the steps, timers, signals, updates and applied updates of these workflows."""
+    for model in _RUN_TABLES:
+        model.objects.using(using).filter(workflow_id__in=workflow_ids).delete()
+
+
+def _close_mailbox(workflow_id: str, status: str, now: datetime, using: str) -> None:
+    """Drop unconsumed signals and fail admitted updates: nothing will ever handle them now."""
+    BufferedSignal.objects.using(using).filter(workflow_id=workflow_id, state=SignalState.BUFFERED).update(
+        state=SignalState.DROPPED
+    )
+    PendingUpdate.objects.using(using).filter(workflow_id=workflow_id, status=UpdateStatus.ADMITTED).update(
+        status=UpdateStatus.FAILED,
+        error={
+            "type": "WorkflowTerminalError",
+            "message": f'Workflow "{workflow_id}" was {status} before this update was applied.',
+        },
+        completed_at=now,
+    )
+
+
+def _end_run(row: dict[str, Any], status: WorkflowStatus, using: str, *, reason: str | None = None) -> int:
+    """Make the locked, active run terminal from outside; return the claim's new epoch."""
+    workflow_id = row["id"]
+    now = db_now(using)
+    fields: dict[str, Any] = {"status": status, "finished_at": now, "updated_at": now, "stuck_retry_at": None}
+    if status == WorkflowStatus.CANCELLED:
+        fields["cancel_reason"] = reason
+    Workflow.objects.using(using).filter(pk=workflow_id).update(**fields)
+    epoch = rotate_epoch(workflow_id, using)
+    _close_mailbox(workflow_id, status, now, using)
+    Timer.objects.using(using).filter(workflow_id=workflow_id).delete()
+    _close_children(row, status, using)
+    if row["parent_id"]:
+        notify.send("w", row["parent_id"], using)  # the parent's owner learns that its child ended
+    notify.send("w", workflow_id, using)
+    notify.send("r", workflow_id, using)
+    return epoch
+
+
+def _close_children(row: dict[str, Any], status: str, using: str) -> None:
+    """Apply each active child's parent_close_policy: terminate and request_cancel cancel it."""
+    children = (
+        Workflow.objects.using(using)
+        .filter(parent_id=row["id"], parent_run_id=row["run_id"], status__in=ACTIVE_STATUSES)
+        .exclude(parent_close_policy=ParentClosePolicy.ABANDON)
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+    for child_id in list(children):
+        try:
+            child = _lock(child_id, using)
+            if child["status"] in TERMINAL_STATUSES:
+                continue  # it ended meanwhile
+            _end_run(
+                child, WorkflowStatus.CANCELLED, using, reason=f'parent workflow "{row["id"]}" was {status}'
+            )
+        except WorkflowNotFoundError:
+            continue  # purged meanwhile
+
+
+def cancel(workflow_id: str, reason: str | None = None, *, using: str | None = None) -> int:
+    """Cancel an active run: cancelled, holder deposed, mailbox closed, timers deleted, children
+    closed per their parent_close_policy. Returns the claim's new epoch.
+
+    Raises WorkflowTerminalError when the run already ended, WorkflowNotFoundError for an unknown id.
+    """
+    alias = _alias(using)
+
+    def body() -> int:
+        row = _lock(workflow_id, alias)
+        if row["status"] in TERMINAL_STATUSES:
+            raise WorkflowTerminalError(
+                f'Workflow "{workflow_id}" already ended ({row["status"]}); there is nothing to cancel.'
+            )
+        return _end_run(row, WorkflowStatus.CANCELLED, alias, reason=reason)
+
+    return run_in_transaction(alias, body)
+
+
+def time_out(workflow_id: str, *, using: str | None = None) -> int:
+    """End an active run as timed_out (its execution deadline passed); otherwise as ``cancel``."""
+    alias = _alias(using)
+
+    def body() -> int:
+        row = _lock(workflow_id, alias)
+        if row["status"] in TERMINAL_STATUSES:
+            raise WorkflowTerminalError(
+                f'Workflow "{workflow_id}" already ended ({row["status"]}); it cannot time out.'
+            )
+        return _end_run(row, WorkflowStatus.TIMED_OUT, alias)
+
+    return run_in_transaction(alias, body)
+
+
+_PAST = {"suspend": "suspended", "resume": "resumed", "retry": "retried"}
+
+
+def _state_error(workflow_id: str, action: str, required: str, status: str) -> WorkflowStateError:
+    message = (
+        f'Cannot {action} workflow "{workflow_id}": only a {required} workflow can be {_PAST[action]}, '
+        f"and it is {status}"
+    )
+    if action == "suspend" and status == WorkflowStatus.PENDING:
+        message += " (it has not started yet: cancel it, or suspend it once it runs)"
+    elif action == "retry" and status in TERMINAL_STATUSES:
+        message += ' (start a new run with on_conflict="start_new" instead)'
+    elif action == "retry":
+        message += " (it has not failed)"
+    return WorkflowStateError(message + ".")
+
+
+def _set_running_status(
+    workflow_id: str,
+    *,
+    action: str,
+    required: str,
+    new_status: WorkflowStatus,
+    using: str | None,
+    extra: Callable[[dict[str, Any], str], dict[str, Any]] | None = None,
+) -> int:
+    alias = _alias(using)
+
+    def body() -> int:
+        row = _lock(workflow_id, alias)
+        if row["status"] != required:
+            raise _state_error(workflow_id, action, required, row["status"])
+        fields: dict[str, Any] = {"status": new_status, "updated_at": db_now(alias)}
+        if extra is not None:
+            fields.update(extra(row, alias))
+        Workflow.objects.using(alias).filter(pk=workflow_id).update(**fields)
+        epoch = rotate_epoch(workflow_id, alias)
+        notify.send("w", workflow_id, alias)
+        return epoch
+
+    return run_in_transaction(alias, body)
+
+
+def suspend(workflow_id: str, *, using: str | None = None) -> int:
+    """running -> suspended. The owner is deposed and no engine picks the run up until it is resumed;
+    its timers stay. Returns the claim's new epoch. Else WorkflowStateError saying why."""
+    return _set_running_status(
+        workflow_id,
+        action="suspend",
+        required=WorkflowStatus.RUNNING,
+        new_status=WorkflowStatus.SUSPENDED,
+        using=using,
+    )
+
+
+def resume(workflow_id: str, *, using: str | None = None) -> int:
+    """suspended -> running with no holder: an engine claims it. The execution deadline is absolute
+    and not extended. Returns the claim's new epoch. Else WorkflowStateError saying why."""
+    return _set_running_status(
+        workflow_id,
+        action="resume",
+        required=WorkflowStatus.SUSPENDED,
+        new_status=WorkflowStatus.RUNNING,
+        using=using,
+    )
+
+
+def _failing_step_seq(row: dict[str, Any], using: str) -> int | None:
+    """The seq of the step that ended the failed run, or None when its own code raised.
+
+    The engine may name it in the run's error as ``"seq"``; otherwise it is the failed step with the
+    highest seq of the run.
+    """
+    error = row["error"] if isinstance(row["error"], dict) else {}
+    named = error.get("seq")
+    if isinstance(named, int) and not isinstance(named, bool):
+        return named
+    return (
+        Step.objects.using(using)
+        .filter(run_id=row["run_id"], status=StepStatus.FAILED)
+        .order_by("-seq")
+        .values_list("seq", flat=True)
+        .first()
+    )
+
+
+def _retry_fields(row: dict[str, Any], using: str) -> dict[str, Any]:
+    seq = _failing_step_seq(row, using)
+    if seq is not None:
+        Step.objects.using(using).filter(run_id=row["run_id"], seq=seq).delete()
+    return {
+        "error": None,
+        "result": None,
+        "finished_at": None,
+        "stuck_error": None,
+        "stuck_retry_at": None,
+        "stuck_attempts": 0,
+    }
+
+
+def retry(workflow_id: str, *, using: str | None = None) -> int:
+    """failed -> running, same run_id: the failing step is removed so it runs again with a fresh
+    attempt count; signals and updates closed at the failure stay closed. Returns the new epoch."""
+    return _set_running_status(
+        workflow_id,
+        action="retry",
+        required=WorkflowStatus.FAILED,
+        new_status=WorkflowStatus.RUNNING,
+        using=using,
+        extra=_retry_fields,
+    )
+
+
+def purge(
+    workflows: str | Iterable[str] | QuerySet[Workflow],
+    *,
+    using: str | None = None,
+    batch_size: int = PURGE_BATCH_SIZE,
+) -> int:
+    """Delete terminal workflows and every row they own; return how many were deleted.
+
+    ``workflows`` is one id, an iterable of ids, or a ``Workflow`` queryset (e.g. a retention
+    filter). Unknown ids are ignored. If any selected workflow is not terminal, WorkflowStateError is
+    raised before anything is deleted. Idempotency keys of purged runs are kept and marked purged, so
+    a reused key says so. Each batch of ``batch_size`` is its own transaction (unless the call runs
+    inside the caller's).
+    """
+    alias = _alias(using)
+    if isinstance(workflows, QuerySet):
+        queryset = workflows.using(alias)
+        _refuse_active(queryset.exclude(status__in=TERMINAL_STATUSES).values_list("pk", flat=True)[:10])
+        purged = 0
+        while True:
+            batch = list(
+                queryset.filter(status__in=TERMINAL_STATUSES)
+                .order_by("pk")
+                .values_list("pk", flat=True)[:batch_size]
+            )
+            if not batch:
+                return purged
+            deleted = run_in_transaction(alias, functools.partial(_purge_batch, batch, alias))
+            purged += deleted
+            if not deleted:
+                return purged  # every remaining row became active meanwhile
+    ids = sorted({workflows} if isinstance(workflows, str) else set(workflows))
+    _refuse_active(
+        Workflow.objects.using(alias)
+        .filter(pk__in=ids)
+        .exclude(status__in=TERMINAL_STATUSES)
+        .values_list("pk", flat=True)[:10]
+    )
+    purged = 0
+    for start in range(0, len(ids), batch_size):
+        batch = ids[start : start + batch_size]
+        purged += run_in_transaction(alias, functools.partial(_purge_batch, batch, alias))
+    return purged
+
+
+def _refuse_active(active_ids: Iterable[str]) -> None:
+    found = list(active_ids)
+    if found:
+        shown = ", ".join(f'"{i}"' for i in found)
+        raise WorkflowStateError(
+            f"Only finished workflows can be purged, and these are still active: {shown}. Cancel them "
+            f"first, or leave them out."
+        )
+
+
+def _purge_batch(ids: list[str], using: str) -> int:
+    list(
+        WorkflowClaim.objects.using(using)
+        .select_for_update()
+        .filter(pk__in=ids)
+        .order_by("pk")
+        .values_list("pk")
+    )
+    rows = list(
+        Workflow.objects.using(using)
+        .select_for_update()
+        .filter(pk__in=ids, status__in=TERMINAL_STATUSES)
+        .order_by("pk")
+        .values_list("pk", "idempotency_key")
+    )
+    if not rows:
+        return 0
+    purged = [pk for pk, _ in rows]
+    keys = [key for _, key in rows if key]
+    if keys:
+        IdempotencyKey.objects.using(using).filter(
+            key__in=keys, workflow_id__in=purged, purged_at__isnull=True
+        ).update(purged_at=db_now(using))
+    delete_run_rows(purged, using)
+    QueryRequest.objects.using(using).filter(workflow_id__in=purged).delete()
+    WorkflowClaim.objects.using(using).filter(pk__in=purged).delete()
+    placeholders = ", ".join(["%s"] * len(purged))
+    with connections[using].cursor() as cursor:
+        # Raw: the ORM's delete() would load every row to cascade to tables already emptied above.
+        cursor.execute(f"DELETE FROM {Workflow._meta.db_table} WHERE id IN ({placeholders})", purged)  # noqa: S608
+    return len(purged)
+
+
+__all__ = [
+    "cancel",
+    "delete_run_rows",
+    "lock_workflow",
+    "purge",
+    "resume",
+    "retry",
+    "rotate_epoch",
+    "run_in_transaction",
+    "suspend",
+    "time_out",
+    "write_claim",
+]
