@@ -1,5 +1,6 @@
 """Settings for the test suite. WEFT_TEST_DB=postgres (default) or sqlite."""
 
+import json
 import os
 
 SECRET_KEY = "weft-tests"  # noqa: S105
@@ -64,6 +65,8 @@ else:
     }
 
 WEFT = {"POLL_INTERVAL": "100ms"}
+# Engine subprocesses started by tests take their WEFT overrides from here (JSON).
+WEFT.update(json.loads(os.environ.get("WEFT_TEST_OVERRIDES", "{}")))
 
 LOGGING = {
     "version": 1,

@@ -7,7 +7,7 @@ import enum
 import json
 import math
 from collections import OrderedDict, defaultdict, namedtuple
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
@@ -63,9 +63,10 @@ def round_trip(value: Any) -> Any:
 # --- property: every supported value round-trips exactly ------------------------------------------
 
 fixed_offsets = st.builds(
-    timezone, st.timedeltas(min_value=timedelta(hours=-23, minutes=-59), max_value=timedelta(hours=23, minutes=59))
+    timezone,
+    st.timedeltas(min_value=timedelta(hours=-23, minutes=-59), max_value=timedelta(hours=23, minutes=59)),
 )
-zones = st.none() | st.just(timezone.utc) | fixed_offsets | st.timezones()
+zones = st.none() | st.just(UTC) | fixed_offsets | st.timezones()
 hashable_leaves = (
     st.none()
     | st.booleans()
@@ -131,7 +132,7 @@ def test_user_dicts_with_the_tag_key_round_trip(value: dict[str, Any]) -> None:
         (UUID(int=1), '{"$weft":"uuid","v":"00000000-0000-0000-0000-000000000001"}'),
         (date(2024, 2, 29), '{"$weft":"date","v":"2024-02-29"}'),
         (time(1, 2, 3, 4), '{"$weft":"time","v":"01:02:03.000004"}'),
-        (datetime(2024, 1, 1, tzinfo=timezone.utc), '{"$weft":"datetime","v":"2024-01-01T00:00:00+00:00"}'),
+        (datetime(2024, 1, 1, tzinfo=UTC), '{"$weft":"datetime","v":"2024-01-01T00:00:00+00:00"}'),
         (
             datetime(2024, 11, 3, 1, 30, fold=1, tzinfo=NEW_YORK),
             '{"$weft":"datetime","v":"2024-11-03T01:30:00-05:00[America/New_York]"}',
@@ -198,11 +199,15 @@ class Size(models.IntegerChoices):
     LARGE = 3, "Large"
 
 
+class Shade(enum.StrEnum):
+    DARK = "dark"
+
+
 class Level(enum.IntEnum):
     HIGH = 2
 
 
-class Mode(str, enum.Enum):
+class Mode(str, enum.Enum):  # noqa: UP042 - str() of this member is "Mode.FAST", not its value
     FAST = "fast"
 
 
@@ -214,7 +219,7 @@ class Moment(datetime):
     pass
 
 
-Point = namedtuple("Point", "x y")  # noqa: PYI024 - a namedtuple is what is under test
+Point = namedtuple("Point", "x y")
 
 
 @pytest.mark.parametrize(
@@ -223,6 +228,7 @@ Point = namedtuple("Point", "x y")  # noqa: PYI024 - a namedtuple is what is und
         (Colour.RED, "red"),
         (Size.LARGE, 3),
         (Level.HIGH, 2),
+        (Shade.DARK, "dark"),
         (Mode.FAST, "fast"),
         (OrderedDict([("b", 1), ("a", 2)]), {"b": 1, "a": 2}),
         (defaultdict(list, {"a": [1]}), {"a": [1]}),
@@ -291,14 +297,18 @@ class Opaque:
     pass
 
 
-BAD_LEAVES = (Opaque(), float("nan"), float("-inf"), "x\ud800", Decimal("NaN"), {1, 2j})
+BAD_LEAVES = (Opaque(), float("nan"), float("-inf"), "x\ud800", Decimal("NaN"))
 
 
 def with_one_bad_leaf(draw: Any, depth: int = 0) -> Any:
     shape = draw(st.sampled_from(["leaf"] if depth > 4 else ["leaf", "list", "tuple", "dict", "intdict"]))
     if shape == "leaf":
         return draw(st.sampled_from(BAD_LEAVES))
-    before = draw(st.lists(st.integers() | st.text(max_size=3) | st.floats(allow_infinity=False), max_size=3))
+    before = draw(
+        st.lists(
+            st.integers() | st.text(max_size=3) | st.floats(allow_nan=False, allow_infinity=False), max_size=3
+        )
+    )
     after = draw(st.lists(st.none() | st.booleans(), max_size=3))
     items = [*before, with_one_bad_leaf(draw, depth + 1), *after]
     if shape in ("list", "tuple"):
@@ -312,8 +322,6 @@ def with_one_bad_leaf(draw: Any, depth: int = 0) -> Any:
 def test_the_refusal_path_is_an_expression_that_finds_the_bad_value(data: st.DataObject) -> None:
     value = with_one_bad_leaf(data.draw)
     error = refusal(value, path="args")
-    if error.path.endswith("<member 2j>"):
-        error = PayloadNotSerializableError("", path=error.path.removesuffix("<member 2j>"))
     found = eval(error.path, {"args": value})  # the path is a Python expression for lists and dicts
     assert any(found is bad for bad in BAD_LEAVES)
 
@@ -397,7 +405,10 @@ def test_encode_payload_reads_the_setting_at_call_time() -> None:
     assert encode_payload(value) == encode(value)  # default 1 MiB
     with override_settings(WEFT={"PAYLOAD_MAX_BYTES": size}):
         assert encode_payload(value) == encode(value)
-    with override_settings(WEFT={"PAYLOAD_MAX_BYTES": size - 1}), pytest.raises(PayloadSizeExceededError) as caught:
+    with (
+        override_settings(WEFT={"PAYLOAD_MAX_BYTES": size - 1}),
+        pytest.raises(PayloadSizeExceededError) as caught,
+    ):
         encode_payload(value, path="signal 'go'")
     assert "signal 'go'" in str(caught.value)
 

@@ -41,7 +41,7 @@ from .exceptions import (
 )
 from .models import BufferedSignal, IdempotencyKey, Step, Timer, Workflow, WorkflowClaim
 from .registry import WorkflowDefinition, resolve_workflow
-from .status import TERMINAL_STATUSES, TimerKind, WorkflowStatus
+from .status import TERMINAL_STATUSES, SignalState, TimerKind, WorkflowStatus
 
 logger = logging.getLogger(__name__)
 
@@ -419,7 +419,10 @@ def signal(id: str, name: str, payload: Any = None, *, signal_id: str | None = N
     using = _alias()
     connection = connections[using]
     signals, workflows = BufferedSignal._meta.db_table, Workflow._meta.db_table
-    active = [WorkflowStatus.PENDING, WorkflowStatus.RUNNING, WorkflowStatus.SUSPENDED]
+    active = [
+        str(status.value)
+        for status in (WorkflowStatus.PENDING, WorkflowStatus.RUNNING, WorkflowStatus.SUSPENDED)
+    ]
     if connection.vendor == "postgresql":
         from .clock import workflow_now_sql
 
@@ -434,7 +437,7 @@ def signal(id: str, name: str, payload: Any = None, *, signal_id: str | None = N
             f"INSERT INTO {signals} (workflow_id, run_id, name, signal_id, payload, state, created_at) "  # noqa: S608
             f"SELECT w.id, w.run_id, %s, %s, %s, %s, {now_sql} FROM {workflows} w "
             f"WHERE w.id = %s AND w.status IN (%s, %s, %s) ON CONFLICT DO NOTHING",
-            [name, signal_id, text, "buffered", *now_params, id, *active],
+            [name, signal_id, text, str(SignalState.BUFFERED.value), *now_params, id, *active],
         )
         if cursor.rowcount != 1:
             status = Workflow.objects.using(using).filter(pk=id).values_list("status", flat=True).first()

@@ -180,18 +180,12 @@ def _walk_list(items: list[Any] | tuple[Any, ...], depth: int, skip: frozenset[t
 
 
 def _walk_dict(mapping: dict[Any, Any], depth: int, skip: frozenset[type]) -> Any:
-    if TAG in mapping:
+    if TAG in mapping or not skip:  # the strict pass inspects keys too, as pairs do
         return _walk_pairs(mapping, depth, skip)
     out = None
     for key, item in mapping.items():
         if type(key) is not str:
             return _walk_pairs(mapping, depth, skip)
-        if not skip:  # strict pass: the key's text must be valid UTF-8 too
-            try:
-                _walk(key, depth, skip)
-            except _Refused as refusal:
-                refusal.trail.append((f"<key {_short(key)}>", mapping))
-                raise
         if type(item) in skip:
             continue
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -14,10 +15,12 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--order-id", type=int, default=42)
         parser.add_argument("--amount", default="12.00")
+        parser.add_argument("--timeout", type=float, default=30.0, help="Seconds to wait for completion.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             from weft_django import testing
+            from weft_django.status import is_terminal
 
             run_until_idle = testing.run_until_idle
         except (ImportError, AttributeError) as exc:
@@ -30,7 +33,16 @@ class Command(BaseCommand):
 
         handle = order_pipeline.start(options["order_id"], options["amount"])
         self.stdout.write(f"Started workflow {handle.id} (shop.order_pipeline)")
-        run_until_idle()
-        result = handle.result(timeout=30)
+        # run_until_idle() returns while the workflow waits for its 1 s timer; run again once it is due.
+        deadline = time.monotonic() + options["timeout"]
+        while not is_terminal(handle.status):
+            if time.monotonic() > deadline:
+                raise CommandError(
+                    f"weft_demo: workflow {handle.id} did not finish within {options['timeout']}s "
+                    f"(status {handle.status})."
+                )
+            run_until_idle()
+            time.sleep(0.2)
+        result = handle.result(timeout=5)
         self.stdout.write(f"Status: {handle.status}")
         self.stdout.write("Result: " + json.dumps(result, indent=2, sort_keys=True))

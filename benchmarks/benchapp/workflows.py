@@ -1,0 +1,18 @@
+"""The benchmark workloads. Activities do nothing, so what is measured is the engine and the database."""
+
+from __future__ import annotations
+
+import weft_django as weft
+
+
+@weft.activity(name="bench.noop")
+def noop(i: int) -> int:
+    return i
+
+
+@weft.workflow(name="bench.three_noop")
+def three_noop(ctx: weft.WorkflowContext, n: int):  # type: ignore[no-untyped-def]
+    a = yield ctx.run(noop, n)
+    b = yield ctx.run(noop, a + 1)
+    c = yield ctx.run(noop, b + 1)
+    return c
