@@ -57,7 +57,9 @@ def not_a_workflow(ctx):
 
 
 def row_counts() -> dict[str, int]:
-    return {model.__name__: model.objects.count() for model in apps.get_app_config("weft_django").get_models()}
+    return {
+        model.__name__: model.objects.count() for model in apps.get_app_config("weft_django").get_models()
+    }
 
 
 def claim(workflow_id: str) -> WorkflowClaim:
@@ -127,7 +129,10 @@ def test_start_by_name_definition_and_shortcut():
     by_definition = weft.start(simple.__weft_workflow__, args=[1])
     assert codec.decode(Workflow.objects.get(pk=by_definition.id).input)["args"] == [1]
     shortcut = simple.start(3, 4, flag=True)
-    assert codec.decode(Workflow.objects.get(pk=shortcut.id).input) == {"args": [3, 4], "kwargs": {"flag": True}}
+    assert codec.decode(Workflow.objects.get(pk=shortcut.id).input) == {
+        "args": [3, 4],
+        "kwargs": {"flag": True},
+    }
 
 
 @pytest.mark.django_db
@@ -144,7 +149,9 @@ def test_start_with_id_and_on_conflict_error():
     handle = weft.start(simple, id="order-1")
     assert handle == weft.get_handle("order-1")
     counts = row_counts()
-    with pytest.raises(WorkflowAlreadyExistsError, match=r'"order-1" already exists \(client_tests\.simple, running\)'):
+    with pytest.raises(
+        WorkflowAlreadyExistsError, match=r'"order-1" already exists \(client_tests\.simple, running\)'
+    ):
         weft.start(simple, id="order-1")
     assert row_counts() == counts
 
@@ -181,11 +188,22 @@ def test_start_new_replaces_a_terminal_run():
     old = Workflow.objects.get(pk="again")
     old_epoch = claim("again").epoch
     now = db_now()
-    Step.objects.create(workflow_id="again", run_id=old.run_id, seq=0, kind="sleep", status="completed", epoch=1,
-                        started_at=now)
+    Step.objects.create(
+        workflow_id="again",
+        run_id=old.run_id,
+        seq=0,
+        kind="sleep",
+        status="completed",
+        epoch=1,
+        started_at=now,
+    )
     Timer.objects.create(workflow_id="again", run_id=old.run_id, kind="sleep", fire_at=now)
-    BufferedSignal.objects.create(workflow_id="again", run_id=old.run_id, name="s", payload="null", created_at=now)
-    PendingUpdate.objects.create(workflow_id="again", run_id=old.run_id, name="u", payload="null", created_at=now)
+    BufferedSignal.objects.create(
+        workflow_id="again", run_id=old.run_id, name="s", payload="null", created_at=now
+    )
+    PendingUpdate.objects.create(
+        workflow_id="again", run_id=old.run_id, name="u", payload="null", created_at=now
+    )
     WorkflowClaim.objects.filter(pk="again").update(engine_id="engine-a")
     finish("again", "completed", result=5)
 
@@ -220,7 +238,7 @@ def test_start_new_refuses_an_active_run(status):
 def test_start_new_refuses_another_type():
     weft.start(simple, id="typed-2")
     finish("typed-2", "completed")
-    with pytest.raises(WorkflowAlreadyExistsError, match="not \"client_tests.other\""):
+    with pytest.raises(WorkflowAlreadyExistsError, match='not "client_tests.other"'):
         weft.start(other, id="typed-2", on_conflict="start_new")
 
 
@@ -310,7 +328,7 @@ def test_idempotency_key_returns_the_same_run():
 @pytest.mark.django_db
 def test_idempotency_key_of_another_type():
     weft.start(simple, idempotency_key="k-typed")
-    with pytest.raises(WorkflowAlreadyExistsError, match="not \"client_tests.other\""):
+    with pytest.raises(WorkflowAlreadyExistsError, match='not "client_tests.other"'):
         weft.start(other, idempotency_key="k-typed")
 
 
@@ -321,7 +339,9 @@ def test_idempotency_key_after_purge():
     assert transitions.purge([handle.id]) == 1
     assert IdempotencyKey.objects.get(pk="k-purged").purged_at is not None
     counts = row_counts()
-    with pytest.raises(IdempotencyKeyPurgedError, match=r'"k-purged" started workflow .* was purged on .*Use a new key'):
+    with pytest.raises(
+        IdempotencyKeyPurgedError, match=r'"k-purged" started workflow .* was purged on .*Use a new key'
+    ):
         weft.start(simple, idempotency_key="k-purged")
     assert row_counts() == counts
 
@@ -385,7 +405,11 @@ def test_concurrent_starts_with_one_id():
 # ------------------------------------------------------------------------------------- bad input
 
 BAD_STARTS = [
-    (dict(id="x", idempotency_key="k"), InvalidArgumentError, "id and idempotency_key are mutually exclusive"),
+    (
+        dict(id="x", idempotency_key="k"),
+        InvalidArgumentError,
+        "id and idempotency_key are mutually exclusive",
+    ),
     (dict(start_after="1m", start_at=datetime.now(UTC)), InvalidArgumentError, "mutually exclusive"),
     (dict(on_conflict="replace"), InvalidArgumentError, 'on_conflict must be "error", "use_existing" or'),
     (dict(id=""), InvalidWorkflowIdError, "1 to 255 characters long"),
@@ -406,7 +430,11 @@ BAD_STARTS = [
     (dict(args=5), InvalidArgumentError, "args must be a list or tuple"),
     (dict(kwargs=[1]), InvalidArgumentError, "kwargs must be a dict with str keys"),
     (dict(kwargs={1: 2}), InvalidArgumentError, "kwargs must be a dict with str keys"),
-    (dict(args=[1, {"items": [1, 2, 3, object()]}]), PayloadNotSerializableError, r"^args\[1\]\['items'\]\[3\]: "),
+    (
+        dict(args=[1, {"items": [1, 2, 3, object()]}]),
+        PayloadNotSerializableError,
+        r"^args\[1\]\['items'\]\[3\]: ",
+    ),
     (dict(kwargs={"x": float("nan")}), PayloadNotSerializableError, r"^kwargs\['x'\]: "),
     (dict(args=["x" * 1_100_000]), PayloadSizeExceededError, "over the limit of 1048576 bytes"),
     (dict(id="existing"), WorkflowAlreadyExistsError, '"existing" already exists'),
@@ -477,10 +505,20 @@ def test_describe():
     now = db_now()
     WorkflowClaim.objects.filter(pk="described").update(engine_id="engine-a", expires_at=now)
     Timer.objects.create(workflow_id="described", run_id=row.run_id, kind="sleep", seq=1, fire_at=now)
-    Timer.objects.create(workflow_id="described", run_id=row.run_id, kind="activity_retry", seq=2, fire_at=now)
+    Timer.objects.create(
+        workflow_id="described", run_id=row.run_id, kind="activity_retry", seq=2, fire_at=now
+    )
     for seq, kind, name in [(0, "activity", "charge"), (1, "sleep", "")]:
-        Step.objects.create(workflow_id="described", run_id=row.run_id, seq=seq, kind=kind, name=name,
-                            status="completed", epoch=1, started_at=now)
+        Step.objects.create(
+            workflow_id="described",
+            run_id=row.run_id,
+            seq=seq,
+            kind=kind,
+            name=name,
+            status="completed",
+            epoch=1,
+            started_at=now,
+        )
     info = handle.describe()
     assert info["owner_engine"] == "engine-a" and info["claim_expires_at"] == now
     assert info["pending_timers"] == 2
@@ -523,7 +561,9 @@ def test_signal_buffers_for_the_current_run():
     handle.signal("approve", {"by": "ann", "at": datetime(2024, 1, 1, tzinfo=UTC)})
     weft.signal(handle.id, "approve")
     rows = list(BufferedSignal.objects.order_by("id"))
-    assert [(r.run_id, r.name, r.state, r.signal_id) for r in rows] == [(run_id, "approve", "buffered", None)] * 2
+    assert [(r.run_id, r.name, r.state, r.signal_id) for r in rows] == [
+        (run_id, "approve", "buffered", None)
+    ] * 2
     assert codec.decode(rows[0].payload) == {"by": "ann", "at": datetime(2024, 1, 1, tzinfo=UTC)}
     assert codec.decode(rows[1].payload) is None
     assert rows[0].created_at <= rows[1].created_at <= db_now()
@@ -537,7 +577,9 @@ def test_duplicate_signal_id_is_a_no_op():
     handle.signal("other", 3, signal_id="sig-1")
     handle.signal("pay", 4, signal_id="sig-2")
     handle.signal("pay", 5, signal_id="s" * 320)
-    assert [codec.decode(p) for p in BufferedSignal.objects.order_by("id").values_list("payload", flat=True)] == [
+    assert [
+        codec.decode(p) for p in BufferedSignal.objects.order_by("id").values_list("payload", flat=True)
+    ] == [
         1,
         4,
         5,
@@ -571,12 +613,24 @@ def test_signal_to_a_terminal_run(status):
 @pytest.mark.parametrize(
     ("call", "error", "message"),
     [
-        (lambda: weft.signal("nobody", "s"), WorkflowNotFoundError, 'Cannot signal workflow "nobody": no such'),
+        (
+            lambda: weft.signal("nobody", "s"),
+            WorkflowNotFoundError,
+            'Cannot signal workflow "nobody": no such',
+        ),
         (lambda: weft.signal("", "s"), InvalidWorkflowIdError, "1 to 255"),
         (lambda: weft.signal("sig", ""), InvalidArgumentError, "name must be a str of 1 to 255"),
-        (lambda: weft.signal("sig", "s", signal_id="x" * 321), InvalidArgumentError, "signal_id must be a str"),
+        (
+            lambda: weft.signal("sig", "s", signal_id="x" * 321),
+            InvalidArgumentError,
+            "signal_id must be a str",
+        ),
         (lambda: weft.signal("sig", "s", signal_id=""), InvalidArgumentError, "signal_id must be a str"),
-        (lambda: weft.signal("sig", "s", {"a": {1, object()}}), PayloadNotSerializableError, r"^payload\['a'\]"),
+        (
+            lambda: weft.signal("sig", "s", {"a": {1, object()}}),
+            PayloadNotSerializableError,
+            r"^payload\['a'\]",
+        ),
         (lambda: weft.signal("sig", "s", "x" * 1_100_000), PayloadSizeExceededError, "payload is"),
     ],
 )

@@ -98,13 +98,7 @@ _LEAVES: dict[type, tuple[str, Callable[[Any], object]]] = {
     time: ("time", _clock_text),
     timedelta: ("timedelta", lambda value: [value.days, value.seconds, value.microseconds]),
 }
-# The base type's own slot, not the subclass's: str() of a (str, Enum) member is "E.A", not its value.
-_BASES: tuple[tuple[type, Callable[[Any], Any]], ...] = (
-    (str, str.__str__),
-    (int, int.__int__),
-    (float, float.__float__),
-    *((container, container) for container in (dict, list, tuple, set, frozenset)),
-)
+_CONTAINERS = (dict, list, tuple, set, frozenset)
 
 
 def _walk(value: Any, depth: int, skip: frozenset[type]) -> Any:
@@ -130,29 +124,37 @@ def _walk(value: Any, depth: int, skip: frozenset[type]) -> Any:
         return value
     if kind is bool or value is None:
         return value
-    if kind is dict or kind is list or kind is tuple or kind is set or kind is frozenset:
-        if depth >= MAX_DEPTH:
-            raise _Refused(f"nested more than {MAX_DEPTH} containers deep")
-        if kind is dict:
-            return _walk_dict(value, depth + 1, skip)
-        if kind is list:
-            return _walk_list(value, depth + 1, skip)
-        if kind is tuple:
-            return {TAG: "tuple", "v": _walk_list(value, depth + 1, skip)}
-        return {TAG: kind.__name__, "v": _walk_members(value, depth + 1, skip)}
+    if kind in _CONTAINERS:
+        return _walk_container(value, kind, depth, skip)
     leaf = _LEAVES.get(kind)
     if leaf is None:
         return _walk_subclass(value, depth, skip)
     return {TAG: leaf[0], "v": leaf[1](value)}
 
 
+def _walk_container(value: Any, kind: type, depth: int, skip: frozenset[type]) -> Any:
+    if depth >= MAX_DEPTH:
+        raise _Refused(f"nested more than {MAX_DEPTH} containers deep")
+    if kind is dict:
+        return _walk_dict(value, depth + 1, skip)
+    if kind is list:
+        return _walk_list(value, depth + 1, skip)
+    if kind is tuple:
+        return {TAG: "tuple", "v": _walk_list(value, depth + 1, skip)}
+    return {TAG: kind.__name__, "v": _walk_members(value, depth + 1, skip)}
+
+
 def _walk_subclass(value: Any, depth: int, skip: frozenset[type]) -> Any:
     """Encode a subclass instance of a supported type as that type (see the module docstring)."""
     if isinstance(value, Enum) and not isinstance(value, (str, int, float)):
         raise _Refused(f"Enum member {value!r} is not serialisable; pass its .value")
-    for base, as_base in _BASES:
+    # The base type's own slot, not the subclass's: str() of a (str, Enum) member is "E.A".
+    for base, as_base in ((str, str.__str__), (int, int.__int__), (float, float.__float__)):
         if isinstance(value, base):
             return _walk(as_base(value), depth, skip)
+    for kind in _CONTAINERS:  # walked as they are: json writes subclasses as their base type
+        if isinstance(value, kind):
+            return _walk_container(value, kind, depth, skip)
     for base, (tag, to_text) in _LEAVES.items():  # datetime comes before date
         if isinstance(value, base):
             return {TAG: tag, "v": to_text(value)}

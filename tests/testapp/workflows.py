@@ -149,3 +149,27 @@ def slow(ctx, key: str, steps: int, seconds: float):
     for i in range(steps):
         out.append((yield ctx.run(slow_step, f"{key}-{i}", seconds)))
     return out
+
+
+CANCEL_HANDLER_CALLS: list[str] = []
+
+
+@weft.workflow(name="tests.cancellable")
+def cancellable(ctx):
+    ctx.on_cancel(lambda: CANCEL_HANDLER_CALLS.append(ctx.workflow_id))
+    yield ctx.wait_for_signal("never")
+
+
+@weft.workflow(name="tests.replay_check")
+def replay_check(ctx):
+    first = yield ctx.run(add, 1, 1)
+    second = yield ctx.wait_for_signal("continue")
+    return [first, second]
+
+
+@weft.workflow(name="tests.yields_in_finally")
+def yields_in_finally(ctx):
+    try:
+        yield ctx.wait_for_signal("never")
+    finally:
+        yield ctx.sleep(1)  # a detached context answers with an inert operation

@@ -20,12 +20,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connections
+from django.db.models import Q
 
 from ..clock import db_now
 from ..conf import WeftSettings, get_settings
 from ..context import WorkflowContext
 from ..exceptions import VersionMismatchError, WeftError, WorkflowNotRegisteredError
-from ..models import BufferedSignal, Step, Timer, Workflow
+from ..models import BufferedSignal, Step, Timer, Workflow, WorkflowClaim
 from ..operations import RunActivity, Sleep, WaitForSignal, WaitUntil
 from ..registry import registry
 from ..status import StepStatus, TimerKind, WorkflowStatus
@@ -204,9 +205,10 @@ class Engine:
             lost, self._lost = self._lost, set()
             notified, self._notified = self._notified, set()
             rescan, self._rescan = self._rescan, False
-        for wid in lost:
+        lost |= self._claims_changed([wid for wid in notified if wid in self.owned])
+        if lost:
             busy = True
-            self._drop(wid, reason="claim lost")
+            self._depose(lost)
         writes: dict[str, WorkflowWrites] = {}
         changed: set[str] = set()
 
@@ -242,9 +244,13 @@ class Engine:
 
     # -- claiming and loading ------------------------------------------------------------------
     def _claimable(self) -> bool:
-        return Workflow.objects.using(self.using).filter(
-            status=WorkflowStatus.RUNNING, id__in=_unheld_claims(self.using)
-        ).exists()
+        now = db_now(self.using)
+        runnable = Workflow.objects.using(self.using).filter(
+            Q(stuck_retry_at__isnull=True) | Q(stuck_retry_at__lte=now),
+            status=WorkflowStatus.RUNNING, id__in=_unheld_claims(self.using),
+        )
+        due_starts = Timer.objects.using(self.using).filter(kind=TimerKind.DELAYED_START, fire_at__lte=now)
+        return runnable.exists() or due_starts.exists()
 
     def _capacity(self) -> int:
         return self.settings.claim_batch_size
@@ -263,6 +269,11 @@ class Engine:
                 using=self.using,
             )
             claimed.update({wid: epoch for wid, (epoch, _) in got.items()})
+            claimed.update(
+                ownership.fire_delayed_starts(
+                    self.engine_id, limit=self._capacity(), ttl=self.settings.workflow_claim_ttl, using=self.using
+                )
+            )
         if clock - self._last_takeover_scan >= self.settings.workflow_claim_renew_interval.total_seconds():
             self._last_takeover_scan = clock
             got = ownership.acquire(
@@ -619,9 +630,9 @@ class Engine:
                     self._reload[owned.workflow_id] = owned.epoch
                     self._drop(owned.workflow_id, reason=None)
             return
-        for wid, reason in result.lost.items():
-            self.refused_commits += 1
-            self._drop(wid, reason=f"fenced commit refused ({reason})")
+        self.refused_commits += len(result.lost)
+        if result.lost:
+            self._depose(set(result.lost), reason="fenced commit refused")
         for writes in batch:
             if writes.workflow_id not in result.committed:
                 continue
@@ -652,6 +663,34 @@ class Engine:
                 "epoch": task.epoch, "started_at": task.started_at, "completed_at": now,
             },
         )
+
+    def _claims_changed(self, workflow_ids: list[str]) -> set[str]:
+        """A wake-up for a workflow we hold may be a transition that deposed us: re-read its claim."""
+        if not workflow_ids:
+            return set()
+        current = {
+            wid: (epoch, holder)
+            for wid, epoch, holder in WorkflowClaim.objects.using(self.using)
+            .filter(workflow_id__in=workflow_ids).values_list("workflow_id", "epoch", "engine_id")
+        }
+        return {wid for wid in workflow_ids if current.get(wid) != (self.owned[wid].epoch, self.engine_id)}
+
+    def _depose(self, workflow_ids: set[str], reason: str = "claim lost") -> None:
+        """Stop driving workflows whose claim is gone. A cancelled one runs its on_cancel handlers once,
+        in memory (its cancellation is already durable); nothing is written for any of them."""
+        cancelled = set(
+            Workflow.objects.using(self.using).filter(id__in=list(workflow_ids), status=WorkflowStatus.CANCELLED)
+            .values_list("id", flat=True)
+        )
+        for wid in workflow_ids:
+            owned = self.owned.get(wid)
+            if owned is not None and wid in cancelled:
+                for handler in owned.run.ctx.cancel_handlers:
+                    try:
+                        handler()
+                    except Exception:  # noqa: BLE001 - best effort, as documented
+                        logger.exception("on_cancel handler failed workflow=%s", wid)
+            self._drop(wid, reason="cancelled" if wid in cancelled else reason)
 
     def _drop(self, wid: str, reason: str | None) -> None:
         owned = self.owned.pop(wid, None)

@@ -190,3 +190,56 @@ def _db_clock(using: str):  # type: ignore[no-untyped-def]
     from ..clock import db_clock
 
     return db_clock(using)
+
+
+def fire_delayed_starts(engine_id: str, *, limit: int, ttl: timedelta, using: str) -> dict[str, int]:
+    """Start pending workflows whose delayed_start timer is due, folding the acquire into the same
+    transaction (an engine-side enabling write). Any engine may do it; SKIP LOCKED splits the work.
+    Lock order as everywhere: claim, then workflow, then timers."""
+    from ..clock import db_now
+    from ..models import Timer, Workflow
+    from ..status import TimerKind, WorkflowStatus
+
+    connection = connections[using]
+    now = db_now(using)
+    due = list(
+        Timer.objects.using(using).filter(kind=TimerKind.DELAYED_START, fire_at__lte=now)
+        .order_by("fire_at").values_list("workflow_id", flat=True)[:limit]
+    )
+    if not due:
+        return {}
+    started: dict[str, int] = {}
+    lock = " FOR UPDATE SKIP LOCKED" if connection.vendor == "postgresql" else ""
+    with transaction.atomic(using=using), connection.cursor() as cursor:
+        marks = ", ".join(["%s"] * len(due))
+        cursor.execute(
+            f"SELECT workflow_id FROM {CLAIM_TABLE} WHERE workflow_id IN ({marks}) ORDER BY workflow_id{lock}", due
+        )
+        locked = [row[0] for row in cursor.fetchall()]
+        if not locked:
+            return {}
+        pending = list(
+            Workflow.objects.using(using).select_for_update().filter(id__in=locked, status=WorkflowStatus.PENDING)
+            .values_list("id", flat=True)
+        )
+        Workflow.objects.using(using).filter(id__in=pending).update(
+            status=WorkflowStatus.RUNNING, started_at=now, updated_at=now
+        )
+        clock = _python_now() if connection.vendor != "postgresql" else None
+        for wid in sorted(pending):
+            epoch = next_epoch(using)
+            if clock is None:
+                cursor.execute(
+                    f"UPDATE {CLAIM_TABLE} SET epoch = %s, engine_id = %s, claimed_at = clock_timestamp(), "
+                    f"expires_at = clock_timestamp() + %s * interval '1 millisecond' WHERE workflow_id = %s",
+                    [epoch, engine_id, _ms(ttl), wid],
+                )
+            else:
+                cursor.execute(
+                    f"UPDATE {CLAIM_TABLE} SET epoch = %s, engine_id = %s, claimed_at = %s, expires_at = %s "
+                    f"WHERE workflow_id = %s",
+                    [epoch, engine_id, clock, clock + ttl, wid],
+                )
+            started[wid] = epoch
+        Timer.objects.using(using).filter(workflow_id__in=locked, kind=TimerKind.DELAYED_START).delete()
+    return started
