@@ -76,8 +76,9 @@ def db_counters() -> dict[str, Any]:
     """Database-wide counters of weft_bench (pg_stat_database) and row writes per table."""
     with stats_connection() as conn:
         conn.execute("SELECT pg_stat_clear_snapshot()")
-        xact_commit, xact_rollback, tup_ins, tup_upd, tup_del, tup_ret, tup_fetch = conn.execute(
-            "SELECT xact_commit, xact_rollback, tup_inserted, tup_updated, tup_deleted, tup_returned, tup_fetched "
+        xact_commit, xact_rollback, tup_ins, tup_upd, tup_del, tup_ret, tup_fetch, sessions = conn.execute(
+            "SELECT xact_commit, xact_rollback, tup_inserted, tup_updated, tup_deleted, tup_returned, tup_fetched, "
+            "sessions "
             "FROM pg_stat_database WHERE datname = current_database()"
         ).fetchone()
         tables = {
@@ -90,6 +91,7 @@ def db_counters() -> dict[str, Any]:
     return {
         "xact_commit": xact_commit, "xact_rollback": xact_rollback, "tup_inserted": tup_ins,
         "tup_updated": tup_upd, "tup_deleted": tup_del, "tup_returned": tup_ret, "tup_fetched": tup_fetch,
+        "sessions": sessions,
         "tables": tables,
     }
 
@@ -397,7 +399,7 @@ def report(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
         ("machine", f"{meta['nproc']} CPUs ({meta['cpu']}), load avg before {meta['loadavg_before'][0]:.2f}"),
         ("PostgreSQL", f"{meta['postgresql']} (synchronous_commit={meta['pg_settings'].get('synchronous_commit')}, "
                        f"fsync={meta['pg_settings'].get('fsync')}), same machine"),
-        ("Python / Django", f"{meta['python']} / {meta['django']}"),
+        ("Python / Django", f"{meta['python']} / {meta['django']}, CONN_MAX_AGE={meta['conn_max_age']}"),
         ("statement counts", meta["statement_source"]),
     ])]
     for r in results:
@@ -415,7 +417,8 @@ def report(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
                                             f"p99 {lat['p99']:.2f} s  max {lat['max']:.2f} s"),
             ("created -> first step started", f"p50 {first['p50']:.2f} s  p99 {first['p99']:.2f} s  "
                                               f"max {first['max']:.2f} s"),
-            ("transactions, whole database", f"{db['xact_commit']} commits, {db['xact_rollback']} rollbacks"),
+            ("transactions, whole database", f"{db['xact_commit']} commits, {db['xact_rollback']} rollbacks, "
+                                             f"{db['sessions']} connections opened"),
             ("  of which client", f"{r['client']['transactions_total']} "
                                   f"({r['client']['start_transactions_per_start']:.2f}/start, "
                                   f"{r['client']['start_statements_per_start']:.2f} statements/start; "
@@ -461,6 +464,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scenarios", default="throughput", help=f"comma-separated: {', '.join(SCENARIOS)}")
     parser.add_argument("--engine-concurrency", type=int, default=8)
     parser.add_argument("--engine-verbosity", type=int, default=1, help="weft_engine -v (2 = INFO logs)")
+    parser.add_argument("--conn-max-age", default=None,
+                        help='CONN_MAX_AGE for the client and the engine: seconds, or "none" for persistent '
+                             "connections (default: Django's default, 0)")
     parser.add_argument("--trace-sql", action="store_true",
                         help="count the engine's statements by shape (Django execute wrapper in the engine)")
     options = parser.parse_args(argv)
@@ -469,9 +475,12 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS)}")
 
+    if options.conn_max_age is not None:
+        os.environ["WEFT_BENCH_CONN_MAX_AGE"] = options.conn_max_age  # read by settings.py, inherited by the engine
     import django
 
     django.setup()
+    from django.conf import settings
     from django.core.management import call_command
 
     from benchmarks import sqltrace
@@ -486,6 +495,7 @@ def main(argv: list[str] | None = None) -> None:
         "pg_stat_statements not preloaded: transactions from pg_stat_database.xact_commit, row writes from "
         "pg_stat_user_tables" + ("; engine statements traced in-process (--trace-sql)" if options.trace_sql else "")
     )
+    meta["conn_max_age"] = settings.DATABASES["default"]["CONN_MAX_AGE"]
     meta["command"] = " ".join(["python -m benchmarks.run", *(argv if argv is not None else sys.argv[1:])])
     sqltrace.install()
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -1,11 +1,19 @@
 """Settings for the benchmarks: PostgreSQL database ``weft_bench`` (dropped and re-created by each run).
 
-Override the connection with WEFT_BENCH_PG_HOST / _PORT / _USER / _NAME.
+Override the connection with WEFT_BENCH_PG_HOST / _PORT / _USER / _NAME. WEFT_BENCH_CONN_MAX_AGE sets
+CONN_MAX_AGE ("none" = persistent connections; default 0, Django's default), which ``run.py
+--conn-max-age`` sets for the benchmark process and the engine alike.
 """
 
 import os
 
-SECRET_KEY = "weft-benchmarks"  # noqa: S105
+
+def _conn_max_age() -> int | None:
+    value = os.environ.get("WEFT_BENCH_CONN_MAX_AGE", "0").strip().lower()
+    return None if value in ("none", "") else int(value)
+
+
+SECRET_KEY = "weft-benchmarks"
 DEBUG = False
 USE_TZ = True
 TIME_ZONE = "UTC"
@@ -23,6 +31,7 @@ DATABASES = {
         "USER": os.environ.get("WEFT_BENCH_PG_USER", "postgres"),
         "HOST": os.environ.get("WEFT_BENCH_PG_HOST", "127.0.0.1"),
         "PORT": os.environ.get("WEFT_BENCH_PG_PORT", "5432"),
+        "CONN_MAX_AGE": _conn_max_age(),
     }
 }
 

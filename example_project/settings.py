@@ -113,3 +113,6 @@ LOGGING = {
         "example_project": {"handlers": ["console"], "level": "INFO"},
     },
 }
+
+# The demo runs one engine on SQLite, which is what weft.W003 warns about; keep its output quiet.
+SILENCED_SYSTEM_CHECKS = ["weft.W003"]

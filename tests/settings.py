@@ -3,7 +3,7 @@
 import json
 import os
 
-SECRET_KEY = "weft-tests"  # noqa: S105
+SECRET_KEY = "weft-tests"
 DEBUG = False
 USE_TZ = True
 TIME_ZONE = "UTC"
@@ -48,7 +48,11 @@ if TEST_DB == "sqlite":
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": os.environ.get("WEFT_SQLITE_PATH", "/tmp/weft-tests.sqlite3"),
-            "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20, "init_command": "PRAGMA journal_mode=WAL;"},
+            "OPTIONS": {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+                "init_command": "PRAGMA journal_mode=WAL;",
+            },
             # A file, not :memory:, so engine subprocesses share it.
             "TEST": {"NAME": os.environ.get("WEFT_SQLITE_TEST_PATH", "/tmp/weft-tests-test.sqlite3")},
         }
@@ -72,5 +76,7 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"weft_django": {"handlers": ["console"], "level": os.environ.get("WEFT_LOG_LEVEL", "WARNING")}},
+    "loggers": {
+        "weft_django": {"handlers": ["console"], "level": os.environ.get("WEFT_LOG_LEVEL", "WARNING")}
+    },
 }

@@ -350,6 +350,9 @@ def test_cycles_are_refused_naming_where_they_close() -> None:
     selfish: dict[str, Any] = {}
     selfish["me"] = selfish
     assert refusal(selfish).path == "args['me']"
+    ordered: OrderedDict[str, Any] = OrderedDict(a=1)
+    ordered["me"] = [ordered]
+    assert "reference cycle" in str(refusal(ordered))
 
 
 def test_shared_references_are_not_cycles() -> None:

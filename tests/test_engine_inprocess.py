@@ -23,7 +23,9 @@ def test_three_steps_complete(weft_run_until_idle):
     assert handle.result(timeout=5) == ["k-1", "k-2", "k-3"]
     assert calls("record_call") == 3
     assert list(Step.objects.filter(workflow_id="three").order_by("seq").values_list("seq", "status")) == [
-        (0, "completed"), (1, "completed"), (2, "completed"),
+        (0, "completed"),
+        (1, "completed"),
+        (2, "completed"),
     ]
     claim = WorkflowClaim.objects.get(workflow_id="three")
     assert claim.engine_id is None  # released at the terminal commit
@@ -128,3 +130,18 @@ def test_activity_info(weft_run_until_idle):
     assert result["attempt"] == 1 and result["seq"] == 0
     assert result["key"] == f"info-1:{wf.run_id}:0"
     assert result["epoch"] > 0
+
+
+def test_attempt_timeout_retries_then_fails_and_late_results_are_dropped(weft_run_until_idle):
+    handle = weft.start("tests.timeouts", args=["t1"])
+    weft_run_until_idle()
+    assert handle.result(timeout=5) == {"type": "ActivityTimeoutError", "attempts": 2}
+    step = Step.objects.get(workflow_id=handle.id, seq=0)
+    assert step.status == "failed" and step.attempts == 2
+    assert calls("too_slow", "t1") == 2
+
+
+def test_activity_info_outside_an_activity_raises_and_heartbeat_is_a_noop():
+    with pytest.raises(weft.WeftError, match="outside an activity"):
+        weft.activity_info()
+    assert weft.heartbeat({"x": 1}) is None

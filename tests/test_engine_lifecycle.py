@@ -79,7 +79,9 @@ def test_execution_timeout(weft_run_until_idle, weft_clock):
 def test_cancel_deposes_the_owner_and_runs_on_cancel_once(running_engine):
     test_workflows.CANCEL_HANDLER_CALLS.clear()
     handle = weft.start("tests.cancellable", id="to-cancel")
-    wait_for(lambda: WorkflowClaim.objects.filter(workflow_id="to-cancel", engine_id="threaded-engine").exists())
+    wait_for(
+        lambda: WorkflowClaim.objects.filter(workflow_id="to-cancel", engine_id="threaded-engine").exists()
+    )
     wait_for(lambda: "to-cancel" in running_engine.owned)
     epoch_before = WorkflowClaim.objects.get(workflow_id="to-cancel").epoch
     handle.cancel("no longer needed")

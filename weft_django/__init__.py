@@ -31,24 +31,44 @@ _EXPORTS: dict[str, str] = {
     "cancel": "weft_django.client",
     "start_or_signal": "weft_django.client",
     "start_with_update": "weft_django.client",
-    # schedules
-    "schedule": "weft_django.schedules",
-    "get_schedule": "weft_django.schedules",
     # maintenance
     "run_maintenance": "weft_django.engine.maintenance",
     # choices
     "WorkflowStatus": "weft_django.status",
 }
 
-_EXCEPTIONS = (
-    "WeftError ConfigurationError WorkflowNotRegisteredError WorkflowAlreadyExistsError WorkflowNotFoundError "
-    "WorkflowTerminalError WorkflowStateError WorkflowFailedError WorkflowCancelledError WorkflowTimedOutError "
-    "ActivityError ActivityCancelledError ChildWorkflowError QueryFailedError UpdateValidationError "
-    "UpdateFailedError UpdateTimeoutError QueryNotFoundError QueryTimeoutError WaitTimeoutError "
-    "NonDeterminismError VersionMismatchError PayloadSizeExceededError PayloadNotSerializableError "
-    "IdempotencyKeyPurgedError WorkflowNotLocallyOwnedError WorkflowClaimUnavailableError "
-    "OwnershipModeMismatchError EngineLeaseAcquisitionTimeoutError WorkflowDefinitionError"
-).split()
+_EXCEPTIONS = [
+    "WeftError",
+    "ConfigurationError",
+    "WorkflowNotRegisteredError",
+    "WorkflowAlreadyExistsError",
+    "WorkflowNotFoundError",
+    "WorkflowTerminalError",
+    "WorkflowStateError",
+    "WorkflowFailedError",
+    "WorkflowCancelledError",
+    "WorkflowTimedOutError",
+    "ActivityError",
+    "ActivityCancelledError",
+    "ChildWorkflowError",
+    "QueryFailedError",
+    "UpdateValidationError",
+    "UpdateFailedError",
+    "UpdateTimeoutError",
+    "QueryNotFoundError",
+    "QueryTimeoutError",
+    "WaitTimeoutError",
+    "NonDeterminismError",
+    "VersionMismatchError",
+    "PayloadSizeExceededError",
+    "PayloadNotSerializableError",
+    "IdempotencyKeyPurgedError",
+    "WorkflowNotLocallyOwnedError",
+    "WorkflowClaimUnavailableError",
+    "OwnershipModeMismatchError",
+    "EngineLeaseAcquisitionTimeoutError",
+    "WorkflowDefinitionError",
+]
 _EXPORTS.update({name: "weft_django.exceptions" for name in _EXCEPTIONS})
 
 __all__ = sorted(_EXPORTS)
@@ -85,5 +105,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .engine.maintenance import run_maintenance
     from .exceptions import *  # noqa: F403
     from .registry import RetryPolicy, activity, workflow
-    from .schedules import get_schedule, schedule
     from .status import WorkflowStatus

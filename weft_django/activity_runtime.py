@@ -48,7 +48,9 @@ def activity_info() -> ActivityInfo:
     """The running attempt's identity. Raises outside an activity."""
     control = current_control()
     if control is None:
-        raise WeftError("weft.activity_info() was called outside an activity; call it from activity code run by an engine.")
+        raise WeftError(
+            "weft.activity_info() was called outside an activity; call it from activity code run by an engine."
+        )
     return control.info
 
 

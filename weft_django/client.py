@@ -434,7 +434,7 @@ def signal(id: str, name: str, payload: Any = None, *, signal_id: str | None = N
         # current run's mailbox only while that run is active.
         # Table names are the models' own; every value is a parameter.
         cursor.execute(
-            f"INSERT INTO {signals} (workflow_id, run_id, name, signal_id, payload, state, created_at) "  # noqa: S608
+            f"INSERT INTO {signals} (workflow_id, run_id, name, signal_id, payload, state, created_at) "
             f"SELECT w.id, w.run_id, %s, %s, %s, %s, {now_sql} FROM {workflows} w "
             f"WHERE w.id = %s AND w.status IN (%s, %s, %s) ON CONFLICT DO NOTHING",
             [name, signal_id, text, str(SignalState.BUFFERED.value), *now_params, id, *active],

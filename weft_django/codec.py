@@ -99,6 +99,12 @@ _LEAVES: dict[type, tuple[str, Callable[[Any], object]]] = {
     timedelta: ("timedelta", lambda value: [value.days, value.seconds, value.microseconds]),
 }
 _CONTAINERS = (dict, list, tuple, set, frozenset)
+# The base type's own slot, not the subclass's: str() of a (str, Enum) member is "E.A", not its value.
+_SCALAR_BASES: tuple[tuple[type, Callable[[Any], Any]], ...] = (
+    (str, str.__str__),
+    (int, int.__int__),
+    (float, float.__float__),
+)
 
 
 def _walk(value: Any, depth: int, skip: frozenset[type]) -> Any:
@@ -148,13 +154,12 @@ def _walk_subclass(value: Any, depth: int, skip: frozenset[type]) -> Any:
     """Encode a subclass instance of a supported type as that type (see the module docstring)."""
     if isinstance(value, Enum) and not isinstance(value, (str, int, float)):
         raise _Refused(f"Enum member {value!r} is not serialisable; pass its .value")
-    # The base type's own slot, not the subclass's: str() of a (str, Enum) member is "E.A".
-    for base, as_base in ((str, str.__str__), (int, int.__int__), (float, float.__float__)):
+    for base, as_base in _SCALAR_BASES:
         if isinstance(value, base):
             return _walk(as_base(value), depth, skip)
-    for kind in _CONTAINERS:  # walked as they are: json writes subclasses as their base type
-        if isinstance(value, kind):
-            return _walk_container(value, kind, depth, skip)
+    for container in _CONTAINERS:  # walked as they are: json writes subclasses as their base type
+        if isinstance(value, container):
+            return _walk_container(value, container, depth, skip)
     for base, (tag, to_text) in _LEAVES.items():  # datetime comes before date
         if isinstance(value, base):
             return {TAG: tag, "v": to_text(value)}

@@ -28,14 +28,14 @@ logger = logging.getLogger("weft_django.workflow")
 _BRANCHABLE = (RunActivity, Sleep, WaitForSignal)
 
 
-class _ReplayAwareLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+class _ReplayAwareLogger(logging.LoggerAdapter):
     """ctx.log: silent while replaying, so a recovered run does not log its history again."""
 
     def __init__(self, ctx: WorkflowContext) -> None:
         super().__init__(logger, {})
         self._ctx = ctx
 
-    def isEnabledFor(self, level: int) -> bool:  # noqa: N802 - logging's name
+    def isEnabledFor(self, level: int) -> bool:
         return not self._ctx.is_replaying and super().isEnabledFor(level)
 
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
@@ -160,7 +160,9 @@ def _duration(value: Any, name: str) -> Any:
 
 def _check_name(kind: str, name: Any) -> None:
     if not isinstance(name, str) or not name or len(name) > 255:
-        raise WorkflowDefinitionError(f"The {kind} name must be a non-empty string of at most 255 characters.")
+        raise WorkflowDefinitionError(
+            f"The {kind} name must be a non-empty string of at most 255 characters."
+        )
 
 
 def _branches(where: str, operations: Sequence[Operation]) -> tuple[Operation, ...]:
@@ -169,7 +171,9 @@ def _branches(where: str, operations: Sequence[Operation]) -> tuple[Operation, .
         raise WorkflowDefinitionError(f"{where} needs at least one operation.")
     for op in branches:
         if isinstance(op, WaitUntil | WaitForUpdate):
-            raise WorkflowDefinitionError(f"{where}: wait_until and wait_for_update are not allowed inside all/race.")
+            raise WorkflowDefinitionError(
+                f"{where}: wait_until and wait_for_update are not allowed inside all/race."
+            )
         if not isinstance(op, _BRANCHABLE):
             raise WorkflowDefinitionError(
                 f"{where} takes ctx.run, ctx.sleep, ctx.wait_for_signal or ctx.start_child operations "

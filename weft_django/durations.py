@@ -12,7 +12,7 @@ _PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 Duration = timedelta | int | float | str
 
 
-class InvalidDuration(ValueError):  # noqa: N818 - a ValueError, not part of the WeftError API
+class InvalidDuration(ValueError):
     """The value is not a duration. The message names where it came from and the accepted forms."""
 
 

@@ -18,7 +18,7 @@ COUNTER_TABLE = "weft_django_epochcounter"
 
 # One statement, race-free: creates the counter row on first use, else increments it.
 _SQLITE_NEXT = (
-    f"INSERT INTO {COUNTER_TABLE} (id, value) VALUES (1, 1) "  # noqa: S608 - a constant
+    f"INSERT INTO {COUNTER_TABLE} (id, value) VALUES (1, 1) "
     f"ON CONFLICT (id) DO UPDATE SET value = {COUNTER_TABLE}.value + 1 RETURNING value"
 )
 

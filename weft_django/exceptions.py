@@ -62,7 +62,7 @@ class ActivityError(WeftError):
         self,
         message: str,
         *,
-        type: str = "Exception",  # noqa: A002 - the API names this attribute "type"
+        type: str = "Exception",
         qualified_type: str = "",
         traceback: str = "",
         attempts: int = 1,
@@ -184,7 +184,11 @@ class EngineLeaseAcquisitionTimeoutError(WeftError):
     pass
 
 
-__all__ = [name for name, value in list(globals().items()) if isinstance(value, type) and issubclass(value, WeftError)]
+__all__ = [
+    name
+    for name, value in list(globals().items())
+    if isinstance(value, type) and issubclass(value, WeftError)
+]
 
 
 class WorkflowDefinitionError(WeftError, TypeError):

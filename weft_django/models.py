@@ -129,6 +129,9 @@ class AppliedUpdate(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run_id", "seq", "n"], name="weft_applied_run_seq_n")]
 
+    def __str__(self) -> str:
+        return f"{self.workflow_id}#{self.seq}.{self.n} {self.name}"
+
 
 class Timer(models.Model):
     workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="timers", db_constraint=False)
@@ -160,14 +163,17 @@ class BufferedSignal(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["run_id", "signal_id"], name="weft_signal_id_per_run", condition=Q(signal_id__isnull=False)
+                fields=["run_id", "signal_id"],
+                name="weft_signal_id_per_run",
+                condition=Q(signal_id__isnull=False),
             )
         ]
         indexes = [
-            models.Index(
-                fields=["workflow", "name", "id"], name="weft_signal_buffered", condition=Q(state="buffered")
-            )
+            models.Index(fields=["workflow", "name", "id"], name="weft_signal_buffered", condition=Q(state="buffered"))
         ]
+
+    def __str__(self) -> str:
+        return f"{self.name} -> {self.workflow_id} ({self.state})"
 
 
 class PendingUpdate(models.Model):
@@ -198,6 +204,9 @@ class PendingUpdate(models.Model):
             models.Index(fields=["workflow", "created_at"], name="weft_update_admitted", condition=Q(status="admitted"))
         ]
 
+    def __str__(self) -> str:
+        return f"{self.name} -> {self.workflow_id} ({self.status})"
+
 
 class QueryRequest(models.Model):
     """A query routed through the database to the engine that owns the workflow."""
@@ -214,7 +223,12 @@ class QueryRequest(models.Model):
     created_at = models.DateTimeField()
 
     class Meta:
-        indexes = [models.Index(fields=["engine_id", "created_at"], name="weft_query_pending", condition=Q(status="pending"))]
+        indexes = [
+            models.Index(fields=["engine_id", "created_at"], name="weft_query_pending", condition=Q(status="pending"))
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} -> {self.workflow_id} ({self.status})"
 
 
 class IdempotencyKey(models.Model):
@@ -225,6 +239,9 @@ class IdempotencyKey(models.Model):
     run_id = models.UUIDField()
     created_at = models.DateTimeField()
     purged_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.key} -> {self.workflow_id}"
 
 
 class Schedule(models.Model):
@@ -274,6 +291,9 @@ class StoreLease(models.Model):
     claimed_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
 
+    def __str__(self) -> str:
+        return f"lease@{self.epoch} by {self.engine_id or '-'}"
+
 
 class OwnershipMarker(models.Model):
     """The fencing mode the store runs under (a single row, id=1): engines of another mode refuse to start."""
@@ -283,6 +303,9 @@ class OwnershipMarker(models.Model):
     set_by = models.CharField(max_length=255)
     set_at = models.DateTimeField()
 
+    def __str__(self) -> str:
+        return self.mode
+
 
 class ClockOffset(models.Model):
     """Workflow time = database time + offset (a single row, id=1). Tests skip time by moving it."""
@@ -290,9 +313,15 @@ class ClockOffset(models.Model):
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     offset_ms = models.BigIntegerField(default=0)
 
+    def __str__(self) -> str:
+        return f"{self.offset_ms} ms"
+
 
 class EpochCounter(models.Model):
     """Where databases have no sequence (SQLite), epochs come from this one-row counter."""
 
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     value = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return str(self.value)

@@ -60,7 +60,9 @@ class Clock:
 class EngineProcess:
     """A real ``weft_engine`` subprocess on the test database."""
 
-    def __init__(self, engine_id: str, args: list[str], env: dict[str, str] | None = None, log_path: str | None = None):
+    def __init__(
+        self, engine_id: str, args: list[str], env: dict[str, str] | None = None, log_path: str | None = None
+    ):
         from django.conf import settings
         from django.db import connections
 
@@ -71,11 +73,23 @@ class EngineProcess:
         self.engine_id = engine_id
         self.log_path = log_path or f"/tmp/weft-engine-{engine_id}-{os.getpid()}.log"
         command = [
-            sys.executable, "-m", "weft_django.testing", "--database-alias", alias, "--database-name", name,
-            "--", "--engine-id", engine_id, *args,
+            sys.executable,
+            "-m",
+            "weft_django.testing",
+            "--database-alias",
+            alias,
+            "--database-name",
+            name,
+            "--",
+            "--engine-id",
+            engine_id,
+            *args,
         ]
-        environment = {**os.environ, "DJANGO_SETTINGS_MODULE": os.environ.get(
-            "DJANGO_SETTINGS_MODULE", settings.SETTINGS_MODULE), **(env or {})}
+        environment = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", settings.SETTINGS_MODULE),
+            **(env or {}),
+        }
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in wait()
         self.process = subprocess.Popen(command, env=environment, stdout=self._log, stderr=subprocess.STDOUT)
 
@@ -124,7 +138,9 @@ class EngineFactory:
     def __init__(self) -> None:
         self.started: list[EngineProcess] = []
 
-    def __call__(self, engine_id: str | None = None, *args: str, env: dict[str, str] | None = None) -> EngineProcess:
+    def __call__(
+        self, engine_id: str | None = None, *args: str, env: dict[str, str] | None = None
+    ) -> EngineProcess:
         process = EngineProcess(engine_id or f"test-engine-{len(self.started) + 1}", list(args), env)
         self.started.append(process)
         return process
@@ -135,7 +151,9 @@ class EngineFactory:
                 process.stop()
 
 
-def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.05, message: str = "condition") -> Any:
+def wait_for(
+    predicate: Any, timeout: float = 30.0, interval: float = 0.05, message: str = "condition"
+) -> Any:
     """Poll ``predicate`` until it returns something truthy; TimeoutError after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:

@@ -123,7 +123,7 @@ def rotate_epoch(workflow_id: str, using: str) -> int:
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(
-                f"UPDATE {WorkflowClaim._meta.db_table} SET epoch = {next_epoch_sql('postgresql')}, "  # noqa: S608
+                f"UPDATE {WorkflowClaim._meta.db_table} SET epoch = {next_epoch_sql('postgresql')}, "
                 "engine_id = NULL, claimed_at = NULL, expires_at = NULL "
                 "WHERE workflow_id = %s RETURNING epoch",
                 [workflow_id],
@@ -446,7 +446,7 @@ def _purge_batch(ids: list[str], using: str) -> int:
     placeholders = ", ".join(["%s"] * len(purged))
     with connections[using].cursor() as cursor:
         # Raw: the ORM's delete() would load every row to cascade to tables already emptied above.
-        cursor.execute(f"DELETE FROM {Workflow._meta.db_table} WHERE id IN ({placeholders})", purged)  # noqa: S608
+        cursor.execute(f"DELETE FROM {Workflow._meta.db_table} WHERE id IN ({placeholders})", purged)
     return len(purged)
 
 

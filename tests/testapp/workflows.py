@@ -173,3 +173,21 @@ def yields_in_finally(ctx):
         yield ctx.wait_for_signal("never")
     finally:
         yield ctx.sleep(1)  # a detached context answers with an inert operation
+
+
+@weft.activity(timeout="300ms", retry=weft.RetryPolicy(max_attempts=2, initial_backoff="10ms"))
+def too_slow(key: str) -> str:
+    calls = _count("too_slow", key)
+    for _ in range(20):
+        time.sleep(0.05)
+        weft.heartbeat({"call": calls})
+    return "finished"
+
+
+@weft.workflow(name="tests.timeouts")
+def timeouts(ctx, key: str):
+    try:
+        yield ctx.run(too_slow, key)
+    except weft.ActivityError as error:
+        return {"type": error.type, "attempts": error.attempts}
+    return "no timeout"

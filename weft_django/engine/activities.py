@@ -29,7 +29,7 @@ from ..registry import ActivityDefinition
 logger = logging.getLogger(__name__)
 
 
-class FenceRefused(Exception):  # noqa: N818 - control flow, never leaves this module
+class FenceRefused(Exception):
     """The claim was gone when an atomic activity tried to commit: roll the user's writes back."""
 
 
@@ -142,7 +142,11 @@ class ThreadExecutor:
         except Exception as exc:
             logger.info(
                 "activity failed workflow=%s activity=%s seq=%s attempt=%s error=%s",
-                task.workflow_id, definition.name, task.seq, task.attempt, type(exc).__name__,
+                task.workflow_id,
+                definition.name,
+                task.seq,
+                task.attempt,
+                type(exc).__name__,
             )
             return AttemptOutcome(
                 task, ok=False, error=describe_failure(exc), retryable=definition.retry.is_retryable(exc)

@@ -67,7 +67,9 @@ def error_to_exception(error: dict[str, Any]) -> Exception:
         return ActivityError.from_dict(error)
     if kind == "ChildWorkflowError":
         return ChildWorkflowError(
-            error.get("message", ""), child_id=error.get("child_id", ""), status=error.get("status", ""),
+            error.get("message", ""),
+            child_id=error.get("child_id", ""),
+            status=error.get("status", ""),
             error=error.get("error"),
         )
     return WaitTimeoutError(error.get("message", "The wait timed out."))
@@ -87,7 +89,11 @@ class WorkflowRun:
     """One live incarnation of a workflow's generator."""
 
     def __init__(
-        self, definition: WorkflowDefinition, ctx: WorkflowContext, input_text: str, steps: dict[int, StepRecord]
+        self,
+        definition: WorkflowDefinition,
+        ctx: WorkflowContext,
+        input_text: str,
+        steps: dict[int, StepRecord],
     ) -> None:
         self.definition = definition
         self.ctx = ctx
@@ -150,7 +156,7 @@ class WorkflowRun:
                 gen.close()
             except RuntimeError:  # the generator yielded in its finally block
                 pass
-            except Exception:  # noqa: BLE001, S110 - user cleanup code failing while closed is not ours to raise
+            except Exception:  # noqa: S110 - user cleanup code failing while closed is not ours to raise
                 pass
 
     # -- internals ----------------------------------------------------------------------------
@@ -306,6 +312,8 @@ class WorkflowRun:
             leaves = []
             for i, branch in enumerate(op.branches):
                 step = self.steps.get(seq + 1 + i)
-                leaves.append(Leaf(seq + 1 + i, branch, step.outcome if step is not None and step.settled else None))
+                leaves.append(
+                    Leaf(seq + 1 + i, branch, step.outcome if step is not None and step.settled else None)
+                )
             return Frontier(seq, op, leaves)
         return Frontier(seq, op, [Leaf(seq, op)])

@@ -32,7 +32,7 @@ from ..registry import registry
 from ..status import StepStatus, TimerKind, WorkflowStatus
 from . import ownership
 from .activities import AttemptOutcome, AttemptTask, FenceRefused, ThreadExecutor
-from .driver import Outcome, StepRecord, WorkflowRun
+from .driver import StepRecord, WorkflowRun
 from .fencing import Finish, WorkflowWrites, fenced_commit, lock_claims
 from .timers import TimerHeap
 from .wakeups import Listener
@@ -247,7 +247,8 @@ class Engine:
         now = db_now(self.using)
         runnable = Workflow.objects.using(self.using).filter(
             Q(stuck_retry_at__isnull=True) | Q(stuck_retry_at__lte=now),
-            status=WorkflowStatus.RUNNING, id__in=_unheld_claims(self.using),
+            status=WorkflowStatus.RUNNING,
+            id__in=_unheld_claims(self.using),
         )
         due_starts = Timer.objects.using(self.using).filter(kind=TimerKind.DELAYED_START, fire_at__lte=now)
         return runnable.exists() or due_starts.exists()
@@ -255,7 +256,9 @@ class Engine:
     def _capacity(self) -> int:
         return self.settings.claim_batch_size
 
-    def _claim(self, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str], force: bool) -> bool:
+    def _claim(
+        self, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str], force: bool
+    ) -> bool:
         poll = self.settings.poll_interval.total_seconds()
         clock = time.monotonic()
         claimed: dict[str, int] = {}
@@ -271,7 +274,10 @@ class Engine:
             claimed.update({wid: epoch for wid, (epoch, _) in got.items()})
             claimed.update(
                 ownership.fire_delayed_starts(
-                    self.engine_id, limit=self._capacity(), ttl=self.settings.workflow_claim_ttl, using=self.using
+                    self.engine_id,
+                    limit=self._capacity(),
+                    ttl=self.settings.workflow_claim_ttl,
+                    using=self.using,
                 )
             )
         if clock - self._last_takeover_scan >= self.settings.workflow_claim_renew_interval.total_seconds():
@@ -294,14 +300,23 @@ class Engine:
         self._load(claimed, now, writes, changed)
         return True
 
-    def _load(self, claimed: dict[str, int], now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]) -> None:
+    def _load(
+        self, claimed: dict[str, int], now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]
+    ) -> None:
         rows = {row.id: row for row in Workflow.objects.using(self.using).filter(id__in=list(claimed))}
         run_ids = [row.run_id for row in rows.values()]
         steps: dict[str, dict[int, StepRecord]] = {str(r): {} for r in run_ids}
         for step in Step.objects.using(self.using).filter(run_id__in=run_ids):
             steps[str(step.run_id)][step.seq] = StepRecord(
-                step.seq, step.kind, step.name, step.status, step.result, step.error, step.attempts,
-                step.started_at, step.completed_at,
+                step.seq,
+                step.kind,
+                step.name,
+                step.status,
+                step.result,
+                step.error,
+                step.attempts,
+                step.started_at,
+                step.completed_at,
             )
         timers: dict[str, list[Timer]] = {}
         for timer in Timer.objects.using(self.using).filter(workflow_id__in=list(claimed)):
@@ -320,11 +335,19 @@ class Engine:
         self._publish_epochs()
 
     def _start_run(
-        self, row: Workflow, epoch: int, steps: dict[int, StepRecord], timers: list[Timer], now: datetime,
+        self,
+        row: Workflow,
+        epoch: int,
+        steps: dict[int, StepRecord],
+        timers: list[Timer],
+        now: datetime,
         writes: dict[str, WorkflowWrites],
     ) -> Owned | None:
         ctx = WorkflowContext(
-            workflow_id=row.id, run_id=str(row.run_id), workflow_type=row.workflow_type, started_at=row.started_at,
+            workflow_id=row.id,
+            run_id=str(row.run_id),
+            workflow_type=row.workflow_type,
+            started_at=row.started_at,
             epoch=epoch,
         )
         try:
@@ -340,8 +363,14 @@ class Engine:
             self._stuck(row.id, str(row.run_id), epoch, row.stuck_attempts, error, now, writes)
             return None
         run = WorkflowRun(definition, ctx, row.input, steps)
-        owned = Owned(row.id, str(row.run_id), epoch, run, stuck_attempts=row.stuck_attempts,
-                      clear_stuck=row.stuck_error is not None)
+        owned = Owned(
+            row.id,
+            str(row.run_id),
+            epoch,
+            run,
+            stuck_attempts=row.stuck_attempts,
+            clear_stuck=row.stuck_error is not None,
+        )
         self.owned[row.id] = owned
         for timer in timers:
             owned.timers[(timer.kind, timer.seq or 0)] = timer
@@ -354,7 +383,13 @@ class Engine:
         return owned
 
     def _stuck(
-        self, wid: str, run_id: str, epoch: int, attempts: int, error: WeftError, now: datetime,
+        self,
+        wid: str,
+        run_id: str,
+        epoch: int,
+        attempts: int,
+        error: WeftError,
+        now: datetime,
         writes: dict[str, WorkflowWrites],
     ) -> None:
         backoff = min(timedelta(seconds=2 ** min(attempts, 12)), STUCK_MAX_BACKOFF)
@@ -373,7 +408,9 @@ class Engine:
             w = writes[owned.workflow_id] = WorkflowWrites(owned.workflow_id, owned.run_id, owned.epoch)
         return w
 
-    def _advance_effects(self, wid: str, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]) -> None:
+    def _advance_effects(
+        self, wid: str, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]
+    ) -> None:
         owned = self.owned.get(wid)
         if owned is None:
             return
@@ -425,29 +462,50 @@ class Engine:
         # A recovered attempt runs again under the same attempt number.
         owned.dispatch.append(self._task(owned, seq, op, step.attempts, step.started_at or now))
 
-    def _task(self, owned: Owned, seq: int, op: RunActivity, attempt: int, started_at: datetime) -> AttemptTask:
+    def _task(
+        self, owned: Owned, seq: int, op: RunActivity, attempt: int, started_at: datetime
+    ) -> AttemptTask:
         timeout = op.activity.timeout
         return AttemptTask(
-            workflow_id=owned.workflow_id, run_id=owned.run_id, seq=seq, attempt=attempt, epoch=owned.epoch,
-            definition=op.activity, args_text=op.args_text, started_at=started_at,
+            workflow_id=owned.workflow_id,
+            run_id=owned.run_id,
+            seq=seq,
+            attempt=attempt,
+            epoch=owned.epoch,
+            definition=op.activity,
+            args_text=op.args_text,
+            started_at=started_at,
             deadline=time.monotonic() + timeout.total_seconds() if timeout else None,
         )
 
     def _arm_timer(
-        self, owned: Owned, kind: str, seq: int, fire_at: datetime, writes: dict[str, WorkflowWrites],
+        self,
+        owned: Owned,
+        kind: str,
+        seq: int,
+        fire_at: datetime,
+        writes: dict[str, WorkflowWrites],
         attempt: int | None = None,
     ) -> None:
         existing = owned.timers.get((kind, seq))
         if existing is not None:  # recorded before a crash: keep its original fire time
             self.timers.push(existing.fire_at, owned.workflow_id, kind, seq)
             return
-        timer = Timer(workflow_id=owned.workflow_id, run_id=owned.run_id, kind=kind, seq=seq, attempt=attempt,
-                      fire_at=fire_at)
+        timer = Timer(
+            workflow_id=owned.workflow_id,
+            run_id=owned.run_id,
+            kind=kind,
+            seq=seq,
+            attempt=attempt,
+            fire_at=fire_at,
+        )
         owned.timers[(kind, seq)] = timer
         self._writes(owned, writes).timers_add.append(timer)
         self.timers.push(fire_at, owned.workflow_id, kind, seq)
 
-    def _take_timer(self, owned: Owned, kind: str, seq: int, writes: dict[str, WorkflowWrites]) -> Timer | None:
+    def _take_timer(
+        self, owned: Owned, kind: str, seq: int, writes: dict[str, WorkflowWrites]
+    ) -> Timer | None:
         timer = owned.timers.pop((kind, seq), None)
         if timer is not None:
             w = self._writes(owned, writes)
@@ -467,17 +525,27 @@ class Engine:
         changed.add(owned.workflow_id)
 
     def _check_wait_until(
-        self, owned: Owned, seq: int, op: WaitUntil, now: datetime, writes: dict[str, WorkflowWrites],
+        self,
+        owned: Owned,
+        seq: int,
+        op: WaitUntil,
+        now: datetime,
+        writes: dict[str, WorkflowWrites],
         changed: set[str],
     ) -> None:
         try:
             satisfied = bool(op.predicate())
-        except Exception as exc:  # noqa: BLE001 - a broken predicate fails the wait, visibly
+        except Exception as exc:
             logger.warning("wait_until predicate raised workflow=%s error=%s", owned.workflow_id, exc)
             satisfied = False
         if satisfied:
             self._take_timer(owned, TimerKind.WAIT_CONDITION, seq, writes)
-            self._settle(owned, StepRecord(seq, "wait_until", "", "completed", "true", completed_at=now), writes, changed)
+            self._settle(
+                owned,
+                StepRecord(seq, "wait_until", "", "completed", "true", completed_at=now),
+                writes,
+                changed,
+            )
         elif op.timeout is not None:
             self._arm_timer(owned, TimerKind.WAIT_CONDITION, seq, now + op.timeout, writes)
 
@@ -487,7 +555,7 @@ class Engine:
         while True:
             try:
                 outcomes.append(self.executor.outcomes.get_nowait())
-            except Exception:  # noqa: BLE001 - queue.Empty
+            except Exception:
                 return outcomes
 
     def _on_outcome(
@@ -497,8 +565,13 @@ class Engine:
         owned = self.owned.get(task.workflow_id)
         current = owned.inflight.get(task.seq) if owned else None
         if owned is None or current is None or current.key != task.key:
-            logger.info("late activity result discarded workflow=%s seq=%s attempt=%s epoch=%s",
-                        task.workflow_id, task.seq, task.attempt, task.epoch)
+            logger.info(
+                "late activity result discarded workflow=%s seq=%s attempt=%s epoch=%s",
+                task.workflow_id,
+                task.seq,
+                task.attempt,
+                task.epoch,
+            )
             return
         del owned.inflight[task.seq]
         if outcome.refused:
@@ -506,8 +579,16 @@ class Engine:
             self._drop(owned.workflow_id, reason="claim lost at an atomic activity's commit")
             return
         if outcome.ok:
-            step = StepRecord(task.seq, "activity", task.definition.name, "completed", outcome.result,
-                              attempts=task.attempt, started_at=task.started_at, completed_at=now)
+            step = StepRecord(
+                task.seq,
+                "activity",
+                task.definition.name,
+                "completed",
+                outcome.result,
+                attempts=task.attempt,
+                started_at=task.started_at,
+                completed_at=now,
+            )
             if outcome.committed:
                 owned.run.record(step)
                 owned.armed.discard(task.seq)
@@ -519,20 +600,38 @@ class Engine:
         self._on_failure(owned, task, outcome.error or {}, outcome.retryable, now, writes, changed)
 
     def _on_failure(
-        self, owned: Owned, task: AttemptTask, error: dict[str, Any], retryable: bool, now: datetime,
-        writes: dict[str, WorkflowWrites], changed: set[str],
+        self,
+        owned: Owned,
+        task: AttemptTask,
+        error: dict[str, Any],
+        retryable: bool,
+        now: datetime,
+        writes: dict[str, WorkflowWrites],
+        changed: set[str],
     ) -> None:
         policy = task.definition.retry
         budget = task.definition.schedule_to_close_timeout
         if retryable and task.attempt < policy.attempts:
             fire_at = now + policy.backoff(task.attempt)
             if budget is None or fire_at < task.started_at + budget:
-                self._arm_timer(owned, TimerKind.ACTIVITY_RETRY, task.seq, fire_at, writes, attempt=task.attempt + 1)
+                self._arm_timer(
+                    owned, TimerKind.ACTIVITY_RETRY, task.seq, fire_at, writes, attempt=task.attempt + 1
+                )
                 return
         step = StepRecord(
-            task.seq, "activity", task.definition.name, "failed",
-            error={"exc": "ActivityError", **error, "attempts": task.attempt, "activity": task.definition.name},
-            attempts=task.attempt, started_at=task.started_at, completed_at=now,
+            task.seq,
+            "activity",
+            task.definition.name,
+            "failed",
+            error={
+                "exc": "ActivityError",
+                **error,
+                "attempts": task.attempt,
+                "activity": task.definition.name,
+            },
+            attempts=task.attempt,
+            started_at=task.started_at,
+            completed_at=now,
         )
         self._settle(owned, step, writes, changed)
 
@@ -545,14 +644,22 @@ class Engine:
                     del owned.inflight[seq]
                     timeout = task.definition.timeout
                     error = {
-                        "type": "ActivityTimeoutError", "qualified_type": "weft_django.ActivityTimeoutError",
-                        "message": f"attempt {task.attempt} did not finish within {timeout}", "traceback": "",
+                        "type": "ActivityTimeoutError",
+                        "qualified_type": "weft_django.ActivityTimeoutError",
+                        "message": f"attempt {task.attempt} did not finish within {timeout}",
+                        "traceback": "",
                     }
                     self._on_failure(owned, task, error, True, now, writes, changed)
 
     # -- timers and signals ----------------------------------------------------------------------
     def _on_timer(
-        self, wid: str, kind: str, seq: int, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]
+        self,
+        wid: str,
+        kind: str,
+        seq: int,
+        now: datetime,
+        writes: dict[str, WorkflowWrites],
+        changed: set[str],
     ) -> None:
         owned = self.owned.get(wid)
         if owned is None:
@@ -568,16 +675,26 @@ class Engine:
             return
         timer = self._take_timer(owned, kind, seq, writes)
         if kind == TimerKind.SLEEP:
-            self._settle(owned, StepRecord(seq, "sleep", "", "completed", "null", completed_at=now), writes, changed)
+            self._settle(
+                owned, StepRecord(seq, "sleep", "", "completed", "null", completed_at=now), writes, changed
+            )
         elif kind == TimerKind.SIGNAL_TIMEOUT:
             leaf_op = next(leaf.op for leaf in owned.run.pending_leaves() if leaf.seq == seq)
             message = f"No signal {leaf_op.name!r} arrived within the timeout."
             error = {"exc": "WaitTimeoutError", "message": message}
-            self._settle(owned, StepRecord(seq, "signal", leaf_op.name, "failed", error=error, completed_at=now),
-                         writes, changed)
+            self._settle(
+                owned,
+                StepRecord(seq, "signal", leaf_op.name, "failed", error=error, completed_at=now),
+                writes,
+                changed,
+            )
         elif kind == TimerKind.WAIT_CONDITION:
-            self._settle(owned, StepRecord(seq, "wait_until", "", "completed", "false", completed_at=now),
-                         writes, changed)
+            self._settle(
+                owned,
+                StepRecord(seq, "wait_until", "", "completed", "false", completed_at=now),
+                writes,
+                changed,
+            )
         elif kind == TimerKind.ACTIVITY_RETRY and timer is not None:
             leaf_op = next(leaf.op for leaf in owned.run.pending_leaves() if leaf.seq == seq)
             assert isinstance(leaf_op, RunActivity)
@@ -598,15 +715,20 @@ class Engine:
         if not waiting:
             return False
         delivered = False
-        buffered = BufferedSignal.objects.using(self.using).filter(
-            workflow_id__in=list(waiting), state="buffered"
-        ).order_by("id").values_list("id", "workflow_id", "run_id", "name", "payload")
+        buffered = (
+            BufferedSignal.objects.using(self.using)
+            .filter(workflow_id__in=list(waiting), state="buffered")
+            .order_by("id")
+            .values_list("id", "workflow_id", "run_id", "name", "payload")
+        )
         taken: set[int] = set()
         for pk, wid, run_id, name, payload in buffered:
             owned = self.owned[wid]
             if str(run_id) != owned.run_id or pk in taken:
                 continue
-            leaf = next((lf for lf in waiting[wid] if lf.op.name == name and owned.run.is_pending(lf.seq)), None)
+            leaf = next(
+                (lf for lf in waiting[wid] if lf.op.name == name and owned.run.is_pending(lf.seq)), None
+            )
             if leaf is None:
                 continue
             taken.add(pk)
@@ -656,11 +778,19 @@ class Engine:
             raise FenceRefused
         now = db_now(self.using)
         Step.objects.using(self.using).update_or_create(
-            run_id=task.run_id, seq=task.seq,
+            run_id=task.run_id,
+            seq=task.seq,
             defaults={
-                "workflow_id": task.workflow_id, "kind": "activity", "name": task.definition.name,
-                "status": StepStatus.COMPLETED, "result": result, "error": None, "attempts": task.attempt,
-                "epoch": task.epoch, "started_at": task.started_at, "completed_at": now,
+                "workflow_id": task.workflow_id,
+                "kind": "activity",
+                "name": task.definition.name,
+                "status": StepStatus.COMPLETED,
+                "result": result,
+                "error": None,
+                "attempts": task.attempt,
+                "epoch": task.epoch,
+                "started_at": task.started_at,
+                "completed_at": now,
             },
         )
 
@@ -671,7 +801,8 @@ class Engine:
         current = {
             wid: (epoch, holder)
             for wid, epoch, holder in WorkflowClaim.objects.using(self.using)
-            .filter(workflow_id__in=workflow_ids).values_list("workflow_id", "epoch", "engine_id")
+            .filter(workflow_id__in=workflow_ids)
+            .values_list("workflow_id", "epoch", "engine_id")
         }
         return {wid for wid in workflow_ids if current.get(wid) != (self.owned[wid].epoch, self.engine_id)}
 
@@ -679,7 +810,8 @@ class Engine:
         """Stop driving workflows whose claim is gone. A cancelled one runs its on_cancel handlers once,
         in memory (its cancellation is already durable); nothing is written for any of them."""
         cancelled = set(
-            Workflow.objects.using(self.using).filter(id__in=list(workflow_ids), status=WorkflowStatus.CANCELLED)
+            Workflow.objects.using(self.using)
+            .filter(id__in=list(workflow_ids), status=WorkflowStatus.CANCELLED)
             .values_list("id", flat=True)
         )
         for wid in workflow_ids:
@@ -688,7 +820,7 @@ class Engine:
                 for handler in owned.run.ctx.cancel_handlers:
                     try:
                         handler()
-                    except Exception:  # noqa: BLE001 - best effort, as documented
+                    except Exception:
                         logger.exception("on_cancel handler failed workflow=%s", wid)
             self._drop(wid, reason="cancelled" if wid in cancelled else reason)
 
@@ -715,7 +847,9 @@ class Engine:
                 with self._lock:
                     epochs = dict(self._epochs)
                 try:
-                    lost = ownership.renew(self.engine_id, epochs, self.settings.workflow_claim_ttl, self.using)
+                    lost = ownership.renew(
+                        self.engine_id, epochs, self.settings.workflow_claim_ttl, self.using
+                    )
                     ownership.heartbeat_engine(self.engine_id, self.using)
                 except DatabaseError as exc:  # a storage error is not a loss: try again next tick
                     logger.warning("claim renewal failed engine=%s error=%s", self.engine_id, exc)

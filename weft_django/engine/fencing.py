@@ -52,8 +52,13 @@ class WorkflowWrites:
     @property
     def empty(self) -> bool:
         return not (
-            self.steps or self.timers_add or self.timers_delete or self.signals_consumed or self.finish
-            or self.stuck or self.clear_stuck
+            self.steps
+            or self.timers_add
+            or self.timers_delete
+            or self.signals_consumed
+            or self.finish
+            or self.stuck
+            or self.clear_stuck
         )
 
 
@@ -87,7 +92,8 @@ def why_lost(engine_id: str, workflow_ids: list[str], using: str) -> dict[str, s
     with connections[using].cursor() as cursor:
         placeholders = ", ".join(["%s"] * len(workflow_ids))
         cursor.execute(
-            f"SELECT workflow_id, engine_id FROM {CLAIM_TABLE} WHERE workflow_id IN ({placeholders})", workflow_ids
+            f"SELECT workflow_id, engine_id FROM {CLAIM_TABLE} WHERE workflow_id IN ({placeholders})",
+            workflow_ids,
         )
         rows = dict(cursor.fetchall())
     return {
@@ -153,7 +159,9 @@ def _apply(engine_id: str, batch: list[WorkflowWrites], now: datetime, using: st
             )
         if w.stuck is not None:
             Workflow.objects.using(using).filter(pk=w.workflow_id).update(
-                stuck_error=w.stuck["error"], stuck_retry_at=w.stuck["retry_at"], stuck_attempts=w.stuck["attempts"],
+                stuck_error=w.stuck["error"],
+                stuck_retry_at=w.stuck["retry_at"],
+                stuck_attempts=w.stuck["attempts"],
                 updated_at=now,
             )
         elif w.clear_stuck:
@@ -164,7 +172,11 @@ def _apply(engine_id: str, batch: list[WorkflowWrites], now: datetime, using: st
     for w in finished:
         assert w.finish is not None
         Workflow.objects.using(using).filter(pk=w.workflow_id).update(
-            status=w.finish.status, result=w.finish.result, error=w.finish.error, finished_at=now, updated_at=now,
+            status=w.finish.status,
+            result=w.finish.result,
+            error=w.finish.error,
+            finished_at=now,
+            updated_at=now,
             current_step="",
         )
     released = [w.workflow_id for w in batch if w.finish is not None or w.stuck is not None]
@@ -177,13 +189,18 @@ def _apply(engine_id: str, batch: list[WorkflowWrites], now: datetime, using: st
 
 def _close_mailboxes(workflow_ids: list[str], now: datetime, using: str) -> None:
     """The terminal commit: unconsumed signals are dropped, admitted updates fail, timers go."""
-    BufferedSignal.objects.using(using).filter(workflow_id__in=workflow_ids, state=SignalState.BUFFERED).update(
-        state=SignalState.DROPPED
-    )
-    PendingUpdate.objects.using(using).filter(workflow_id__in=workflow_ids, status=UpdateStatus.ADMITTED).update(
+    BufferedSignal.objects.using(using).filter(
+        workflow_id__in=workflow_ids, state=SignalState.BUFFERED
+    ).update(state=SignalState.DROPPED)
+    PendingUpdate.objects.using(using).filter(
+        workflow_id__in=workflow_ids, status=UpdateStatus.ADMITTED
+    ).update(
         status=UpdateStatus.FAILED,
         completed_at=now,
-        error={"type": "WorkflowTerminalError", "message": "The workflow ended before the update was applied."},
+        error={
+            "type": "WorkflowTerminalError",
+            "message": "The workflow ended before the update was applied.",
+        },
     )
     Timer.objects.using(using).filter(workflow_id__in=workflow_ids).delete()
 
@@ -201,4 +218,3 @@ def release_claims(engine_id: str, epochs: dict[str, int], using: str) -> None:
 
 def _chunks(items: list[str], size: int) -> list[list[str]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
-

@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 from datetime import timedelta
+from typing import Any
 
 from django.db import connections, transaction
 
@@ -32,7 +33,13 @@ def _ms(delta: timedelta) -> int:
 
 
 def acquire(
-    engine_id: str, *, limit: int, ttl: timedelta, renew_interval: timedelta, using: str, takeover: bool = False
+    engine_id: str,
+    *,
+    limit: int,
+    ttl: timedelta,
+    renew_interval: timedelta,
+    using: str,
+    takeover: bool = False,
 ) -> dict[str, tuple[int, str | None]]:
     """Claim up to ``limit`` running workflows that no engine holds (or, with ``takeover``, whose holder's
     claim expired more than the grace ago). Returns {workflow_id: (new epoch, previous holder)}."""
@@ -54,13 +61,13 @@ def acquire(
                 SELECT c.workflow_id, c.epoch, c.engine_id
                 FROM {CLAIM_TABLE} c JOIN {WORKFLOW_TABLE} w ON w.id = c.workflow_id
                 WHERE w.status = 'running' AND {holder}
-                  AND (w.stuck_retry_at IS NULL OR w.stuck_retry_at <= {workflow_now_sql('postgresql')})
+                  AND (w.stuck_retry_at IS NULL OR w.stuck_retry_at <= {workflow_now_sql("postgresql")})
                 ORDER BY w.created_at
                 LIMIT %s
                 FOR NO KEY UPDATE OF c SKIP LOCKED
             )
             UPDATE {CLAIM_TABLE} AS claim
-            SET epoch = {next_epoch_sql('postgresql')}, engine_id = %s, claimed_at = clock_timestamp(),
+            SET epoch = {next_epoch_sql("postgresql")}, engine_id = %s, claimed_at = clock_timestamp(),
                 expires_at = clock_timestamp() + %s * interval '1 millisecond'
             FROM candidates
             WHERE claim.workflow_id = candidates.workflow_id AND claim.epoch = candidates.epoch
@@ -81,7 +88,7 @@ def _acquire_sqlite(
 
     now = _python_now()
     wf_now = now + offset(using)
-    params: list[object] = [now - renew * TAKEOVER_GRACE_MULTIPLIER] if takeover else []
+    params: list[Any] = [now - renew * TAKEOVER_GRACE_MULTIPLIER] if takeover else []
     claimed: dict[str, tuple[int, str | None]] = {}
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         cursor.execute(
@@ -134,7 +141,8 @@ def renew(engine_id: str, owned: dict[str, int], ttl: timedelta, using: str) -> 
                     part = ids[chunk : chunk + 500]
                     marks = ", ".join(["%s"] * len(part))
                     cursor.execute(
-                        f"SELECT workflow_id, epoch FROM {CLAIM_TABLE} WHERE engine_id = %s AND workflow_id IN ({marks})",
+                        f"SELECT workflow_id, epoch FROM {CLAIM_TABLE} "
+                        f"WHERE engine_id = %s AND workflow_id IN ({marks})",
                         [engine_id, *part],
                     )
                     mine = [wid for wid, epoch in cursor.fetchall() if owned[wid] == epoch]
@@ -149,7 +157,9 @@ def renew(engine_id: str, owned: dict[str, int], ttl: timedelta, using: str) -> 
         if not missing:
             return set()
         marks = ", ".join(["%s"] * len(missing))
-        cursor.execute(f"SELECT workflow_id, epoch, engine_id FROM {CLAIM_TABLE} WHERE workflow_id IN ({marks})", missing)
+        cursor.execute(
+            f"SELECT workflow_id, epoch, engine_id FROM {CLAIM_TABLE} WHERE workflow_id IN ({marks})", missing
+        )
         current = {wid: (epoch, holder) for wid, epoch, holder in cursor.fetchall()}
     return {wid for wid in missing if current.get(wid) != (owned[wid], engine_id)}
 
@@ -203,8 +213,10 @@ def fire_delayed_starts(engine_id: str, *, limit: int, ttl: timedelta, using: st
     connection = connections[using]
     now = db_now(using)
     due = list(
-        Timer.objects.using(using).filter(kind=TimerKind.DELAYED_START, fire_at__lte=now)
-        .order_by("fire_at").values_list("workflow_id", flat=True)[:limit]
+        Timer.objects.using(using)
+        .filter(kind=TimerKind.DELAYED_START, fire_at__lte=now)
+        .order_by("fire_at")
+        .values_list("workflow_id", flat=True)[:limit]
     )
     if not due:
         return {}
@@ -213,13 +225,16 @@ def fire_delayed_starts(engine_id: str, *, limit: int, ttl: timedelta, using: st
     with transaction.atomic(using=using), connection.cursor() as cursor:
         marks = ", ".join(["%s"] * len(due))
         cursor.execute(
-            f"SELECT workflow_id FROM {CLAIM_TABLE} WHERE workflow_id IN ({marks}) ORDER BY workflow_id{lock}", due
+            f"SELECT workflow_id FROM {CLAIM_TABLE} WHERE workflow_id IN ({marks}) ORDER BY workflow_id{lock}",
+            due,
         )
         locked = [row[0] for row in cursor.fetchall()]
         if not locked:
             return {}
         pending = list(
-            Workflow.objects.using(using).select_for_update().filter(id__in=locked, status=WorkflowStatus.PENDING)
+            Workflow.objects.using(using)
+            .select_for_update()
+            .filter(id__in=locked, status=WorkflowStatus.PENDING)
             .values_list("id", flat=True)
         )
         Workflow.objects.using(using).filter(id__in=pending).update(

@@ -28,7 +28,7 @@ class Listener(threading.Thread):
         while not self._halt.is_set():
             try:
                 self._listen()
-            except Exception as exc:  # noqa: BLE001 - any connection failure: reconnect and rescan
+            except Exception as exc:
                 logger.warning("listener connection lost, reconnecting error=%s", exc)
                 self.connected.clear()
                 self._on_notify(None)

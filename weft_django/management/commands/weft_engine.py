@@ -38,11 +38,17 @@ class Command(BaseCommand):
     requires_migrations_checks = False
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--engine-id", help="This engine's id (owner_engine on its claims). Default: host:pid:random.")
-        parser.add_argument("--concurrency", type=_positive_int, help="Activity threads (default ACTIVITY_CONCURRENCY).")
+        parser.add_argument(
+            "--engine-id", help="This engine's id (owner_engine on its claims). Default: host:pid:random."
+        )
+        parser.add_argument(
+            "--concurrency", type=_positive_int, help="Activity threads (default ACTIVITY_CONCURRENCY)."
+        )
         parser.add_argument("--once", action="store_true", help="Process what is runnable now, then exit.")
         parser.add_argument(
-            "--drain-timeout", type=_non_negative_float, default=10.0,
+            "--drain-timeout",
+            type=_non_negative_float,
+            default=10.0,
             help="Seconds running activities may finish after the first SIGTERM/SIGINT (default 10).",
         )
 
@@ -58,8 +64,12 @@ class Command(BaseCommand):
 
         from ...engine.engine import Engine
 
-        engine = Engine(options["engine_id"], concurrency=options["concurrency"], settings=settings,
-                        drain_timeout=options["drain_timeout"])
+        engine = Engine(
+            options["engine_id"],
+            concurrency=options["concurrency"],
+            settings=settings,
+            drain_timeout=options["drain_timeout"],
+        )
         self._install_signal_handlers(engine)
         engine.run(once=options["once"])
 
