@@ -60,9 +60,7 @@ def not_a_workflow(ctx):
 
 
 def row_counts() -> dict[str, int]:
-    return {
-        model.__name__: model.objects.count() for model in apps.get_app_config("weft_django").get_models()
-    }
+    return {model.__name__: model.objects.count() for model in apps.get_app_config("weft_django").get_models()}
 
 
 def claim(workflow_id: str) -> WorkflowClaim:
@@ -152,9 +150,7 @@ def test_start_with_id_and_on_conflict_error():
     handle = weft.start(simple, id="order-1")
     assert handle == weft.get_handle("order-1")
     counts = row_counts()
-    with pytest.raises(
-        WorkflowAlreadyExistsError, match=r'"order-1" already exists \(client_tests\.simple, running\)'
-    ):
+    with pytest.raises(WorkflowAlreadyExistsError, match=r'"order-1" already exists \(client_tests\.simple, running\)'):
         weft.start(simple, id="order-1")
     assert row_counts() == counts
 
@@ -201,12 +197,8 @@ def test_start_new_replaces_a_terminal_run():
         started_at=now,
     )
     Timer.objects.create(workflow_id="again", run_id=old.run_id, kind="sleep", fire_at=now)
-    BufferedSignal.objects.create(
-        workflow_id="again", run_id=old.run_id, name="s", payload="null", created_at=now
-    )
-    PendingUpdate.objects.create(
-        workflow_id="again", run_id=old.run_id, name="u", payload="null", created_at=now
-    )
+    BufferedSignal.objects.create(workflow_id="again", run_id=old.run_id, name="s", payload="null", created_at=now)
+    PendingUpdate.objects.create(workflow_id="again", run_id=old.run_id, name="u", payload="null", created_at=now)
     WorkflowClaim.objects.filter(pk="again").update(engine_id="engine-a")
     finish("again", "completed", result=5)
 
@@ -270,6 +262,12 @@ def test_start_at_future_is_pending_and_past_starts_now():
     row = Workflow.objects.get(pk=running.id)
     assert row.status == "running" and row.start_at is None
     assert not Timer.objects.filter(workflow_id=running.id).exists()
+
+
+@pytest.mark.django_db
+def test_start_after_zero_starts_now():
+    row = Workflow.objects.get(pk=weft.start(simple, start_after=0).id)
+    assert row.status == "running" and row.start_at is None and not Timer.objects.exists()
 
 
 @pytest.mark.django_db
@@ -509,9 +507,7 @@ def test_describe():
     now = db_now()
     WorkflowClaim.objects.filter(pk="described").update(engine_id="engine-a", expires_at=now)
     Timer.objects.create(workflow_id="described", run_id=row.run_id, kind="sleep", seq=1, fire_at=now)
-    Timer.objects.create(
-        workflow_id="described", run_id=row.run_id, kind="activity_retry", seq=2, fire_at=now
-    )
+    Timer.objects.create(workflow_id="described", run_id=row.run_id, kind="activity_retry", seq=2, fire_at=now)
     for seq, kind, name in [(0, "activity", "charge"), (1, "sleep", "")]:
         Step.objects.create(
             workflow_id="described",
@@ -565,9 +561,7 @@ def test_signal_buffers_for_the_current_run():
     handle.signal("approve", {"by": "ann", "at": datetime(2024, 1, 1, tzinfo=UTC)})
     weft.signal(handle.id, "approve")
     rows = list(BufferedSignal.objects.order_by("id"))
-    assert [(r.run_id, r.name, r.state, r.signal_id) for r in rows] == [
-        (run_id, "approve", "buffered", None)
-    ] * 2
+    assert [(r.run_id, r.name, r.state, r.signal_id) for r in rows] == [(run_id, "approve", "buffered", None)] * 2
     assert codec.decode(rows[0].payload) == {"by": "ann", "at": datetime(2024, 1, 1, tzinfo=UTC)}
     assert codec.decode(rows[1].payload) is None
     assert rows[0].created_at <= rows[1].created_at <= db_now()
@@ -581,9 +575,7 @@ def test_duplicate_signal_id_is_a_no_op():
     handle.signal("other", 3, signal_id="sig-1")
     handle.signal("pay", 4, signal_id="sig-2")
     handle.signal("pay", 5, signal_id="s" * 320)
-    assert [
-        codec.decode(p) for p in BufferedSignal.objects.order_by("id").values_list("payload", flat=True)
-    ] == [
+    assert [codec.decode(p) for p in BufferedSignal.objects.order_by("id").values_list("payload", flat=True)] == [
         1,
         4,
         5,

@@ -304,11 +304,8 @@ def with_one_bad_leaf(draw: Any, depth: int = 0) -> Any:
     shape = draw(st.sampled_from(["leaf"] if depth > 4 else ["leaf", "list", "tuple", "dict", "intdict"]))
     if shape == "leaf":
         return draw(st.sampled_from(BAD_LEAVES))
-    before = draw(
-        st.lists(
-            st.integers() | st.text(max_size=3) | st.floats(allow_nan=False, allow_infinity=False), max_size=3
-        )
-    )
+    good = st.integers() | st.text(max_size=3) | st.floats(allow_nan=False, allow_infinity=False)
+    before = draw(st.lists(good, max_size=3))
     after = draw(st.lists(st.none() | st.booleans(), max_size=3))
     items = [*before, with_one_bad_leaf(draw, depth + 1), *after]
     if shape in ("list", "tuple"):

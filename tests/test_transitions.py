@@ -45,9 +45,7 @@ def simple(ctx):
 
 
 def row_counts() -> dict[str, int]:
-    return {
-        model.__name__: model.objects.count() for model in apps.get_app_config("weft_django").get_models()
-    }
+    return {model.__name__: model.objects.count() for model in apps.get_app_config("weft_django").get_models()}
 
 
 def claim(workflow_id: str) -> WorkflowClaim:
@@ -79,9 +77,7 @@ def step(workflow_id: str, seq: int, status: str = "completed", kind: str = "act
 def mailbox(workflow_id: str) -> None:
     """A buffered and a consumed signal, an admitted and a completed update, a timer."""
     run_id, now = wf(workflow_id).run_id, db_now()
-    BufferedSignal.objects.create(
-        workflow_id=workflow_id, run_id=run_id, name="a", payload="1", created_at=now
-    )
+    BufferedSignal.objects.create(workflow_id=workflow_id, run_id=run_id, name="a", payload="1", created_at=now)
     BufferedSignal.objects.create(
         workflow_id=workflow_id,
         run_id=run_id,
@@ -91,9 +87,7 @@ def mailbox(workflow_id: str) -> None:
         state="consumed",
         consumed_seq=0,
     )
-    PendingUpdate.objects.create(
-        workflow_id=workflow_id, run_id=run_id, name="u", payload="1", created_at=now
-    )
+    PendingUpdate.objects.create(workflow_id=workflow_id, run_id=run_id, name="u", payload="1", created_at=now)
     PendingUpdate.objects.create(
         workflow_id=workflow_id,
         run_id=run_id,
@@ -156,9 +150,7 @@ def test_cancel_module_level_and_without_reason():
 def test_cancel_a_terminal_run(status):
     handle = start("c3", status=status)
     counts, epoch = row_counts(), claim("c3").epoch
-    with pytest.raises(
-        WorkflowTerminalError, match=rf'"c3" already ended \({status}\); there is nothing to cancel'
-    ):
+    with pytest.raises(WorkflowTerminalError, match=rf'"c3" already ended \({status}\); there is nothing to cancel'):
         handle.cancel()
     assert row_counts() == counts and claim("c3").epoch == epoch and wf("c3").status == status
 

@@ -24,10 +24,10 @@ from django.db import IntegrityError, close_old_connections, connections, transa
 from django.db.models import Count, IntegerField, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 
-from . import notify, transitions
-from .clock import db_now
+from . import codec, notify, transitions
+from .clock import db_now, workflow_now_sql
 from .durations import InvalidDuration, to_nonnegative_timedelta
-from .epochs import next_epoch_sql
+from .epochs import next_epoch, next_epoch_sql
 from .exceptions import (
     IdempotencyKeyPurgedError,
     PayloadNotSerializableError,
@@ -75,8 +75,7 @@ def validate_workflow_id(value: object, name: str = "id") -> str:
         raise InvalidWorkflowIdError(f"{name} must be a str (got {type(value).__name__}: {value!r}).")
     if not 1 <= len(value) <= MAX_ID_LENGTH:
         raise InvalidWorkflowIdError(
-            f"{name} must be 1 to {MAX_ID_LENGTH} characters long (got {len(value)}); use a shorter, "
-            f"non-empty id."
+            f"{name} must be 1 to {MAX_ID_LENGTH} characters long (got {len(value)}); use a shorter, non-empty id."
         )
     for index, char in enumerate(value):
         if unicodedata.category(char) == "Cc":
@@ -96,9 +95,7 @@ def _validate_key(value: object, name: str) -> str:
 
 def _validate_name(value: object, name: str) -> str:
     if not isinstance(value, str) or not 1 <= len(value) <= MAX_NAME_LENGTH:
-        raise InvalidArgumentError(
-            f"{name} must be a str of 1 to {MAX_NAME_LENGTH} characters (got {value!r})."
-        )
+        raise InvalidArgumentError(f"{name} must be a str of 1 to {MAX_NAME_LENGTH} characters (got {value!r}).")
     return value
 
 
@@ -113,8 +110,6 @@ def _duration(value: object, name: str, *, positive: bool = False) -> timedelta:
 
 
 def _encode_input(args: Any, kwargs: Any) -> str:
-    from . import codec
-
     if isinstance(args, str | bytes) or not isinstance(args, Sequence):
         raise InvalidArgumentError(
             f"args must be a list or tuple of positional arguments (got {type(args).__name__}: "
@@ -144,9 +139,7 @@ def _start_time(start_after: Any, start_at: Any) -> timedelta | datetime | None:
         return _duration(start_after, "start_after")
     if start_at is not None:
         if not isinstance(start_at, datetime):
-            raise InvalidArgumentError(
-                f"start_at must be a datetime (got {type(start_at).__name__}: {start_at!r})."
-            )
+            raise InvalidArgumentError(f"start_at must be a datetime (got {type(start_at).__name__}: {start_at!r}).")
         if start_at.utcoffset() is None:
             raise InvalidArgumentError(
                 f"start_at must be timezone-aware (got the naive {start_at!r}); use "
@@ -190,16 +183,12 @@ class _Plan:
             input=self.input_text,
             idempotency_key=self.idempotency_key,
             start_at=begins if delayed else None,
-            execution_deadline=begins + self.execution_timeout
-            if self.execution_timeout is not None
-            else None,
+            execution_deadline=begins + self.execution_timeout if self.execution_timeout is not None else None,
             created_at=now,
             updated_at=now,
             started_at=None if delayed else now,
         )
-        timer = Timer(
-            workflow_id=workflow_id, run_id=run.run_id, kind=TimerKind.DELAYED_START, fire_at=begins
-        )
+        timer = Timer(workflow_id=workflow_id, run_id=run.run_id, kind=TimerKind.DELAYED_START, fire_at=begins)
         return run, timer if delayed else None
 
 
@@ -207,21 +196,24 @@ def _now_and_epoch(using: str) -> tuple[datetime, int]:
     """Workflow time and a fresh epoch, in one round trip on PostgreSQL."""
     connection = connections[using]
     if connection.vendor == "postgresql":
-        from .clock import workflow_now_sql
-
         with connection.cursor() as cursor:
             cursor.execute(f"SELECT {workflow_now_sql('postgresql')}, {next_epoch_sql('postgresql')}")
             now, epoch = cursor.fetchone()
         return now, int(epoch)
-    from .epochs import next_epoch
-
     return db_now(using), next_epoch(using)
 
 
 def _insert_run(plan: _Plan, workflow_id: str, using: str) -> None:
-    """Insert a new run with its claim (fresh epoch, no holder); IntegrityError if the id is taken."""
+    """Insert a new run with its claim (fresh epoch, no holder) and its idempotency key, if any.
+
+    IntegrityError when the id or the key is taken."""
     now, epoch = _now_and_epoch(using)
     run, timer = plan.workflow(workflow_id, now)
+    if plan.idempotency_key is not None:
+        # The key's primary key is where concurrent starts with one key meet: one insert wins, the
+        # others wait for its transaction and fail, then find the winner's run.
+        mapping = IdempotencyKey(key=plan.idempotency_key, workflow_id=workflow_id, run_id=run.run_id, created_at=now)
+        mapping.save(using=using, force_insert=True)
     run.save(using=using, force_insert=True)
     transitions.write_claim(workflow_id, epoch, using)
     if timer is not None:
@@ -285,9 +277,7 @@ def _start_with_id(plan: _Plan, workflow_id: str, on_conflict: str, using: str) 
                 return WorkflowHandle(workflow_id)
         except IntegrityError:
             pass
-        handle = transitions.run_in_transaction(
-            using, lambda: _resolve_conflict(plan, workflow_id, on_conflict, using)
-        )
+        handle = transitions.run_in_transaction(using, lambda: _resolve_conflict(plan, workflow_id, on_conflict, using))
         if handle is not None:
             return handle
     raise WorkflowAlreadyExistsError(  # pragma: no cover - the id was created and purged over and over
@@ -299,9 +289,7 @@ def _existing_for_key(key: str, definition: WorkflowDefinition, using: str) -> W
     mapping = IdempotencyKey.objects.using(using).filter(pk=key).first()
     if mapping is None:
         return None
-    current = (
-        Workflow.objects.using(using).filter(pk=mapping.workflow_id).values("run_id", "workflow_type").first()
-    )
+    current = Workflow.objects.using(using).filter(pk=mapping.workflow_id).values("run_id", "workflow_type").first()
     if mapping.purged_at is not None or current is None or current["run_id"] != mapping.run_id:
         when = f" on {mapping.purged_at:%Y-%m-%d %H:%M:%S %Z}" if mapping.purged_at else ""
         raise IdempotencyKeyPurgedError(
@@ -320,18 +308,7 @@ def _start_with_key(plan: _Plan, key: str, using: str) -> WorkflowHandle:
                 if existing is not None:
                     return existing
                 workflow_id = str(uuid.uuid4())
-                now, epoch = _now_and_epoch(using)
-                run, timer = plan.workflow(workflow_id, now)
-                # The key's primary key is where concurrent starts with one key meet: one insert wins,
-                # the others wait for it and fail, then return the winner's run.
-                IdempotencyKey(key=key, workflow_id=workflow_id, run_id=run.run_id, created_at=now).save(
-                    using=using, force_insert=True
-                )
-                run.save(using=using, force_insert=True)
-                transitions.write_claim(workflow_id, epoch, using)
-                if timer is not None:
-                    timer.save(using=using, force_insert=True)
-                notify.send("w", workflow_id, using)
+                _insert_run(plan, workflow_id, using)
                 return WorkflowHandle(workflow_id)
         except IntegrityError:
             continue
@@ -364,18 +341,14 @@ def start(
             "generated. Pass one of them."
         )
     if on_conflict not in ON_CONFLICT:
-        raise InvalidArgumentError(
-            f'on_conflict must be "error", "use_existing" or "start_new" (got {on_conflict!r}).'
-        )
+        raise InvalidArgumentError(f'on_conflict must be "error", "use_existing" or "start_new" (got {on_conflict!r}).')
     if id is not None:
         validate_workflow_id(id)
     if idempotency_key is not None:
         _validate_key(idempotency_key, "idempotency_key")
     delay = _start_time(start_after, start_at)
     timeout = (
-        _duration(execution_timeout, "execution_timeout", positive=True)
-        if execution_timeout is not None
-        else None
+        _duration(execution_timeout, "execution_timeout", positive=True) if execution_timeout is not None else None
     )
     definition = resolve_workflow(workflow)
     plan = _Plan(definition, _encode_input(args, kwargs), delay, timeout, idempotency_key)
@@ -409,8 +382,6 @@ def signal(id: str, name: str, payload: Any = None, *, signal_id: str | None = N
     A repeated ``signal_id`` for the same run is a no-op (the new payload is ignored). Raises
     WorkflowTerminalError for a finished run and WorkflowNotFoundError for an unknown id.
     """
-    from . import codec
-
     validate_workflow_id(id)
     _validate_name(name, "name")
     if signal_id is not None:
@@ -420,12 +391,9 @@ def signal(id: str, name: str, payload: Any = None, *, signal_id: str | None = N
     connection = connections[using]
     signals, workflows = BufferedSignal._meta.db_table, Workflow._meta.db_table
     active = [
-        str(status.value)
-        for status in (WorkflowStatus.PENDING, WorkflowStatus.RUNNING, WorkflowStatus.SUSPENDED)
+        str(status.value) for status in (WorkflowStatus.PENDING, WorkflowStatus.RUNNING, WorkflowStatus.SUSPENDED)
     ]
     if connection.vendor == "postgresql":
-        from .clock import workflow_now_sql
-
         now_sql, now_params = workflow_now_sql("postgresql"), []
     else:
         now_sql, now_params = "%s", [connection.ops.adapt_datetimefield_value(db_now(using))]
@@ -445,8 +413,7 @@ def signal(id: str, name: str, payload: Any = None, *, signal_id: str | None = N
                 raise WorkflowNotFoundError(f'Cannot signal workflow "{id}": no such workflow. Check the id.')
             if status in TERMINAL_STATUSES:
                 raise WorkflowTerminalError(
-                    f'Cannot signal workflow "{id}": it already ended ({status}), so nothing would receive '
-                    f'"{name}".'
+                    f'Cannot signal workflow "{id}": it already ended ({status}), so nothing would receive "{name}".'
                 )
             return  # a duplicate signal_id: already buffered for this run
         notify.send("w", id, using)
@@ -477,8 +444,6 @@ def start_with_update(workflow: Any, update_name: str, payload: Any = None, **op
 
 
 def _outcome(workflow_id: str, row: dict[str, Any]) -> Any:
-    from . import codec
-
     status = row["status"]
     if status == WorkflowStatus.COMPLETED:
         return codec.decode(row["result"])
@@ -519,9 +484,7 @@ class _ResultListener:
             self._waiters.setdefault(workflow_id, set()).add(event)
             if self._thread is None:
                 self.listening.clear()
-                self._thread = threading.Thread(
-                    target=self._run, name=f"weft-wait-listen-{self.alias}", daemon=True
-                )
+                self._thread = threading.Thread(target=self._run, name=f"weft-wait-listen-{self.alias}", daemon=True)
                 self._thread.start()
         return event
 
@@ -614,9 +577,7 @@ def _listener(alias: str) -> _ResultListener | None:
 _RESULT_FIELDS = ("status", "result", "error", "cancel_reason", "execution_deadline")
 
 
-def _wait_for_end(
-    workflow_id: str, alias: str, deadline: float | None, abandoned: threading.Event
-) -> dict[str, Any]:
+def _wait_for_end(workflow_id: str, alias: str, deadline: float | None, abandoned: threading.Event) -> dict[str, Any]:
     """On a weft-wait thread: poll (woken by LISTEN on PostgreSQL) until the run is terminal."""
     close_old_connections()
     listener = _listener(alias)
@@ -740,14 +701,10 @@ class WorkflowHandle:
         if row is None:
             raise WorkflowNotFoundError(f'No workflow "{self.id}" exists (never started, or purged).')
         described: dict[str, Any] = dict(row)
-        last_seq, last_kind, last_name = (
-            described.pop(key) for key in ("last_seq", "last_kind", "last_name")
-        )
+        last_seq, last_kind, last_name = (described.pop(key) for key in ("last_seq", "last_kind", "last_name"))
         if not described["current_step"]:
             described["current_step"] = (
-                None
-                if last_seq is None
-                else f"#{last_seq} {last_kind}" + (f" {last_name}" if last_name else "")
+                None if last_seq is None else f"#{last_seq} {last_kind}" + (f" {last_name}" if last_name else "")
             )
         described["status"] = WorkflowStatus(described["status"])
         return described

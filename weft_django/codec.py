@@ -51,9 +51,7 @@ _ACCEPTED = (
     "Pass JSON-compatible data (str, int, float, bool, None, list, dict) or one of: tuple, set, "
     "frozenset, bytes, Decimal, UUID, date, time, datetime, timedelta"
 )
-_encode_json = json.JSONEncoder(
-    ensure_ascii=False, separators=(",", ":"), allow_nan=False, check_circular=False
-).encode
+_encode_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False, check_circular=False).encode
 
 
 class CorruptPayloadError(WeftError, ValueError):

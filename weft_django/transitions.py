@@ -99,13 +99,7 @@ def lock_workflow(workflow_id: str, using: str) -> dict[str, Any] | None:
     """Lock the claim row, then the workflow row (the global lock order); return the workflow's
     id, run_id, status, workflow_type, parent_id and error, or None when there is no such workflow."""
     list(WorkflowClaim.objects.using(using).select_for_update().filter(pk=workflow_id).values_list("pk"))
-    return (
-        Workflow.objects.using(using)
-        .select_for_update()
-        .filter(pk=workflow_id)
-        .values(*_WORKFLOW_FIELDS)
-        .first()
-    )
+    return Workflow.objects.using(using).select_for_update().filter(pk=workflow_id).values(*_WORKFLOW_FIELDS).first()
 
 
 def _lock(workflow_id: str, using: str) -> dict[str, Any]:
@@ -208,9 +202,7 @@ def _close_children(row: dict[str, Any], status: str, using: str) -> None:
             child = _lock(child_id, using)
             if child["status"] in TERMINAL_STATUSES:
                 continue  # it ended meanwhile
-            _end_run(
-                child, WorkflowStatus.CANCELLED, using, reason=f'parent workflow "{row["id"]}" was {status}'
-            )
+            _end_run(child, WorkflowStatus.CANCELLED, using, reason=f'parent workflow "{row["id"]}" was {status}')
         except WorkflowNotFoundError:
             continue  # purged meanwhile
 
@@ -383,9 +375,7 @@ def purge(
         purged = 0
         while True:
             batch = list(
-                queryset.filter(status__in=TERMINAL_STATUSES)
-                .order_by("pk")
-                .values_list("pk", flat=True)[:batch_size]
+                queryset.filter(status__in=TERMINAL_STATUSES).order_by("pk").values_list("pk", flat=True)[:batch_size]
             )
             if not batch:
                 return purged
@@ -394,17 +384,19 @@ def purge(
             if not deleted:
                 return purged  # every remaining row became active meanwhile
     ids = sorted({workflows} if isinstance(workflows, str) else set(workflows))
-    _refuse_active(
-        Workflow.objects.using(alias)
-        .filter(pk__in=ids)
-        .exclude(status__in=TERMINAL_STATUSES)
-        .values_list("pk", flat=True)[:10]
-    )
-    purged = 0
-    for start in range(0, len(ids), batch_size):
-        batch = ids[start : start + batch_size]
-        purged += run_in_transaction(alias, functools.partial(_purge_batch, batch, alias))
-    return purged
+    batches = [ids[start : start + batch_size] for start in range(0, len(ids), batch_size)]
+    active: list[str] = []
+    for batch in batches:
+        active += (
+            Workflow.objects.using(alias)
+            .filter(pk__in=batch)
+            .exclude(status__in=TERMINAL_STATUSES)
+            .values_list("pk", flat=True)[: 10 - len(active)]
+        )
+        if len(active) >= 10:
+            break
+    _refuse_active(active)
+    return sum(run_in_transaction(alias, functools.partial(_purge_batch, batch, alias)) for batch in batches)
 
 
 def _refuse_active(active_ids: Iterable[str]) -> None:
@@ -418,13 +410,7 @@ def _refuse_active(active_ids: Iterable[str]) -> None:
 
 
 def _purge_batch(ids: list[str], using: str) -> int:
-    list(
-        WorkflowClaim.objects.using(using)
-        .select_for_update()
-        .filter(pk__in=ids)
-        .order_by("pk")
-        .values_list("pk")
-    )
+    list(WorkflowClaim.objects.using(using).select_for_update().filter(pk__in=ids).order_by("pk").values_list("pk"))
     rows = list(
         Workflow.objects.using(using)
         .select_for_update()
@@ -437,9 +423,9 @@ def _purge_batch(ids: list[str], using: str) -> int:
     purged = [pk for pk, _ in rows]
     keys = [key for _, key in rows if key]
     if keys:
-        IdempotencyKey.objects.using(using).filter(
-            key__in=keys, workflow_id__in=purged, purged_at__isnull=True
-        ).update(purged_at=db_now(using))
+        IdempotencyKey.objects.using(using).filter(key__in=keys, workflow_id__in=purged, purged_at__isnull=True).update(
+            purged_at=db_now(using)
+        )
     delete_run_rows(purged, using)
     QueryRequest.objects.using(using).filter(workflow_id__in=purged).delete()
     WorkflowClaim.objects.using(using).filter(pk__in=purged).delete()
