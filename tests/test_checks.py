@@ -154,16 +154,12 @@ def test_sqlite_detection_imports_the_backend_only() -> None:
     ],
 )
 def test_sqlite_options(options: dict[str, Any], ids: list[str]) -> None:
-    with override_settings(
-        DATABASES={"default": POSTGRES, "lite": sqlite(**options)}, WEFT={"DATABASE": "lite"}
-    ):
+    with override_settings(DATABASES={"default": POSTGRES, "lite": sqlite(**options)}, WEFT={"DATABASE": "lite"}):
         assert [p.id for p in sqlite_problems("lite")] == ids
         found = weft_messages()
     assert [m.id for m in found] == ids
     assert all(m.obj == 'settings.DATABASES["lite"]' for m in found)
-    assert [type(m) for m in found] == [
-        checks.Error if i.startswith("weft.E") else checks.Warning for i in ids
-    ]
+    assert [type(m) for m in found] == [checks.Error if i.startswith("weft.E") else checks.Warning for i in ids]
 
 
 @ignore_databases_warning

@@ -301,9 +301,7 @@ def test_unknown_ownership_posture(ownership: object) -> None:
         ("workflow-lease", "WORKFLOW_CLAIM_RENEW_INTERVAL"),
     ],
 )
-@pytest.mark.parametrize(
-    ("value", "shown"), [("soon", "'soon'"), ("-5s", "'-5s'"), (True, "True"), (None, "None")]
-)
+@pytest.mark.parametrize(("value", "shown"), [("soon", "'soon'"), ("-5s", "'-5s'"), (True, "True"), (None, "None")])
 def test_unparseable_duration_of_the_selected_mode_names_its_key(
     ownership: str, key: str, value: object, shown: str
 ) -> None:
@@ -322,9 +320,7 @@ def test_unparseable_duration_outside_ownership_is_always_reported(key: str, val
 
 
 def test_unparseable_retention_names_its_status() -> None:
-    assert first_error({"RETENTION": {"timed_out": "forever"}}) == not_a_duration(
-        'RETENTION["timed_out"]', "'forever'"
-    )
+    assert first_error({"RETENTION": {"timed_out": "forever"}}) == not_a_duration('RETENTION["timed_out"]', "'forever'")
 
 
 LEASE_BROKEN = {"LEASE_TTL": "bogus", "LEASE_RENEW_INTERVAL": "1h", "LEASE_WAIT_TIMEOUT": -1}
@@ -360,9 +356,7 @@ def test_unused_mode_durations_are_not_applied() -> None:
 def test_lease_timing_valid_and_boundaries() -> None:
     found = resolved({"OWNERSHIP": "lease", "LEASE_TTL": "10s", "LEASE_RENEW_INTERVAL": "9999ms"})
     assert found.lease_renew_interval == timedelta(milliseconds=9999)
-    assert problem_ids({"OWNERSHIP": "lease", "LEASE_TTL": "10s", "LEASE_RENEW_INTERVAL": "11s"}) == [
-        "weft.E004"
-    ]
+    assert problem_ids({"OWNERSHIP": "lease", "LEASE_TTL": "10s", "LEASE_RENEW_INTERVAL": "11s"}) == ["weft.E004"]
     assert problem_ids({"OWNERSHIP": "lease", "LEASE_RENEW_INTERVAL": 0}) == ["weft.E003"]
     assert first_error({"OWNERSHIP": "lease", "LEASE_WAIT_TIMEOUT": "0s"}) == (
         "OWNERSHIP: 'lease' requires positive LEASE_TTL, LEASE_RENEW_INTERVAL, and LEASE_WAIT_TIMEOUT "
@@ -373,9 +367,7 @@ def test_lease_timing_valid_and_boundaries() -> None:
 def test_workflow_claim_timing_valid_and_boundaries() -> None:
     exact = resolved({"WORKFLOW_CLAIM_TTL": "15s", "WORKFLOW_CLAIM_RENEW_INTERVAL": "5s"})
     assert exact.workflow_claim_ttl == 3 * exact.workflow_claim_renew_interval
-    assert problem_ids({"WORKFLOW_CLAIM_TTL": "14999ms", "WORKFLOW_CLAIM_RENEW_INTERVAL": "5s"}) == [
-        "weft.E007"
-    ]
+    assert problem_ids({"WORKFLOW_CLAIM_TTL": "14999ms", "WORKFLOW_CLAIM_RENEW_INTERVAL": "5s"}) == ["weft.E007"]
     # renew == TTL breaks both E006 and E007; weft stops at E006, and so does check.
     assert problem_ids({"WORKFLOW_CLAIM_TTL": "5s", "WORKFLOW_CLAIM_RENEW_INTERVAL": "5s"}) == ["weft.E006"]
     assert first_error({"WORKFLOW_CLAIM_TTL": -2}) == (
@@ -519,10 +511,7 @@ def test_retention() -> None:
         "cancelled": timedelta(0),
         "timed_out": timedelta(days=30),  # defaults fill the statuses not given
     }
-    assert (
-        first_error({"RETENTION": "7d"})
-        == "RETENTION must be a dict of terminal status to duration (got '7d')."
-    )
+    assert first_error({"RETENTION": "7d"}) == "RETENTION must be a dict of terminal status to duration (got '7d')."
     assert problem_ids({"RETENTION": None}) == ["weft.E018"]
     assert problem_ids({"RETENTION": {"completed": "-1d"}}) == ["weft.E002"]
 

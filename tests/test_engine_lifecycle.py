@@ -79,9 +79,7 @@ def test_execution_timeout(weft_run_until_idle, weft_clock):
 def test_cancel_deposes_the_owner_and_runs_on_cancel_once(running_engine):
     test_workflows.CANCEL_HANDLER_CALLS.clear()
     handle = weft.start("tests.cancellable", id="to-cancel")
-    wait_for(
-        lambda: WorkflowClaim.objects.filter(workflow_id="to-cancel", engine_id="threaded-engine").exists()
-    )
+    wait_for(lambda: WorkflowClaim.objects.filter(workflow_id="to-cancel", engine_id="threaded-engine").exists())
     wait_for(lambda: "to-cancel" in running_engine.owned)
     epoch_before = WorkflowClaim.objects.get(workflow_id="to-cancel").epoch
     handle.cancel("no longer needed")
@@ -123,3 +121,16 @@ def test_closing_a_generator_that_yields_in_finally(weft_run_until_idle):
     assert handle.status == "running"
     handle.cancel()
     assert handle.status == "cancelled"
+
+
+def test_activity_progress_and_local_queries(running_engine):
+    weft.start("tests.progress", args=[1.5], id="progress")
+    wait_for(lambda: "progress" in running_engine.owned and running_engine.owned["progress"].inflight)
+    wait_for(lambda: running_engine.answer_query("progress", "activity_progress"), message="a heartbeat")
+    assert running_engine.answer_query("progress", "activity_progress")["step"] >= 1
+    assert running_engine.answer_query("progress", "stage") == "working"
+    assert running_engine.answer_query("progress", "echo", 5) == 5
+    with pytest.raises(weft.QueryNotFoundError):
+        running_engine.answer_query("progress", "nope")
+    with pytest.raises(weft.WorkflowNotLocallyOwnedError):
+        running_engine.answer_query("someone-else", "stage")

@@ -17,9 +17,7 @@ from weft_django.models import Engine, Step, Workflow, WorkflowClaim
 from weft_django.testing import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.subprocess]
-FAST = {
-    "WEFT_TEST_OVERRIDES": json.dumps({"WORKFLOW_CLAIM_TTL": "3s", "WORKFLOW_CLAIM_RENEW_INTERVAL": "1s"})
-}
+FAST = {"WEFT_TEST_OVERRIDES": json.dumps({"WORKFLOW_CLAIM_TTL": "3s", "WORKFLOW_CLAIM_RENEW_INTERVAL": "1s"})}
 
 
 def completed_steps(workflow_id: str) -> int:
@@ -51,9 +49,7 @@ def test_sigkill_at_every_step_boundary(weft_engines):
 def test_sigterm_drains_and_releases(weft_engines):
     handle = weft.start("tests.slow", args=["drain", 1, 1.5], id="drain")
     engine = weft_engines("draining", env=FAST)
-    wait_for(
-        lambda: ActivityCall.objects.filter(key="drain-0").exists(), timeout=30, message="activity start"
-    )
+    wait_for(lambda: ActivityCall.objects.filter(key="drain-0").exists(), timeout=30, message="activity start")
     engine.terminate()
     assert engine.wait(timeout=20) == 0
     # The running activity was allowed to finish and its result committed before the exit.
@@ -69,9 +65,7 @@ def test_sigterm_drains_and_releases(weft_engines):
 def test_second_signal_forces_exit(weft_engines):
     weft.start("tests.slow", args=["force", 1, 5], id="force")
     engine = weft_engines("forced", "--drain-timeout", "30", env=FAST)
-    wait_for(
-        lambda: ActivityCall.objects.filter(key="force-0").exists(), timeout=30, message="activity start"
-    )
+    wait_for(lambda: ActivityCall.objects.filter(key="force-0").exists(), timeout=30, message="activity start")
     engine.send(signal.SIGINT)
     time.sleep(0.3)
     engine.send(signal.SIGINT)

@@ -38,12 +38,12 @@ def test_a_deposed_engine_cannot_commit():
     handle = weft.start("tests.sum", args=[1, 2], id="fence-1")
     old_epoch = _claim("engine-a", "fence-1")
     _expire("fence-1")
-    got = ownership.acquire(
-        "engine-b", limit=10, ttl=_td(30), renew_interval=_td(5), using="default", takeover=True
-    )
+    got = ownership.acquire("engine-b", limit=10, ttl=_td(30), renew_interval=_td(5), using="default", takeover=True)
     assert got["fence-1"][1] == "engine-a" and got["fence-1"][0] > old_epoch
     writes = fencing.WorkflowWrites(
-        "fence-1", str(handle.describe()["run_id"]), old_epoch,
+        "fence-1",
+        str(handle.describe()["run_id"]),
+        old_epoch,
         steps=[StepRecord(0, "activity", "x", "completed", "1")],
     )
     from weft_django.clock import db_now
@@ -106,7 +106,8 @@ def test_frozen_engine_is_taken_over_and_its_late_result_is_refused(weft_engines
     rescuer = weft_engines("rescuer", "-v", "2", env=FAST)
     wait_for(
         lambda: WorkflowClaim.objects.filter(workflow_id="frozen", engine_id="rescuer").exists(),
-        timeout=30, message="takeover",
+        timeout=30,
+        message="takeover",
     )
     zombie.thaw()
     assert handle.result(timeout=60) == ["frozen-0", "frozen-1"]
@@ -115,8 +116,10 @@ def test_frozen_engine_is_taken_over_and_its_late_result_is_refused(weft_engines
     rescuer.stop()
     output = zombie.output()
     # The zombie's finished attempt was either refused at the fence or discarded after it saw the loss.
-    assert "fenced commit refused" in output or "late activity result discarded" in output or (
-        "stopped driving workflow=frozen" in output
+    assert (
+        "fenced commit refused" in output
+        or "late activity result discarded" in output
+        or ("stopped driving workflow=frozen" in output)
     ), output[-3000:]
     # (I1) one Step per seq, all committed under the rescuer's epoch.
     steps = list(Step.objects.filter(workflow_id="frozen").values_list("seq", "epoch"))

@@ -20,9 +20,7 @@ from . import conf
 from .conf import SettingsProblem
 from .exceptions import ConfigurationError
 
-SQLITE_OPTIONS = (
-    '{"transaction_mode": "IMMEDIATE", "timeout": 20, "init_command": "PRAGMA journal_mode=WAL;"}'
-)
+SQLITE_OPTIONS = '{"transaction_mode": "IMMEDIATE", "timeout": 20, "init_command": "PRAGMA journal_mode=WAL;"}'
 _WAL = re.compile(r"journal_mode\s*=\s*wal\b", re.IGNORECASE)
 _LEVELS: dict[str, Callable[..., checks.CheckMessage]] = {"E": checks.Error, "W": checks.Warning}
 
@@ -93,9 +91,7 @@ def _check_message(problem: SettingsProblem, obj: str) -> checks.CheckMessage:
 
 
 @checks.register("weft")
-def check_weft_settings(
-    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
-) -> list[checks.CheckMessage]:
+def check_weft_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Every broken WEFT rule at once, then the SQLite setup of WEFT["DATABASE"]."""
     messages = [_check_message(problem, "settings.WEFT") for problem in conf.problems()]
     try:

@@ -46,9 +46,7 @@ TERMINAL_STATUSES = ("completed", "failed", "cancelled", "timed_out")
 WORKFLOW_CLAIM_TTL_SAFETY_MULTIPLIER = 3
 LEASE_KEYS = ("LEASE_TTL", "LEASE_RENEW_INTERVAL", "LEASE_WAIT_TIMEOUT")
 WORKFLOW_CLAIM_KEYS = ("WORKFLOW_CLAIM_TTL", "WORKFLOW_CLAIM_RENEW_INTERVAL")
-DURATION_HINT = (
-    'Use a timedelta, a number of seconds, or a string such as "500ms", "30s", "5m", "2h" or "7d".'
-)
+DURATION_HINT = 'Use a timedelta, a number of seconds, or a string such as "500ms", "30s", "5m", "2h" or "7d".'
 
 _DEFAULT_LEASE_MS = tuple(to_ms(DEFAULTS[key]) for key in LEASE_KEYS)
 _DEFAULT_CLAIM_MS = tuple(to_ms(DEFAULTS[key]) for key in WORKFLOW_CLAIM_KEYS)
@@ -183,9 +181,7 @@ class _Validation:
         if ttl is None or renew is None:
             return None
         required = WORKFLOW_CLAIM_TTL_SAFETY_MULTIPLIER * renew
-        hint = (
-            'Keep WORKFLOW_CLAIM_TTL at least 3 times WORKFLOW_CLAIM_RENEW_INTERVAL (defaults "30s", "5s").'
-        )
+        hint = 'Keep WORKFLOW_CLAIM_TTL at least 3 times WORKFLOW_CLAIM_RENEW_INTERVAL (defaults "30s", "5s").'
         if ttl <= 0 or renew <= 0:
             self.report(
                 "E005",
@@ -222,9 +218,7 @@ class _Validation:
     def positive_int(self, key: str, check_id: str, why: str) -> int:
         value = self.value(key)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            self.report(
-                check_id, f"{key} must be a positive integer (got {value!r}).", f"Set {key} to {why}."
-            )
+            self.report(check_id, f"{key} must be a positive integer (got {value!r}).", f"Set {key} to {why}.")
             return 0
         return value
 
@@ -253,13 +247,9 @@ class _Validation:
 
     def retention(self) -> dict[str, timedelta | None]:
         given = self.value("RETENTION")
-        hint = (
-            'Map "completed", "failed", "cancelled" and "timed_out" to a duration, or None to keep for ever.'
-        )
+        hint = 'Map "completed", "failed", "cancelled" and "timed_out" to a duration, or None to keep for ever.'
         if not isinstance(given, Mapping):
-            self.report(
-                "E018", f"RETENTION must be a dict of terminal status to duration (got {given!r}).", hint
-            )
+            self.report("E018", f"RETENTION must be a dict of terminal status to duration (got {given!r}).", hint)
             return {}
         for status in given:
             if status not in TERMINAL_STATUSES:

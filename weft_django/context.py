@@ -160,9 +160,7 @@ def _duration(value: Any, name: str) -> Any:
 
 def _check_name(kind: str, name: Any) -> None:
     if not isinstance(name, str) or not name or len(name) > 255:
-        raise WorkflowDefinitionError(
-            f"The {kind} name must be a non-empty string of at most 255 characters."
-        )
+        raise WorkflowDefinitionError(f"The {kind} name must be a non-empty string of at most 255 characters.")
 
 
 def _branches(where: str, operations: Sequence[Operation]) -> tuple[Operation, ...]:
@@ -171,12 +169,9 @@ def _branches(where: str, operations: Sequence[Operation]) -> tuple[Operation, .
         raise WorkflowDefinitionError(f"{where} needs at least one operation.")
     for op in branches:
         if isinstance(op, WaitUntil | WaitForUpdate):
-            raise WorkflowDefinitionError(
-                f"{where}: wait_until and wait_for_update are not allowed inside all/race."
-            )
+            raise WorkflowDefinitionError(f"{where}: wait_until and wait_for_update are not allowed inside all/race.")
         if not isinstance(op, _BRANCHABLE):
             raise WorkflowDefinitionError(
-                f"{where} takes ctx.run, ctx.sleep, ctx.wait_for_signal or ctx.start_child operations "
-                f"(got {op!r})."
+                f"{where} takes ctx.run, ctx.sleep, ctx.wait_for_signal or ctx.start_child operations (got {op!r})."
             )
     return branches

@@ -184,11 +184,7 @@ class EngineLeaseAcquisitionTimeoutError(WeftError):
     pass
 
 
-__all__ = [
-    name
-    for name, value in list(globals().items())
-    if isinstance(value, type) and issubclass(value, WeftError)
-]
+__all__ = [name for name, value in list(globals().items()) if isinstance(value, type) and issubclass(value, WeftError)]
 
 
 class WorkflowDefinitionError(WeftError, TypeError):

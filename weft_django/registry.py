@@ -33,9 +33,7 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         if self.max_attempts is not None and (
-            not isinstance(self.max_attempts, int)
-            or isinstance(self.max_attempts, bool)
-            or self.max_attempts < 1
+            not isinstance(self.max_attempts, int) or isinstance(self.max_attempts, bool) or self.max_attempts < 1
         ):
             raise WorkflowDefinitionError(
                 f"RetryPolicy.max_attempts must be a whole number >= 1 (got {self.max_attempts!r})."
@@ -51,9 +49,7 @@ class RetryPolicy:
             if value is not None:
                 _duration(value, f"RetryPolicy.{name}")
         if isinstance(self.non_retryable, str):
-            raise WorkflowDefinitionError(
-                "RetryPolicy.non_retryable must be a list of exception names, not a string."
-            )
+            raise WorkflowDefinitionError("RetryPolicy.non_retryable must be a list of exception names, not a string.")
         object.__setattr__(self, "non_retryable", tuple(self.non_retryable))
 
     @property
@@ -62,15 +58,11 @@ class RetryPolicy:
 
     def backoff(self, failed_attempt: int) -> timedelta:
         """The wait after failed attempt ``failed_attempt`` (1-based)."""
-        initial = (
-            _duration(self.initial_backoff, "initial_backoff") if self.initial_backoff is not None else None
-        )
+        initial = _duration(self.initial_backoff, "initial_backoff") if self.initial_backoff is not None else None
         cap = _duration(self.max_backoff, "max_backoff") if self.max_backoff is not None else None
         initial = initial if initial is not None else DEFAULT_INITIAL_BACKOFF
         cap = cap if cap is not None else DEFAULT_MAX_BACKOFF
-        multiplier = (
-            self.backoff_multiplier if self.backoff_multiplier is not None else DEFAULT_BACKOFF_MULTIPLIER
-        )
+        multiplier = self.backoff_multiplier if self.backoff_multiplier is not None else DEFAULT_BACKOFF_MULTIPLIER
         seconds = initial.total_seconds() * multiplier ** (failed_attempt - 1)
         return min(timedelta(seconds=seconds), cap)
 
@@ -236,9 +228,7 @@ def _activity_options(name: str, _partial: bool = False, **options: Any) -> dict
     if "retry" in options or not _partial:
         retry = options.get("retry")
         if retry is not None and not isinstance(retry, RetryPolicy):
-            raise WorkflowDefinitionError(
-                f"Activity {name!r}: retry must be a weft.RetryPolicy (got {retry!r})."
-            )
+            raise WorkflowDefinitionError(f"Activity {name!r}: retry must be a weft.RetryPolicy (got {retry!r}).")
         out["retry"] = retry or NO_RETRY
     for key in ("timeout", "schedule_to_close_timeout"):
         if key in options or not _partial:
@@ -263,9 +253,7 @@ def _activity_options(name: str, _partial: bool = False, **options: Any) -> dict
 @overload
 def workflow(fn: Callable[..., Any], /) -> Callable[..., Any]: ...
 @overload
-def workflow(
-    *, name: str | None = None, version: str = "1"
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
+def workflow(*, name: str | None = None, version: str = "1") -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
 
 
 def workflow(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, version: str = "1") -> Any:
@@ -279,9 +267,7 @@ def workflow(fn: Callable[..., Any] | None = None, /, *, name: str | None = None
             )
         if not isinstance(version, str) or not version or len(version) > 64:
             raise WorkflowDefinitionError(f"Workflow version must be a non-empty string (got {version!r}).")
-        wf_name = _check_name(
-            "Workflow", name if name is not None else f"{func.__module__}.{func.__qualname__}"
-        )
+        wf_name = _check_name("Workflow", name if name is not None else f"{func.__module__}.{func.__qualname__}")
         definition = registry.add_workflow(WorkflowDefinition(func, wf_name, version))
         func.__weft_workflow__ = definition  # type: ignore[attr-defined]
         func.start = definition.start  # type: ignore[attr-defined]
@@ -310,9 +296,7 @@ def activity(
                 f"@weft.activity needs a plain function: {func.__module__}.{func.__qualname__} is a generator "
                 f"or coroutine function."
             )
-        act_name = _check_name(
-            "Activity", name if name is not None else f"{func.__module__}.{func.__qualname__}"
-        )
+        act_name = _check_name("Activity", name if name is not None else f"{func.__module__}.{func.__qualname__}")
         options = _activity_options(
             act_name,
             retry=retry,

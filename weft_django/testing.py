@@ -60,9 +60,7 @@ class Clock:
 class EngineProcess:
     """A real ``weft_engine`` subprocess on the test database."""
 
-    def __init__(
-        self, engine_id: str, args: list[str], env: dict[str, str] | None = None, log_path: str | None = None
-    ):
+    def __init__(self, engine_id: str, args: list[str], env: dict[str, str] | None = None, log_path: str | None = None):
         from django.conf import settings
         from django.db import connections
 
@@ -138,9 +136,7 @@ class EngineFactory:
     def __init__(self) -> None:
         self.started: list[EngineProcess] = []
 
-    def __call__(
-        self, engine_id: str | None = None, *args: str, env: dict[str, str] | None = None
-    ) -> EngineProcess:
+    def __call__(self, engine_id: str | None = None, *args: str, env: dict[str, str] | None = None) -> EngineProcess:
         process = EngineProcess(engine_id or f"test-engine-{len(self.started) + 1}", list(args), env)
         self.started.append(process)
         return process
@@ -151,9 +147,7 @@ class EngineFactory:
                 process.stop()
 
 
-def wait_for(
-    predicate: Any, timeout: float = 30.0, interval: float = 0.05, message: str = "condition"
-) -> Any:
+def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.05, message: str = "condition") -> Any:
     """Poll ``predicate`` until it returns something truthy; TimeoutError after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:

@@ -191,3 +191,25 @@ def timeouts(ctx, key: str):
     except weft.ActivityError as error:
         return {"type": error.type, "attempts": error.attempts}
     return "no timeout"
+
+
+@weft.activity
+def reports_progress(key: str, seconds: float) -> str:
+    deadline = time.monotonic() + seconds
+    step = 0
+    while time.monotonic() < deadline:
+        step += 1
+        weft.heartbeat({"step": step})
+        time.sleep(0.02)
+    return key
+
+
+@weft.workflow(name="tests.progress")
+def progress(ctx, seconds: float):
+    state = {"stage": "working"}
+    ctx.expose(stage=lambda: state["stage"])
+    ctx.on_query("echo", lambda value=None: value)
+    result = yield ctx.run(reports_progress, "p", seconds)
+    state["stage"] = "waiting"
+    yield ctx.wait_for_signal("done")
+    return result

@@ -312,8 +312,6 @@ class WorkflowRun:
             leaves = []
             for i, branch in enumerate(op.branches):
                 step = self.steps.get(seq + 1 + i)
-                leaves.append(
-                    Leaf(seq + 1 + i, branch, step.outcome if step is not None and step.settled else None)
-                )
+                leaves.append(Leaf(seq + 1 + i, branch, step.outcome if step is not None and step.settled else None))
             return Frontier(seq, op, leaves)
         return Frontier(seq, op, [Leaf(seq, op)])

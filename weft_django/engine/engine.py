@@ -25,7 +25,13 @@ from django.db.models import Q
 from ..clock import db_now
 from ..conf import WeftSettings, get_settings
 from ..context import WorkflowContext
-from ..exceptions import VersionMismatchError, WeftError, WorkflowNotRegisteredError
+from ..exceptions import (
+    QueryNotFoundError,
+    VersionMismatchError,
+    WeftError,
+    WorkflowNotLocallyOwnedError,
+    WorkflowNotRegisteredError,
+)
 from ..models import BufferedSignal, Step, Timer, Workflow, WorkflowClaim
 from ..operations import RunActivity, Sleep, WaitForSignal, WaitUntil
 from ..registry import registry
@@ -256,9 +262,7 @@ class Engine:
     def _capacity(self) -> int:
         return self.settings.claim_batch_size
 
-    def _claim(
-        self, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str], force: bool
-    ) -> bool:
+    def _claim(self, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str], force: bool) -> bool:
         poll = self.settings.poll_interval.total_seconds()
         clock = time.monotonic()
         claimed: dict[str, int] = {}
@@ -408,9 +412,7 @@ class Engine:
             w = writes[owned.workflow_id] = WorkflowWrites(owned.workflow_id, owned.run_id, owned.epoch)
         return w
 
-    def _advance_effects(
-        self, wid: str, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]
-    ) -> None:
+    def _advance_effects(self, wid: str, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]) -> None:
         owned = self.owned.get(wid)
         if owned is None:
             return
@@ -462,9 +464,7 @@ class Engine:
         # A recovered attempt runs again under the same attempt number.
         owned.dispatch.append(self._task(owned, seq, op, step.attempts, step.started_at or now))
 
-    def _task(
-        self, owned: Owned, seq: int, op: RunActivity, attempt: int, started_at: datetime
-    ) -> AttemptTask:
+    def _task(self, owned: Owned, seq: int, op: RunActivity, attempt: int, started_at: datetime) -> AttemptTask:
         timeout = op.activity.timeout
         return AttemptTask(
             workflow_id=owned.workflow_id,
@@ -503,9 +503,7 @@ class Engine:
         self._writes(owned, writes).timers_add.append(timer)
         self.timers.push(fire_at, owned.workflow_id, kind, seq)
 
-    def _take_timer(
-        self, owned: Owned, kind: str, seq: int, writes: dict[str, WorkflowWrites]
-    ) -> Timer | None:
+    def _take_timer(self, owned: Owned, kind: str, seq: int, writes: dict[str, WorkflowWrites]) -> Timer | None:
         timer = owned.timers.pop((kind, seq), None)
         if timer is not None:
             w = self._writes(owned, writes)
@@ -515,9 +513,7 @@ class Engine:
                 w.timers_add.remove(timer)
         return timer
 
-    def _settle(
-        self, owned: Owned, step: StepRecord, writes: dict[str, WorkflowWrites], changed: set[str]
-    ) -> None:
+    def _settle(self, owned: Owned, step: StepRecord, writes: dict[str, WorkflowWrites], changed: set[str]) -> None:
         owned.run.record(step)
         self._writes(owned, writes).steps.append(step)
         owned.armed.discard(step.seq)
@@ -614,9 +610,7 @@ class Engine:
         if retryable and task.attempt < policy.attempts:
             fire_at = now + policy.backoff(task.attempt)
             if budget is None or fire_at < task.started_at + budget:
-                self._arm_timer(
-                    owned, TimerKind.ACTIVITY_RETRY, task.seq, fire_at, writes, attempt=task.attempt + 1
-                )
+                self._arm_timer(owned, TimerKind.ACTIVITY_RETRY, task.seq, fire_at, writes, attempt=task.attempt + 1)
                 return
         step = StepRecord(
             task.seq,
@@ -675,9 +669,7 @@ class Engine:
             return
         timer = self._take_timer(owned, kind, seq, writes)
         if kind == TimerKind.SLEEP:
-            self._settle(
-                owned, StepRecord(seq, "sleep", "", "completed", "null", completed_at=now), writes, changed
-            )
+            self._settle(owned, StepRecord(seq, "sleep", "", "completed", "null", completed_at=now), writes, changed)
         elif kind == TimerKind.SIGNAL_TIMEOUT:
             leaf_op = next(leaf.op for leaf in owned.run.pending_leaves() if leaf.seq == seq)
             message = f"No signal {leaf_op.name!r} arrived within the timeout."
@@ -726,9 +718,7 @@ class Engine:
             owned = self.owned[wid]
             if str(run_id) != owned.run_id or pk in taken:
                 continue
-            leaf = next(
-                (lf for lf in waiting[wid] if lf.op.name == name and owned.run.is_pending(lf.seq)), None
-            )
+            leaf = next((lf for lf in waiting[wid] if lf.op.name == name and owned.run.is_pending(lf.seq)), None)
             if leaf is None:
                 continue
             taken.add(pk)
@@ -835,6 +825,25 @@ class Engine:
         owned.run.close()
         self._publish_epochs()
 
+    # -- queries (in process; routing from other processes comes with the messages issue) ---------
+    def answer_query(self, workflow_id: str, name: str, *args: Any) -> Any:
+        """Answer a query from this engine's live context: the built-in ``activity_progress`` first
+        (latest heartbeat details of the running activity), then a query handler, then an exposed accessor."""
+        owned = self.owned.get(workflow_id)
+        if owned is None:
+            raise WorkflowNotLocallyOwnedError(
+                f"Workflow {workflow_id!r} is not driven by engine {self.engine_id!r}; "
+                "ask the engine that holds its claim."
+            )
+        if name == "activity_progress":
+            running = sorted(owned.inflight.values(), key=lambda task: task.seq)
+            return running[-1].control.details if running else None
+        ctx = owned.run.ctx
+        handler = ctx.query_handlers.get(name) or ctx.exposed.get(name)
+        if handler is None:
+            raise QueryNotFoundError(f"Workflow {workflow_id!r} has no query {name!r}; register it with ctx.on_query.")
+        return handler(*args)
+
     # -- renewal -----------------------------------------------------------------------------------
     def _publish_epochs(self) -> None:
         with self._lock:
@@ -847,9 +856,7 @@ class Engine:
                 with self._lock:
                     epochs = dict(self._epochs)
                 try:
-                    lost = ownership.renew(
-                        self.engine_id, epochs, self.settings.workflow_claim_ttl, self.using
-                    )
+                    lost = ownership.renew(self.engine_id, epochs, self.settings.workflow_claim_ttl, self.using)
                     ownership.heartbeat_engine(self.engine_id, self.using)
                 except DatabaseError as exc:  # a storage error is not a loss: try again next tick
                     logger.warning("claim renewal failed engine=%s error=%s", self.engine_id, exc)

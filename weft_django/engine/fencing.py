@@ -97,8 +97,7 @@ def why_lost(engine_id: str, workflow_ids: list[str], using: str) -> dict[str, s
         )
         rows = dict(cursor.fetchall())
     return {
-        wid: "missing" if wid not in rows else ("released" if rows[wid] is None else "deposed")
-        for wid in workflow_ids
+        wid: "missing" if wid not in rows else ("released" if rows[wid] is None else "deposed") for wid in workflow_ids
     }
 
 
@@ -189,12 +188,10 @@ def _apply(engine_id: str, batch: list[WorkflowWrites], now: datetime, using: st
 
 def _close_mailboxes(workflow_ids: list[str], now: datetime, using: str) -> None:
     """The terminal commit: unconsumed signals are dropped, admitted updates fail, timers go."""
-    BufferedSignal.objects.using(using).filter(
-        workflow_id__in=workflow_ids, state=SignalState.BUFFERED
-    ).update(state=SignalState.DROPPED)
-    PendingUpdate.objects.using(using).filter(
-        workflow_id__in=workflow_ids, status=UpdateStatus.ADMITTED
-    ).update(
+    BufferedSignal.objects.using(using).filter(workflow_id__in=workflow_ids, state=SignalState.BUFFERED).update(
+        state=SignalState.DROPPED
+    )
+    PendingUpdate.objects.using(using).filter(workflow_id__in=workflow_ids, status=UpdateStatus.ADMITTED).update(
         status=UpdateStatus.FAILED,
         completed_at=now,
         error={
