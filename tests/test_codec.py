@@ -179,7 +179,9 @@ def test_zoneinfo_datetimes_keep_zone_and_fold(fold: int) -> None:
 def test_times_keep_their_tzinfo() -> None:
     round_trip(time(23, 59, 59, 999999, tzinfo=timezone(timedelta(hours=-9, minutes=-30))))
     assert round_trip(time(5, tzinfo=ZoneInfo("Europe/Paris"))).tzinfo is ZoneInfo("Europe/Paris")
-    round_trip(time(5, tzinfo=timezone(timedelta(seconds=1, microseconds=1))))
+    for offset in [timedelta(seconds=1, microseconds=1), timedelta(microseconds=1), -timedelta(microseconds=999999)]:
+        round_trip(time(5, tzinfo=timezone(offset)))
+        round_trip(datetime(2024, 1, 1, 5, tzinfo=timezone(offset)))
 
 
 def test_named_fixed_offset_is_normalised_to_its_offset() -> None:

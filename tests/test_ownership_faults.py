@@ -126,3 +126,20 @@ def test_frozen_engine_is_taken_over_and_its_late_result_is_refused(weft_engines
     assert len(steps) == 2
     rescuer_epoch = WorkflowClaim.objects.get(workflow_id="frozen").epoch
     assert {epoch for _, epoch in steps} == {rescuer_epoch}
+
+
+def test_engines_of_another_mode_refuse_to_start_until_the_marker_is_reset():
+    from django.core.management import call_command
+
+    from weft_django.exceptions import OwnershipModeMismatchError
+    from weft_django.models import Engine, OwnershipMarker
+
+    ownership.check_mode_marker("first", "workflow-lease", "default")
+    ownership.check_mode_marker("second", "workflow-lease", "default")  # same mode: fine
+    with pytest.raises(OwnershipModeMismatchError, match=r"OWNERSHIP='workflow-lease'.*OWNERSHIP='none'"):
+        ownership.check_mode_marker("third", "none", "default")
+    assert OwnershipMarker.objects.get().mode == "workflow-lease"
+    assert not Engine.objects.exists()
+    call_command("weft_engine", "--reset-ownership-mode")
+    ownership.check_mode_marker("third", "none", "default")
+    assert OwnershipMarker.objects.get().mode == "none"

@@ -633,3 +633,44 @@ def test_other_database_errors_are_not_retried():
     with pytest.raises(OperationalError):
         transitions.run_in_transaction("default", body)
     assert len(calls) == 1
+
+
+# ------------------------------------------------------------------------------------------ wake-ups
+
+
+@pytest.fixture
+def listen():
+    """A LISTEN connection on the weft channel; returns a function that drains the payloads."""
+    import psycopg
+
+    params = connection.get_connection_params()
+    for key in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(key, None)
+    with psycopg.connect(**params, autocommit=True) as conn:
+        conn.execute("LISTEN weft")
+
+        def drain() -> list[str]:
+            return [note.payload for note in conn.notifies(timeout=0.3)]
+
+        yield drain
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres
+@ON_POSTGRES
+def test_wake_ups_are_sent_on_commit_only(listen):
+    with transaction.atomic():
+        handle = start("n1")
+        handle.signal("s")
+        assert listen() == []  # nothing before the commit
+    assert listen() == ["w:n1"]  # PostgreSQL folds identical notifications of one transaction
+    with pytest.raises(RuntimeError), transaction.atomic():
+        handle.cancel()
+        raise RuntimeError
+    assert listen() == []
+    handle.suspend()
+    assert listen() == ["w:n1"]
+    start("n1/1", parent_id="n1", parent_run_id=wf("n1").run_id)
+    listen()
+    handle.cancel()
+    assert sorted(listen()) == ["r:n1", "r:n1/1", "w:n1", "w:n1/1"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 import unicodedata
@@ -563,6 +564,16 @@ def _wait_executor() -> ThreadPoolExecutor:
         if _executor is None:
             _executor = ThreadPoolExecutor(max_workers=WAIT_THREADS, thread_name_prefix="weft-wait")
         return _executor
+
+
+def _forget_threads_after_fork() -> None:
+    """A forked child (a pre-fork server, Celery's prefork pool) has none of the parent's threads."""
+    global _executor, _listeners, _listeners_lock, _executor_lock
+    _executor, _listeners = None, {}
+    _listeners_lock, _executor_lock = threading.Lock(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_threads_after_fork)
 
 
 def _listener(alias: str) -> _ResultListener | None:

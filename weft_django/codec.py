@@ -35,7 +35,7 @@ import base64
 import json
 import math
 from collections.abc import Callable
-from datetime import date, datetime, time, timedelta
+from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
 from enum import Enum
 from typing import Any
@@ -301,6 +301,9 @@ def _decode_clock(kind: type[datetime] | type[time]) -> Callable[[Any], Any]:
     def decode_clock(text: Any) -> Any:
         text, _, key = _expect(text, str).partition("[")
         value = kind.fromisoformat(text)
+        if text[-16:-15] in ("+", "-") and text[-15:-6] == "00:00:00.":  # 3.11 reads "+00:00:00.000001" as UTC
+            sign = -1 if text[-16] == "-" else 1
+            value = value.replace(tzinfo=timezone(timedelta(microseconds=sign * int(text[-6:]))))
         if not key:
             return value
         if not key.endswith("]"):

@@ -97,6 +97,7 @@ class Engine:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
+        ownership.check_mode_marker(self.engine_id, self.settings.ownership, self.using)
         ownership.register_engine(self.engine_id, self.settings.ownership, self.using)
         renewer = threading.Thread(target=self._renew_loop, name="weft-renew", daemon=True)
         self._threads.append(renewer)

@@ -258,3 +258,31 @@ def fire_delayed_starts(engine_id: str, *, limit: int, ttl: timedelta, using: st
             started[wid] = epoch
         Timer.objects.using(using).filter(workflow_id__in=locked, kind=TimerKind.DELAYED_START).delete()
     return started
+
+
+def check_mode_marker(engine_id: str, mode: str, using: str) -> None:
+    """Refuse to run beside engines configured with another fencing mode: the first engine records
+    its mode in a one-row marker; an engine of another mode raises OwnershipModeMismatchError.
+    After stopping every engine, ``reset_mode_marker()`` allows a deliberate change of mode."""
+    from ..exceptions import OwnershipModeMismatchError
+    from ..models import OwnershipMarker
+
+    with transaction.atomic(using=using):
+        marker, created = (
+            OwnershipMarker.objects.using(using)
+            .select_for_update()
+            .get_or_create(id=1, defaults={"mode": mode, "set_by": engine_id, "set_at": _db_clock(using)})
+        )
+    if not created and marker.mode != mode:
+        raise OwnershipModeMismatchError(
+            f"This database runs under OWNERSHIP={marker.mode!r} (set by engine {marker.set_by!r} at "
+            f"{marker.set_at:%Y-%m-%d %H:%M:%S}), but this engine is configured with OWNERSHIP={mode!r}. "
+            f"Engines with different fencing modes must not share a database. To change the mode, stop every "
+            f"engine, run `python manage.py weft_engine --reset-ownership-mode`, then start them with the new setting."
+        )
+
+
+def reset_mode_marker(using: str) -> None:
+    from ..models import OwnershipMarker
+
+    OwnershipMarker.objects.using(using).filter(id=1).delete()

@@ -13,7 +13,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
 
-from ...exceptions import ConfigurationError
+from ...exceptions import ConfigurationError, OwnershipModeMismatchError
 
 VERBOSITY_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
 
@@ -46,6 +46,11 @@ class Command(BaseCommand):
         )
         parser.add_argument("--once", action="store_true", help="Process what is runnable now, then exit.")
         parser.add_argument(
+            "--reset-ownership-mode",
+            action="store_true",
+            help="Forget the ownership mode recorded by earlier engines (stop every engine first), then exit.",
+        )
+        parser.add_argument(
             "--drain-timeout",
             type=_non_negative_float,
             default=10.0,
@@ -61,6 +66,12 @@ class Command(BaseCommand):
         except ConfigurationError as exc:
             raise CommandError(str(exc)) from None
         self._refuse_unapplied_migrations(settings.database)
+        if options["reset_ownership_mode"]:
+            from ...engine.ownership import reset_mode_marker
+
+            reset_mode_marker(settings.database)
+            self.stdout.write("Ownership mode marker cleared; the next engine to start records its mode.")
+            return
 
         from ...engine.engine import Engine
 
@@ -71,7 +82,10 @@ class Command(BaseCommand):
             drain_timeout=options["drain_timeout"],
         )
         self._install_signal_handlers(engine)
-        engine.run(once=options["once"])
+        try:
+            engine.run(once=options["once"])
+        except OwnershipModeMismatchError as exc:
+            raise CommandError(str(exc)) from None
 
     def _refuse_unapplied_migrations(self, alias: str) -> None:
         connection = connections[alias or DEFAULT_DB_ALIAS]
