@@ -145,9 +145,7 @@ def snapshot() -> dict[str, Any]:
             }
             for g in groups
         },
-        "shapes": [
-            {"thread": g, "calls": n, "sql": s} for (g, s), n in shapes.most_common()
-        ],
+        "shapes": [{"thread": g, "calls": n, "sql": s} for (g, s), n in shapes.most_common()],
     }
 
 

@@ -40,9 +40,6 @@ from weft_django.models import (
     WorkflowClaim,
 )
 
-ON_POSTGRES = pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL only")
-ON_SQLITE = pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite only")
-
 
 @weft.workflow(name="client_tests.simple")
 def simple(ctx, *args, **kwargs):
@@ -95,7 +92,7 @@ def _listeners_closed():
     """The result() listener closes its connection once nobody waits (the test database must drop)."""
     yield
     deadline = time.monotonic() + 3
-    while any(listener._thread is not None for listener in client._listeners.values()):
+    while not all(listener.closed() for listener in client._listeners.values()):
         assert time.monotonic() < deadline, "the result listener did not close"
         time.sleep(0.02)
 
@@ -302,7 +299,6 @@ def test_a_refused_start_leaves_the_callers_transaction_usable():
 
 @pytest.mark.django_db
 @pytest.mark.postgres
-@ON_POSTGRES
 def test_start_query_count(django_assert_num_queries):
     # savepoint, now + epoch, workflow, claim, NOTIFY, release
     with django_assert_num_queries(6):
@@ -649,7 +645,6 @@ def test_signal_joins_the_callers_transaction():
 
 @pytest.mark.django_db
 @pytest.mark.postgres
-@ON_POSTGRES
 def test_signal_query_count(django_assert_num_queries):
     handle = weft.start(simple)
     # savepoint, insert-select, NOTIFY, release
@@ -697,7 +692,6 @@ def test_result_inside_atomic_for_a_run_committed_earlier():
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.postgres
-@ON_POSTGRES
 def test_result_inside_atomic_waits_for_another_transaction():
     # On SQLite the caller's open transaction holds the only write lock, so no engine could commit.
     handle = weft.start(simple)
@@ -712,7 +706,6 @@ def test_result_inside_atomic_waits_for_another_transaction():
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.postgres
-@ON_POSTGRES
 def test_result_is_woken_by_notify():
     handle = weft.start(simple)
     started = time.monotonic()
@@ -772,6 +765,30 @@ def test_result_inside_the_test_transaction_is_not_found():
     handle = weft.start(simple)
     with pytest.raises(WorkflowNotFoundError):
         handle.result(timeout=1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_close_connections_ends_waits_in_progress():
+    handle = weft.start(simple)
+    outcome: list[object] = []
+
+    def wait_forever():
+        try:
+            outcome.append(handle.result())
+        except Exception as exc:
+            outcome.append(exc)
+
+    waiter = threading.Thread(target=wait_forever)
+    waiter.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    client.close_connections()
+    waiter.join(5)
+    assert time.monotonic() - started < 3
+    assert isinstance(outcome[0], TimeoutError) and "stopped waiting" in str(outcome[0])
+    assert all(listener.closed() for listener in client._listeners.values())
+    finish(handle.id, "completed", result="later")
+    assert handle.result(timeout=5) == "later"  # the next wait starts the threads again
 
 
 # -------------------------------------------------------------------------------------------- async

@@ -134,3 +134,23 @@ def test_activity_progress_and_local_queries(running_engine):
         running_engine.answer_query("progress", "nope")
     with pytest.raises(weft.WorkflowNotLocallyOwnedError):
         running_engine.answer_query("someone-else", "stage")
+
+
+def test_failure_records_the_failing_step_so_retry_reruns_exactly_it(weft_run_until_idle):
+    from tests.testapp.models import ActivityCall
+
+    handle = weft.start("tests.uncaught_activity_error", args=["seq-1"], id="uncaught")
+    weft_run_until_idle()
+    row = Workflow.objects.get(id="uncaught")
+    assert row.status == "failed" and row.error["type"] == "ActivityError" and row.error["seq"] == 1
+    handle.retry()
+    weft_run_until_idle()
+    assert ActivityCall.objects.filter(name="refuses", key="seq-1").count() == 2  # re-ran with fresh attempts
+    assert Step.objects.filter(workflow_id="uncaught", seq=0).count() == 1
+
+    caught = weft.start("tests.caught_then_fails", args=["seq-2"], id="caught")
+    weft_run_until_idle()
+    assert "seq" not in Workflow.objects.get(id="caught").error  # the code failed, not a step
+    caught.retry()
+    weft_run_until_idle()
+    assert ActivityCall.objects.filter(name="refuses", key="seq-2").count() == 1  # its failed step stays

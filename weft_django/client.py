@@ -31,8 +31,9 @@ from .durations import InvalidDuration, to_nonnegative_timedelta
 from .epochs import next_epoch, next_epoch_sql
 from .exceptions import (
     IdempotencyKeyPurgedError,
+    InvalidArgumentError,
+    InvalidWorkflowIdError,
     PayloadNotSerializableError,
-    WeftError,
     WorkflowAlreadyExistsError,
     WorkflowCancelledError,
     WorkflowFailedError,
@@ -51,14 +52,6 @@ MAX_KEY_LENGTH = 320  # signal ids and idempotency keys; an activity_info().idem
 MAX_NAME_LENGTH = 255
 ON_CONFLICT = ("error", "use_existing", "start_new")
 _UNSET: Any = object()
-
-
-class InvalidArgumentError(WeftError, ValueError):
-    """An argument to the client is invalid. The message names it and says what to pass instead."""
-
-
-class InvalidWorkflowIdError(InvalidArgumentError):
-    """A workflow id is not 1-255 characters without control characters."""
 
 
 # ---------------------------------------------------------------------------------------- validation
@@ -476,7 +469,8 @@ class _ResultListener:
         self.alias = alias
         self._lock = threading.Lock()
         self._waiters: dict[str, set[threading.Event]] = {}
-        self._thread: threading.Thread | None = None
+        self._thread: threading.Thread | None = None  # None once the thread has decided to stop
+        self._last_thread: threading.Thread | None = None
         self.listening = threading.Event()
 
     def subscribe(self, workflow_id: str) -> threading.Event:
@@ -486,6 +480,7 @@ class _ResultListener:
             if self._thread is None:
                 self.listening.clear()
                 self._thread = threading.Thread(target=self._run, name=f"weft-wait-listen-{self.alias}", daemon=True)
+                self._last_thread = self._thread
                 self._thread.start()
         return event
 
@@ -497,6 +492,16 @@ class _ResultListener:
                 if not events:
                     del self._waiters[workflow_id]
 
+    def closed(self) -> bool:
+        """True when no listening thread (and so no connection) is left."""
+        thread = self._last_thread
+        return thread is None or not thread.is_alive()
+
+    def join(self, timeout: float) -> None:
+        thread = self._last_thread
+        if thread is not None:
+            thread.join(timeout)
+
     def _idle(self) -> bool:
         """True (and the thread is forgotten) when nobody waits any more."""
         with self._lock:
@@ -505,6 +510,9 @@ class _ResultListener:
             self._thread = None
             self.listening.clear()
             return True
+
+    def wake_all(self) -> None:
+        self._wake(None)
 
     def _wake(self, workflow_id: str | None) -> None:
         with self._lock:
@@ -566,10 +574,32 @@ def _wait_executor() -> ThreadPoolExecutor:
         return _executor
 
 
+_open_waits: set[threading.Event] = set()  # the "abandoned" flags of the waits in progress
+
+
+def close_connections(timeout: float = 5.0) -> None:
+    """End every result() wait in progress (its caller gets TimeoutError), stop the weft-wait threads
+    and close the result listeners' connections. For test teardown (before the test database is
+    dropped) and orderly shutdown; the next result() starts them again."""
+    global _executor
+    with _executor_lock:
+        executor, _executor = _executor, None
+    for flag in list(_open_waits):
+        flag.set()
+    with _listeners_lock:
+        listeners = list(_listeners.values())
+    for listener in listeners:
+        listener.wake_all()
+    if executor is not None:
+        executor.shutdown(wait=True, cancel_futures=True)
+    for listener in listeners:
+        listener.join(timeout)
+
+
 def _forget_threads_after_fork() -> None:
     """A forked child (a pre-fork server, Celery's prefork pool) has none of the parent's threads."""
-    global _executor, _listeners, _listeners_lock, _executor_lock
-    _executor, _listeners = None, {}
+    global _executor, _listeners, _listeners_lock, _executor_lock, _open_waits
+    _executor, _listeners, _open_waits = None, {}, set()
     _listeners_lock, _executor_lock = threading.Lock(), threading.Lock()
 
 
@@ -591,6 +621,7 @@ _RESULT_FIELDS = ("status", "result", "error", "cancel_reason", "execution_deadl
 def _wait_for_end(workflow_id: str, alias: str, deadline: float | None, abandoned: threading.Event) -> dict[str, Any]:
     """On a weft-wait thread: poll (woken by LISTEN on PostgreSQL) until the run is terminal."""
     close_old_connections()
+    _open_waits.add(abandoned)
     listener = _listener(alias)
     event = listener.subscribe(workflow_id) if listener is not None else threading.Event()
     try:
@@ -620,6 +651,7 @@ def _wait_for_end(workflow_id: str, alias: str, deadline: float | None, abandone
                 event.wait(min(remaining, delay))
                 delay = min(delay * 2, POLL_MAX)
     finally:
+        _open_waits.discard(abandoned)
         if listener is not None:
             listener.unsubscribe(workflow_id, event)
         close_old_connections()
@@ -802,6 +834,7 @@ __all__ = [
     "WorkflowHandle",
     "astart",
     "cancel",
+    "close_connections",
     "get_handle",
     "query",
     "signal",

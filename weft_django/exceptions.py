@@ -191,4 +191,12 @@ class WorkflowDefinitionError(WeftError, TypeError):
     """A @workflow / @activity definition is invalid (not a generator, a taken name, bad options)."""
 
 
-__all__ += ["WorkflowDefinitionError"]
+class InvalidArgumentError(WeftError, ValueError):
+    """An argument to the client is invalid. The message names it and says what to pass instead."""
+
+
+class InvalidWorkflowIdError(InvalidArgumentError):
+    """A workflow id is not 1-255 characters without control characters."""
+
+
+__all__ += ["InvalidArgumentError", "InvalidWorkflowIdError", "WorkflowDefinitionError"]

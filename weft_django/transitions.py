@@ -47,7 +47,6 @@ from .status import (
     TERMINAL_STATUSES,
     ParentClosePolicy,
     SignalState,
-    StepStatus,
     UpdateStatus,
     WorkflowStatus,
 )
@@ -309,22 +308,13 @@ def resume(workflow_id: str, *, using: str | None = None) -> int:
 
 
 def _failing_step_seq(row: dict[str, Any], using: str) -> int | None:
-    """The seq of the step that ended the failed run, or None when its own code raised.
-
-    The engine may name it in the run's error as ``"seq"``; otherwise it is the failed step with the
-    highest seq of the run.
-    """
+    """The seq of the step that ended the failed run (the engine names it in the run's error as
+    ``"seq"``), or None when the workflow's own code raised: then no step is removed."""
     error = row["error"] if isinstance(row["error"], dict) else {}
     named = error.get("seq")
     if isinstance(named, int) and not isinstance(named, bool):
         return named
-    return (
-        Step.objects.using(using)
-        .filter(run_id=row["run_id"], status=StepStatus.FAILED)
-        .order_by("-seq")
-        .values_list("seq", flat=True)
-        .first()
-    )
+    return None
 
 
 def _retry_fields(row: dict[str, Any], using: str) -> dict[str, Any]:

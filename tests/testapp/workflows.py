@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import weft_django as weft
@@ -213,3 +214,16 @@ def progress(ctx, seconds: float):
     state["stage"] = "waiting"
     yield ctx.wait_for_signal("done")
     return result
+
+
+@weft.workflow(name="tests.uncaught_activity_error")
+def uncaught_activity_error(ctx, key: str):
+    yield ctx.run(add, 1, 1)
+    yield ctx.run(refuses, key)  # its ActivityError is not caught: the run fails at seq 1
+
+
+@weft.workflow(name="tests.caught_then_fails")
+def caught_then_fails(ctx, key: str):
+    with contextlib.suppress(weft.ActivityError):
+        yield ctx.run(refuses, key)
+    raise RuntimeError("code failed after handling the activity error")

@@ -14,7 +14,7 @@ from typing import Any
 from ..codec import decode, encode_payload
 from ..context import WorkflowContext
 from ..exceptions import ActivityError, ChildWorkflowError, NonDeterminismError, WaitTimeoutError, WeftError
-from ..operations import All, Inert, Memo, Operation, Race, WaitForUpdate
+from ..operations import All, Inert, Memo, Operation, Race
 from ..registry import WorkflowDefinition
 
 
@@ -106,6 +106,8 @@ class WorkflowRun:
         self.failure: dict[str, Any] | None = None
         self.stuck: WeftError | None = None
         self._gen: Generator[Any, Any, Any] | None = None
+        # The last step error thrown into the code, so a run it ends records which step failed (retry()).
+        self._last_thrown: tuple[BaseException, int] | None = None
 
     @property
     def finished(self) -> bool:
@@ -175,21 +177,27 @@ class WorkflowRun:
             if outcome.ok:
                 self._advance((winner, decode(outcome.text)), None)
             else:
-                self._advance(None, error_to_exception(outcome.error or {}))
+                self._advance(None, self._thrown(outcome.error or {}, frontier.leaves[winner].seq))
             return
         if any(leaf.outcome is None for leaf in frontier.leaves):
             return
         self.frontier = None
         outcomes = [leaf.outcome for leaf in frontier.leaves]
-        failed = next((o for o in outcomes if o is not None and not o.ok), None)
+        failed = next((leaf for leaf in frontier.leaves if leaf.outcome is not None and not leaf.outcome.ok), None)
         if failed is not None:
-            self._advance(None, error_to_exception(failed.error or {}))
+            assert failed.outcome is not None
+            self._advance(None, self._thrown(failed.outcome.error or {}, failed.seq))
         elif isinstance(op, All):
             self._advance([decode(o.text) for o in outcomes if o is not None], None)
         else:
             only = outcomes[0]
             assert only is not None
             self._advance(decode(only.text), None)
+
+    def _thrown(self, error: dict[str, Any], seq: int) -> Exception:
+        exc = error_to_exception(error)
+        self._last_thrown = (exc, seq)
+        return exc
 
     def _record_new(self, step: StepRecord) -> None:
         self.steps[step.seq] = step
@@ -208,6 +216,8 @@ class WorkflowRun:
                 return
             except Exception as error:  # workflow code failed: the run fails
                 self.failure = describe_exception(error)
+                if self._last_thrown is not None and self._last_thrown[0] is error:
+                    self.failure["seq"] = self._last_thrown[1]
                 self._gen = None
                 return
             value, exc = None, None
@@ -287,24 +297,22 @@ class WorkflowRun:
             if step is None or not step.settled:
                 return None
             if step.status == "failed":
-                return None, error_to_exception(step.error or {})
+                return None, self._thrown(step.error or {}, seq + 1 + winner)
             return (winner, decode(step.result)), None
         if isinstance(op, All):
             steps = [self.steps.get(seq + 1 + i) for i in range(len(op.branches))]
             if not all(step is not None and step.settled for step in steps):
                 return None
-            for step in steps:
+            for i, step in enumerate(steps):
                 assert step is not None
                 if step.status == "failed":
-                    return None, error_to_exception(step.error or {})
+                    return None, self._thrown(step.error or {}, seq + 1 + i)
             return [decode(step.result) for step in steps if step is not None], None
         recorded = self.steps.get(seq)
         if recorded is None or not recorded.settled:
             return None
         if recorded.status == "failed":
-            return None, error_to_exception(recorded.error or {})
-        if isinstance(op, WaitForUpdate):
-            return decode(recorded.result), None
+            return None, self._thrown(recorded.error or {}, seq)
         return decode(recorded.result), None
 
     def _frontier(self, seq: int, op: Operation) -> Frontier:
