@@ -492,8 +492,16 @@ def machine(server: dict[str, Any]) -> dict[str, Any]:
         pass
     import django
 
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return "?"
+
+    dirty = git("status", "--porcelain", "--", "weft_django")
     return {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "git": git("rev-parse", "--short", "HEAD") + (" + uncommitted changes in weft_django/" if dirty else ""),
         "nproc": os.cpu_count(),
         "cpu": cpu,
         "loadavg_before": list(os.getloadavg()),
@@ -523,6 +531,7 @@ def report(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
                     f"{meta['postgresql']} (synchronous_commit={meta['pg_settings'].get('synchronous_commit')}, "
                     f"fsync={meta['pg_settings'].get('fsync')}), same machine",
                 ),
+                ("code", meta["git"]),
                 ("Python / Django", f"{meta['python']} / {meta['django']}, CONN_MAX_AGE={meta['conn_max_age']}"),
                 ("statement counts", meta["statement_source"]),
             ]

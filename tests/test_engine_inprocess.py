@@ -145,3 +145,15 @@ def test_activity_info_outside_an_activity_raises_and_heartbeat_is_a_noop():
     with pytest.raises(weft.WeftError, match="outside an activity"):
         weft.activity_info()
     assert weft.heartbeat({"x": 1}) is None
+
+
+def test_a_timed_out_atomic_attempt_never_commits_its_writes(weft_run_until_idle):
+    import time
+
+    handle = weft.start("tests.atomic_timeout", args=[5])
+    weft_run_until_idle()
+    assert handle.result(timeout=5) == 2
+    time.sleep(1.0)  # let the abandoned first attempt finish and try to commit
+    assert list(Reservation.objects.values_list("order_id", flat=True)) == [52]
+    step = Step.objects.get(workflow_id=handle.id, seq=0)
+    assert step.status == "completed" and step.attempts == 2

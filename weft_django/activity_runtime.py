@@ -28,6 +28,10 @@ class AttemptControl:
         self.details: Any = None
         self.heartbeat_count = 0
         self.stop_reason: str | None = None
+        # Held by an atomic attempt while it commits, and by the engine while it times an attempt out:
+        # exactly one of the two wins.
+        self.lock = threading.Lock()
+        self.finished = False
 
     def request_stop(self, reason: str) -> None:
         self.stop_reason = reason

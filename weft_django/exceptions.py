@@ -98,6 +98,11 @@ class ActivityError(WeftError):
         )
 
 
+class ActivityTimeoutError(WeftError):
+    """An activity attempt ran past its timeout (recorded as the failure's type; name it in
+    RetryPolicy.non_retryable to stop retrying timed-out attempts)."""
+
+
 class ActivityCancelledError(WeftError):
     """Raised by weft.heartbeat() once the attempt should stop."""
 

@@ -227,3 +227,17 @@ def caught_then_fails(ctx, key: str):
     with contextlib.suppress(weft.ActivityError):
         yield ctx.run(refuses, key)
     raise RuntimeError("code failed after handling the activity error")
+
+
+@weft.activity(atomic=True, timeout="300ms", retry=weft.RetryPolicy(max_attempts=2, initial_backoff="10ms"))
+def slow_first_reservation(order_id: int) -> int:
+    attempt = weft.activity_info().attempt
+    Reservation.objects.create(order_id=order_id * 10 + attempt)
+    if attempt == 1:
+        time.sleep(0.8)  # past the timeout: this attempt's writes must never commit
+    return attempt
+
+
+@weft.workflow(name="tests.atomic_timeout")
+def atomic_timeout(ctx, order_id: int):
+    return (yield ctx.run(slow_first_reservation, order_id))

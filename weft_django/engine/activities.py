@@ -131,10 +131,7 @@ class ThreadExecutor:
         definition = task.definition
         try:
             if definition.atomic:
-                with transaction.atomic(using=self._using):
-                    text = encode_payload(definition.fn(*args, **kwargs), path="activity result")
-                    self._commit_atomic(task, text)  # locks the claim last; raises FenceRefused
-                return AttemptOutcome(task, ok=True, result=text, committed=True)
+                return self._attempt_atomic(task, args, kwargs)
             text = encode_payload(definition.fn(*args, **kwargs), path="activity result")
             return AttemptOutcome(task, ok=True, result=text)
         except FenceRefused:
@@ -151,6 +148,28 @@ class ThreadExecutor:
             return AttemptOutcome(
                 task, ok=False, error=describe_failure(exc), retryable=definition.retry.is_retryable(exc)
             )
+
+    def _attempt_atomic(self, task: AttemptTask, args: list[Any], kwargs: dict[str, Any]) -> AttemptOutcome:
+        """The user's writes and the step commit together, under the claim, for this attempt only. The
+        attempt's lock is held across COMMIT, so the engine cannot time the attempt out in between."""
+        control = task.control
+        atomic = transaction.atomic(using=self._using)
+        atomic.__enter__()
+        exited = False
+        try:
+            text = encode_payload(task.definition.fn(*args, **kwargs), path="activity result")
+            with control.lock:
+                if control.stop_reason is not None:
+                    raise FenceRefused(control.stop_reason)
+                self._commit_atomic(task, text)  # locks the claim last; raises FenceRefused
+                exited = True
+                atomic.__exit__(None, None, None)
+                control.finished = True
+        except BaseException as exc:
+            if not exited:
+                atomic.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        return AttemptOutcome(task, ok=True, result=text, committed=True)
 
     def shutdown(self, wait_seconds: float) -> None:
         deadline = time.monotonic() + wait_seconds

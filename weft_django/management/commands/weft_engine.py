@@ -65,6 +65,11 @@ class Command(BaseCommand):
             settings = get_settings()
         except ConfigurationError as exc:
             raise CommandError(str(exc)) from None
+        from ...checks import sqlite_problems
+
+        errors = [p for p in sqlite_problems(settings.database) if p.id.startswith("weft.E")]
+        if errors:
+            raise CommandError("\n".join(f"{p.id}: {p.message} HINT: {p.hint}" for p in errors))
         self._refuse_unapplied_migrations(settings.database)
         if options["reset_ownership_mode"]:
             from ...engine.ownership import reset_mode_marker
@@ -86,6 +91,16 @@ class Command(BaseCommand):
             engine.run(once=options["once"])
         except OwnershipModeMismatchError as exc:
             raise CommandError(str(exc)) from None
+        if engine.executor.running:
+            # Activities still running after the drain are abandoned (their late results are fenced
+            # out); Python would otherwise wait for their threads at exit.
+            logging.getLogger("weft_django").warning(
+                "exiting with %d abandoned activity attempt(s)", len(engine.executor.running)
+            )
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
 
     def _refuse_unapplied_migrations(self, alias: str) -> None:
         connection = connections[alias or DEFAULT_DB_ALIAS]

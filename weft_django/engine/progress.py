@@ -1,0 +1,425 @@
+"""How an owned workflow makes progress: arming the operations at its frontier (activity attempts,
+timers, signal waits), settling them from activity outcomes, timer fires and buffered signals, and
+turning each settlement into writes for the next fenced commit. Mixed into Engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from datetime import datetime
+from typing import Any
+
+from ..clock import db_now
+from ..exceptions import ActivityTimeoutError, WeftError
+from ..models import BufferedSignal, Step, Timer
+from ..operations import RunActivity, Sleep, WaitForSignal, WaitUntil
+from ..status import StepStatus, TimerKind, WorkflowStatus
+from .activities import AttemptOutcome, AttemptTask, FenceRefused, ThreadExecutor
+from .driver import StepRecord, WorkflowRun
+from .fencing import Finish, WorkflowWrites, lock_claims
+from .timers import TimerHeap
+
+logger = logging.getLogger("weft_django.engine.engine")
+
+
+@dataclasses.dataclass
+class Owned:
+    """A workflow this engine holds, with its live generator and what it waits for."""
+
+    workflow_id: str
+    run_id: str
+    epoch: int
+    run: WorkflowRun
+    timers: dict[tuple[str, int], Timer] = dataclasses.field(default_factory=dict)
+    inflight: dict[int, AttemptTask] = dataclasses.field(default_factory=dict)
+    armed: set[int] = dataclasses.field(default_factory=set)
+    dispatch: list[AttemptTask] = dataclasses.field(default_factory=list)
+    stuck_attempts: int = 0
+    clear_stuck: bool = False
+
+
+class Progress:
+    """The per-workflow half of the engine loop (state lives on Engine)."""
+
+    owned: dict[str, Owned]
+    timers: TimerHeap
+    executor: ThreadExecutor
+    engine_id: str
+    using: str
+    _lock: threading.Lock
+    _notified: set[str]
+    _wake: threading.Event
+    stopping: threading.Event
+    refused_commits: int
+
+    def _stuck(
+        self,
+        wid: str,
+        run_id: str,
+        epoch: int,
+        attempts: int,
+        error: WeftError,
+        now: datetime,
+        writes: dict[str, WorkflowWrites],
+    ) -> None:
+        raise NotImplementedError  # provided by Engine
+
+    def _drop(self, wid: str, reason: str | None) -> None:
+        raise NotImplementedError  # provided by Engine
+
+    # -- effects of a generator's new frontier ------------------------------------------------------
+    def _writes(self, owned: Owned, writes: dict[str, WorkflowWrites]) -> WorkflowWrites:
+        w = writes.get(owned.workflow_id)
+        if w is None:
+            w = writes[owned.workflow_id] = WorkflowWrites(owned.workflow_id, owned.run_id, owned.epoch)
+        return w
+
+    def _advance_effects(self, wid: str, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]) -> None:
+        owned = self.owned.get(wid)
+        if owned is None:
+            return
+        run = owned.run
+        if run.new_steps:
+            self._writes(owned, writes).steps.extend(run.new_steps)
+            run.new_steps = []
+        if run.finished:
+            w = self._writes(owned, writes)
+            if run.stuck is not None:
+                self._stuck(wid, owned.run_id, owned.epoch, owned.stuck_attempts, run.stuck, now, writes)
+            elif run.completed:
+                w.finish = Finish(WorkflowStatus.COMPLETED, result=run.result_text)
+            else:
+                w.finish = Finish(WorkflowStatus.FAILED, error=run.failure)
+            for task in owned.inflight.values():
+                task.control.request_stop("the workflow finished")
+            return
+        for leaf in run.pending_leaves():
+            if leaf.seq in owned.armed:
+                continue
+            owned.armed.add(leaf.seq)
+            op = leaf.op
+            if isinstance(op, RunActivity):
+                self._arm_activity(owned, leaf.seq, op, now, writes)
+            elif isinstance(op, Sleep):
+                self._arm_timer(owned, TimerKind.SLEEP, leaf.seq, now + op.duration, writes)
+            elif isinstance(op, WaitForSignal):
+                if op.timeout is not None:
+                    self._arm_timer(owned, TimerKind.SIGNAL_TIMEOUT, leaf.seq, now + op.timeout, writes)
+                with self._lock:
+                    self._notified.add(wid)  # look for a buffered signal on the next pass
+                self._wake.set()
+            elif isinstance(op, WaitUntil):
+                self._check_wait_until(owned, leaf.seq, op, now, writes, changed)
+
+    def _arm_activity(
+        self, owned: Owned, seq: int, op: RunActivity, now: datetime, writes: dict[str, WorkflowWrites]
+    ) -> None:
+        step = owned.run.steps.get(seq)
+        if step is None:
+            step = StepRecord(seq, "activity", op.name, StepStatus.RUNNING, attempts=1, started_at=now)
+            owned.run.record(step)
+            self._writes(owned, writes).steps.append(step)
+        elif (TimerKind.ACTIVITY_RETRY, seq) in owned.timers:
+            timer = owned.timers[(TimerKind.ACTIVITY_RETRY, seq)]
+            self.timers.push(timer.fire_at, owned.workflow_id, TimerKind.ACTIVITY_RETRY, seq)
+            return
+        # A recovered attempt runs again under the same attempt number.
+        owned.dispatch.append(self._task(owned, seq, op, step.attempts, step.started_at or now))
+
+    def _task(self, owned: Owned, seq: int, op: RunActivity, attempt: int, started_at: datetime) -> AttemptTask:
+        timeout = op.activity.timeout
+        return AttemptTask(
+            workflow_id=owned.workflow_id,
+            run_id=owned.run_id,
+            seq=seq,
+            attempt=attempt,
+            epoch=owned.epoch,
+            definition=op.activity,
+            args_text=op.args_text,
+            started_at=started_at,
+            deadline=time.monotonic() + timeout.total_seconds() if timeout else None,
+        )
+
+    def _arm_timer(
+        self,
+        owned: Owned,
+        kind: str,
+        seq: int,
+        fire_at: datetime,
+        writes: dict[str, WorkflowWrites],
+        attempt: int | None = None,
+    ) -> None:
+        existing = owned.timers.get((kind, seq))
+        if existing is not None:  # recorded before a crash: keep its original fire time
+            self.timers.push(existing.fire_at, owned.workflow_id, kind, seq)
+            return
+        timer = Timer(
+            workflow_id=owned.workflow_id,
+            run_id=owned.run_id,
+            kind=kind,
+            seq=seq,
+            attempt=attempt,
+            fire_at=fire_at,
+        )
+        owned.timers[(kind, seq)] = timer
+        self._writes(owned, writes).timers_add.append(timer)
+        self.timers.push(fire_at, owned.workflow_id, kind, seq)
+
+    def _take_timer(self, owned: Owned, kind: str, seq: int, writes: dict[str, WorkflowWrites]) -> Timer | None:
+        timer = owned.timers.pop((kind, seq), None)
+        if timer is not None:
+            w = self._writes(owned, writes)
+            if timer.pk is not None:
+                w.timers_delete.append(timer.pk)
+            elif timer in w.timers_add:
+                w.timers_add.remove(timer)
+        return timer
+
+    def _settle(self, owned: Owned, step: StepRecord, writes: dict[str, WorkflowWrites], changed: set[str]) -> None:
+        owned.run.record(step)
+        self._writes(owned, writes).steps.append(step)
+        owned.armed.discard(step.seq)
+        owned.run.settle(step.seq, step.outcome)
+        changed.add(owned.workflow_id)
+
+    def _check_wait_until(
+        self,
+        owned: Owned,
+        seq: int,
+        op: WaitUntil,
+        now: datetime,
+        writes: dict[str, WorkflowWrites],
+        changed: set[str],
+    ) -> None:
+        try:
+            satisfied = bool(op.predicate())
+        except Exception as exc:
+            logger.warning("wait_until predicate raised workflow=%s error=%s", owned.workflow_id, exc)
+            satisfied = False
+        if satisfied:
+            self._take_timer(owned, TimerKind.WAIT_CONDITION, seq, writes)
+            self._settle(
+                owned,
+                StepRecord(seq, "wait_until", "", "completed", "true", completed_at=now),
+                writes,
+                changed,
+            )
+        elif op.timeout is not None:
+            self._arm_timer(owned, TimerKind.WAIT_CONDITION, seq, now + op.timeout, writes)
+
+    # -- activity outcomes ---------------------------------------------------------------------------
+    def _drain_outcomes(self) -> list[AttemptOutcome]:
+        outcomes = []
+        while True:
+            try:
+                outcomes.append(self.executor.outcomes.get_nowait())
+            except Exception:
+                return outcomes
+
+    def _on_outcome(
+        self, outcome: AttemptOutcome, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]
+    ) -> None:
+        task = outcome.task
+        owned = self.owned.get(task.workflow_id)
+        current = owned.inflight.get(task.seq) if owned else None
+        if owned is None or current is None or current.key != task.key:
+            logger.info(
+                "late activity result discarded workflow=%s seq=%s attempt=%s epoch=%s",
+                task.workflow_id,
+                task.seq,
+                task.attempt,
+                task.epoch,
+            )
+            return
+        del owned.inflight[task.seq]
+        if outcome.refused:
+            self.refused_commits += 1
+            self._drop(owned.workflow_id, reason="an atomic activity's commit was refused; reloading")
+            return
+        if outcome.ok:
+            step = StepRecord(
+                task.seq,
+                "activity",
+                task.definition.name,
+                "completed",
+                outcome.result,
+                attempts=task.attempt,
+                started_at=task.started_at,
+                completed_at=now,
+            )
+            if outcome.committed:
+                owned.run.record(step)
+                owned.armed.discard(task.seq)
+                owned.run.settle(task.seq, step.outcome)
+                changed.add(owned.workflow_id)
+            else:
+                self._settle(owned, step, writes, changed)
+            return
+        self._on_failure(owned, task, outcome.error or {}, outcome.retryable, now, writes, changed)
+
+    def _on_failure(
+        self,
+        owned: Owned,
+        task: AttemptTask,
+        error: dict[str, Any],
+        retryable: bool,
+        now: datetime,
+        writes: dict[str, WorkflowWrites],
+        changed: set[str],
+    ) -> None:
+        policy = task.definition.retry
+        budget = task.definition.schedule_to_close_timeout
+        if retryable and task.attempt < policy.attempts:
+            fire_at = now + policy.backoff(task.attempt)
+            if budget is None or fire_at < task.started_at + budget:
+                self._arm_timer(owned, TimerKind.ACTIVITY_RETRY, task.seq, fire_at, writes, attempt=task.attempt + 1)
+                return
+        step = StepRecord(
+            task.seq,
+            "activity",
+            task.definition.name,
+            "failed",
+            error={
+                "exc": "ActivityError",
+                **error,
+                "attempts": task.attempt,
+                "activity": task.definition.name,
+            },
+            attempts=task.attempt,
+            started_at=task.started_at,
+            completed_at=now,
+        )
+        self._settle(owned, step, writes, changed)
+
+    def _expire_attempts(self, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]) -> None:
+        clock = time.monotonic()
+        for owned in list(self.owned.values()):
+            for seq, task in list(owned.inflight.items()):
+                if task.deadline is None or clock < task.deadline:
+                    continue
+                # An atomic attempt that is committing right now holds this lock: let it finish.
+                if not task.control.lock.acquire(blocking=False):
+                    continue
+                try:
+                    if task.control.finished:
+                        continue
+                    task.control.request_stop("the attempt timed out")
+                finally:
+                    task.control.lock.release()
+                del owned.inflight[seq]
+                error = {
+                    "type": "ActivityTimeoutError",
+                    "qualified_type": "weft_django.exceptions.ActivityTimeoutError",
+                    "message": f"attempt {task.attempt} did not finish within {task.definition.timeout}",
+                    "traceback": "",
+                }
+                retryable = task.definition.retry.is_retryable(ActivityTimeoutError(error["message"]))
+                self._on_failure(owned, task, error, retryable, now, writes, changed)
+
+    # -- timers and signals ----------------------------------------------------------------------
+    def _on_timer(
+        self,
+        wid: str,
+        kind: str,
+        seq: int,
+        now: datetime,
+        writes: dict[str, WorkflowWrites],
+        changed: set[str],
+    ) -> None:
+        owned = self.owned.get(wid)
+        if owned is None:
+            return
+        if kind == TimerKind.EXECUTION_DEADLINE:
+            self._writes(owned, writes).finish = Finish(
+                WorkflowStatus.TIMED_OUT,
+                error={"type": "WorkflowTimedOutError", "message": "The run passed its execution timeout."},
+            )
+            owned.run.close()
+            return
+        if (kind, seq) not in owned.timers or not owned.run.is_pending(seq):
+            return
+        timer = self._take_timer(owned, kind, seq, writes)
+        if kind == TimerKind.SLEEP:
+            self._settle(owned, StepRecord(seq, "sleep", "", "completed", "null", completed_at=now), writes, changed)
+        elif kind == TimerKind.SIGNAL_TIMEOUT:
+            leaf_op = next(leaf.op for leaf in owned.run.pending_leaves() if leaf.seq == seq)
+            message = f"No signal {leaf_op.name!r} arrived within the timeout."
+            error = {"exc": "WaitTimeoutError", "message": message}
+            self._settle(
+                owned,
+                StepRecord(seq, "signal", leaf_op.name, "failed", error=error, completed_at=now),
+                writes,
+                changed,
+            )
+        elif kind == TimerKind.WAIT_CONDITION:
+            self._settle(
+                owned,
+                StepRecord(seq, "wait_until", "", "completed", "false", completed_at=now),
+                writes,
+                changed,
+            )
+        elif kind == TimerKind.ACTIVITY_RETRY and timer is not None:
+            leaf_op = next(leaf.op for leaf in owned.run.pending_leaves() if leaf.seq == seq)
+            assert isinstance(leaf_op, RunActivity)
+            step = owned.run.steps[seq]
+            step.attempts = timer.attempt or step.attempts + 1
+            self._writes(owned, writes).steps.append(step)  # the attempt count is durable before dispatch
+            owned.dispatch.append(self._task(owned, seq, leaf_op, step.attempts, step.started_at or now))
+
+    def _deliver_signals(
+        self, workflow_ids: set[str], now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]
+    ) -> bool:
+        waiting = {
+            wid: [leaf for leaf in self.owned[wid].run.pending_leaves() if isinstance(leaf.op, WaitForSignal)]
+            for wid in workflow_ids
+            if wid in self.owned
+        }
+        waiting = {wid: leaves for wid, leaves in waiting.items() if leaves}
+        if not waiting:
+            return False
+        delivered = False
+        buffered = (
+            BufferedSignal.objects.using(self.using)
+            .filter(workflow_id__in=list(waiting), state="buffered")
+            .order_by("id")
+            .values_list("id", "workflow_id", "run_id", "name", "payload")
+        )
+        taken: set[int] = set()
+        for pk, wid, run_id, name, payload in buffered:
+            owned = self.owned[wid]
+            if str(run_id) != owned.run_id or pk in taken:
+                continue
+            leaf = next((lf for lf in waiting[wid] if lf.op.name == name and owned.run.is_pending(lf.seq)), None)
+            if leaf is None:
+                continue
+            taken.add(pk)
+            delivered = True
+            self._take_timer(owned, TimerKind.SIGNAL_TIMEOUT, leaf.seq, writes)
+            self._writes(owned, writes).signals_consumed.append((pk, leaf.seq))
+            step = StepRecord(leaf.seq, "signal", name, "completed", payload, completed_at=now)
+            self._settle(owned, step, writes, changed)
+            waiting[wid] = [lf for lf in waiting[wid] if lf.seq != leaf.seq]
+        return delivered
+
+    def _commit_atomic_step(self, task: AttemptTask, result: str) -> None:
+        """Called inside an atomic activity's transaction, after the user's writes: lock the claim
+        last (it still conflicts with a takeover), check that the step still waits for this very
+        attempt, and write the step in the same transaction. Otherwise raise FenceRefused: the user's
+        writes roll back."""
+        if not lock_claims(self.engine_id, {task.workflow_id: task.epoch}, self.using):
+            raise FenceRefused("claim")
+        waiting = (
+            Step.objects.using(self.using)
+            .filter(run_id=task.run_id, seq=task.seq, status=StepStatus.RUNNING, attempts=task.attempt)
+            .update(
+                status=StepStatus.COMPLETED,
+                result=result,
+                error=None,
+                epoch=task.epoch,
+                completed_at=db_now(self.using),
+            )
+        )
+        if waiting != 1:
+            raise FenceRefused("attempt")
