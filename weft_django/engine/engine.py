@@ -38,6 +38,8 @@ from . import ownership
 from .activities import ThreadExecutor
 from .driver import StepRecord, WorkflowRun
 from .fencing import WorkflowWrites, fenced_commit
+from .messages import deliver_messages
+from .periodic import builtin_tasks
 from .progress import Owned, Progress
 from .timers import TimerHeap
 from .wakeups import Listener
@@ -75,6 +77,8 @@ class Engine(Progress):
         self._last_takeover_scan = 0.0
         self._last_signal_poll = 0.0
         self.refused_commits = 0
+        self.periodic = builtin_tasks()
+        self._queries_waiting = True  # a "q:<engine id>" wake-up: query requests addressed to us
         self.executor = ThreadExecutor(self.concurrency, self._wake.set, self._commit_atomic_step, self.using)
         self._threads: list[threading.Thread] = []
 
@@ -170,6 +174,8 @@ class Engine(Progress):
                 self._rescan = True
             elif payload.startswith("w:"):
                 self._notified.add(payload[2:])
+            elif payload == f"q:{self.engine_id}":
+                self._queries_waiting = True
             else:
                 return
         self._wake.set()
@@ -216,9 +222,17 @@ class Engine(Progress):
             self._last_signal_poll = time.monotonic() if poll_due else self._last_signal_poll
             busy |= self._deliver_signals(signal_check, now, writes, changed)
 
+        message_check = {wid for wid in self.owned if poll_due or wid in notified or rescan}
+        queries, self._queries_waiting = self._queries_waiting or poll_due or rescan, False
+        busy |= deliver_messages(self, message_check, queries, now, writes, changed)
+
         if claim and not self.stopping.is_set():
             unknown = {wid for wid in notified if wid not in self.owned}
             busy |= self._claim(now, writes, changed, force=bool(unknown) or rescan)
+            for task in self.periodic:
+                if task.due(self):
+                    task.last_run = time.monotonic()
+                    busy |= task.run(self, now)
 
         for _ in range(1000):  # settle cascades (memo, wait_until, consumed signals) within this tick
             if not changed:

@@ -1,0 +1,33 @@
+"""Engine-scoped chores that run on their own cadence inside the loop (schedule firing, retention,
+the orphaned-timer sweep). Each is engine-scoped: it never writes a workflow's state under that
+workflow's fence; whatever it enables (a schedule's run, a purge) goes through transitions.py or
+folds the acquire into its own transaction."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+
+@dataclasses.dataclass
+class PeriodicTask:
+    name: str
+    interval_seconds: Callable[[Engine], float]
+    run: Callable[[Engine, datetime], bool]  # returns whether it did anything
+    last_run: float = 0.0
+
+    def due(self, engine: Engine) -> bool:
+        return time.monotonic() - self.last_run >= self.interval_seconds(engine)
+
+
+def builtin_tasks() -> list[PeriodicTask]:
+    """The chores every engine runs. Modules add theirs here."""
+    from . import sweeps
+
+    return [PeriodicTask("timer-sweep", lambda engine: 60.0, sweeps.collect_orphaned_timers)]
