@@ -60,6 +60,8 @@ class Workflow(models.Model):
             models.Index(fields=["status", "workflow_type"], name="weft_wf_active", condition=_ACTIVE),
             models.Index(fields=["status", "finished_at"], name="weft_wf_terminal", condition=~_ACTIVE),
             models.Index(fields=["created_at"], name="weft_wf_created"),
+            # The claim scan walks running workflows oldest first and looks their claims up by key.
+            models.Index(fields=["created_at", "id"], name="weft_wf_running", condition=Q(status="running")),
         ]
         permissions = [
             ("cancel_workflow", "Can cancel, suspend and resume workflows"),

@@ -183,10 +183,12 @@ class Engine(Progress):
     # -- the tick ----------------------------------------------------------------------------
     def tick(self, *, claim: bool = True) -> bool:
         """One pass of the loop. Returns whether anything happened."""
-        close_old_connections()
+        # The loop keeps its connection across ticks (reconnecting per tick would cost a backend fork
+        # under CONN_MAX_AGE=0); it is closed after a database error, so the next tick reconnects.
         try:
             return self._tick(claim)
         except DatabaseError:
+            connections[self.using].close()
             logger.exception("database error in tick engine=%s; retrying", self.engine_id)
             self._reload.update({wid: o.epoch for wid, o in self.owned.items()})
             for owned in list(self.owned.values()):

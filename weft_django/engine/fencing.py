@@ -168,21 +168,28 @@ def _apply(engine_id: str, batch: list[WorkflowWrites], now: datetime, using: st
                 stuck_error=None, stuck_retry_at=None, stuck_attempts=0
             )
     finished = [w for w in batch if w.finish is not None]
-    for w in finished:
-        assert w.finish is not None
-        Workflow.objects.using(using).filter(pk=w.workflow_id).update(
-            status=w.finish.status,
-            result=w.finish.result,
-            error=w.finish.error,
-            finished_at=now,
-            updated_at=now,
-            current_step="",
+    if finished:  # one UPDATE for every run this commit ends
+        Workflow.objects.using(using).bulk_update(
+            [
+                Workflow(
+                    id=w.workflow_id,
+                    status=w.finish.status,
+                    result=w.finish.result,
+                    error=w.finish.error,
+                    finished_at=now,
+                    updated_at=now,
+                    current_step="",
+                )
+                for w in finished
+                if w.finish is not None
+            ],
+            ["status", "result", "error", "finished_at", "updated_at", "current_step"],
         )
     released = [w.workflow_id for w in batch if w.finish is not None or w.stuck is not None]
     if finished:
         _close_mailboxes([w.workflow_id for w in finished], now, using)
     if released:
-        release_claims(engine_id, {w.workflow_id: w.epoch for w in batch if w.workflow_id in released}, using)
+        release_locked_claims(engine_id, released, using)
         send_many("r", [w.workflow_id for w in finished], using)
 
 
@@ -202,8 +209,21 @@ def _close_mailboxes(workflow_ids: list[str], now: datetime, using: str) -> None
     Timer.objects.using(using).filter(workflow_id__in=workflow_ids).delete()
 
 
+def release_locked_claims(engine_id: str, workflow_ids: list[str], using: str) -> None:
+    """Clear the holder, keep the epoch, for claims this transaction has locked at our epochs (the
+    fence already proved them ours): one statement for the whole batch."""
+    with connections[using].cursor() as cursor:
+        for chunk in _chunks(sorted(workflow_ids), 500):
+            marks = ", ".join(["%s"] * len(chunk))
+            cursor.execute(
+                f"UPDATE {CLAIM_TABLE} SET engine_id = NULL, claimed_at = NULL, expires_at = NULL "
+                f"WHERE engine_id = %s AND workflow_id IN ({marks})",
+                [engine_id, *chunk],
+            )
+
+
 def release_claims(engine_id: str, epochs: dict[str, int], using: str) -> None:
-    """Clear the holder, keep the epoch (inside the caller's fenced transaction)."""
+    """Clear the holder, keep the epoch, only where the claim is still ours at that epoch."""
     with connections[using].cursor() as cursor:
         for wid, epoch in sorted(epochs.items()):
             cursor.execute(
