@@ -25,6 +25,7 @@ from ..clock import db_now
 from ..conf import WeftSettings, get_settings
 from ..context import WorkflowContext
 from ..exceptions import (
+    EngineLeaseAcquisitionTimeoutError,
     QueryNotFoundError,
     VersionMismatchError,
     WeftError,
@@ -33,7 +34,7 @@ from ..exceptions import (
 )
 from ..models import Step, Timer, Workflow, WorkflowClaim
 from ..registry import registry
-from ..status import TimerKind, WorkflowStatus
+from ..status import OwnershipMode, TimerKind, WorkflowStatus
 from . import ownership
 from .activities import ThreadExecutor
 from .driver import StepRecord, WorkflowRun
@@ -77,6 +78,11 @@ class Engine(Progress):
         self._last_takeover_scan = 0.0
         self._last_signal_poll = 0.0
         self.refused_commits = 0
+        self.mode = self.settings.ownership
+        self._lease_epoch: int | None = None
+        self._lease_lost = False
+        self._take_over_now = False
+        self._warned_engines: set[str] = set()
         self.periodic = builtin_tasks()
         self._queries_waiting = True  # a "q:<engine id>" wake-up: query requests addressed to us
         self.executor = ThreadExecutor(self.concurrency, self._wake.set, self._commit_atomic_step, self.using)
@@ -86,6 +92,10 @@ class Engine(Progress):
     def start(self) -> None:
         ownership.check_mode_marker(self.engine_id, self.settings.ownership, self.using)
         ownership.register_engine(self.engine_id, self.settings.ownership, self.using)
+        if self.mode == OwnershipMode.LEASE:
+            self._wait_for_store_lease()
+        elif self.mode == OwnershipMode.NONE:
+            self._take_over_now = True  # the single engine: its predecessor's claims are taken at once
         renewer = threading.Thread(target=self._renew_loop, name="weft-renew", daemon=True)
         self._threads.append(renewer)
         if connections[self.using].vendor == "postgresql":
@@ -140,11 +150,72 @@ class Engine(Progress):
             return False
         return not self._claimable()
 
+    # -- the store-wide lease ("lease" mode) ---------------------------------------------------------
+    def _wait_for_store_lease(self) -> None:
+        """Block until this engine holds the store lease, or raise after LEASE_WAIT_TIMEOUT."""
+        deadline = time.monotonic() + self.settings.lease_wait_timeout.total_seconds()
+        while True:
+            if self._try_store_lease() or self.stopping.is_set():
+                return
+            if time.monotonic() >= deadline:
+                ownership.stop_engine(self.engine_id, self.using)
+                raise EngineLeaseAcquisitionTimeoutError(
+                    f"Engine {self.engine_id!r} could not acquire the store-wide lease within "
+                    f"{self.settings.lease_wait_timeout} (OWNERSHIP='lease' allows one engine at a time; another "
+                    f"engine holds it). Stop the other engine, raise LEASE_WAIT_TIMEOUT, or use "
+                    f"OWNERSHIP='workflow-lease' to run several engines."
+                )
+            time.sleep(min(self.settings.lease_renew_interval.total_seconds(), 1.0))
+
+    def _try_store_lease(self) -> bool:
+        epoch = ownership.acquire_store_lease(
+            self.engine_id,
+            ttl=self.settings.lease_ttl,
+            renew_interval=self.settings.lease_renew_interval,
+            using=self.using,
+        )
+        if epoch is None:
+            return False
+        logger.info("store lease acquired engine=%s epoch=%s", self.engine_id, epoch)
+        self._lease_epoch, self._lease_lost, self._take_over_now = epoch, False, True
+        return True
+
+    def _check_store_lease(self) -> bool:
+        """In "lease" mode: losing the lease deposes this engine for every workflow at once. Returns
+        whether this engine may drive workflows now."""
+        if self.mode != OwnershipMode.LEASE:
+            return True
+        if self._lease_lost:
+            logger.warning("store lease lost engine=%s: deposed for every workflow", self.engine_id)
+            for wid in list(self.owned):
+                self._drop(wid, reason="store lease lost")
+            self._lease_epoch, self._lease_lost = None, False
+        if self._lease_epoch is None:
+            return self._try_store_lease()
+        return True
+
+    def _detect_second_instance(self) -> None:
+        if not self.settings.detect_second_instance or self.mode == OwnershipMode.WORKFLOW_LEASE:
+            return
+        others = ownership.other_live_engines(self.engine_id, within=self.settings.workflow_claim_ttl, using=self.using)
+        for other in set(others) - self._warned_engines:
+            logger.warning(
+                "second engine instance detected engine=%s other=%s mode=%s: OWNERSHIP=%r assumes one engine; "
+                "use 'workflow-lease' to run several",
+                self.engine_id,
+                other,
+                self.mode,
+                self.mode,
+            )
+        self._warned_engines |= set(others)
+
     def shutdown(self) -> None:
         self._threads_stop.set()
         self.executor.shutdown(0)
         try:
             ownership.release(self.engine_id, {wid: o.epoch for wid, o in self.owned.items()}, self.using)
+            if self._lease_epoch is not None:
+                ownership.release_store_lease(self.engine_id, self._lease_epoch, self.using)
             ownership.stop_engine(self.engine_id, self.using)
         except DatabaseError:
             logger.exception("could not release claims at shutdown engine=%s", self.engine_id)
@@ -228,7 +299,7 @@ class Engine(Progress):
         queries, self._queries_waiting = self._queries_waiting or poll_due or rescan, False
         busy |= deliver_messages(self, message_check, queries, now, writes, changed)
 
-        if claim and not self.stopping.is_set():
+        if claim and not self.stopping.is_set() and self._check_store_lease():
             unknown = {wid for wid in notified if wid not in self.owned}
             busy |= self._claim(now, writes, changed, force=bool(unknown) or rescan)
             for task in self.periodic:
@@ -284,8 +355,19 @@ class Engine(Progress):
                     using=self.using,
                 )
             )
+        if self._take_over_now or (self.mode == OwnershipMode.LEASE and clock - self._last_takeover_scan >= poll):
+            got = ownership.take_over_from_others(
+                self.engine_id, limit=self._capacity(), ttl=self.settings.workflow_claim_ttl, using=self.using
+            )
+            self._take_over_now = len(got) >= self._capacity()  # more left: take them on the next pass
+            for wid, (epoch, previous) in got.items():
+                logger.warning(
+                    "took over workflow=%s from engine=%s epoch=%s (mode %s)", wid, previous, epoch, self.mode
+                )
+            claimed.update({wid: epoch for wid, (epoch, _) in got.items()})
         if clock - self._last_takeover_scan >= self.settings.workflow_claim_renew_interval.total_seconds():
             self._last_takeover_scan = clock
+            self._detect_second_instance()
             got = ownership.acquire(
                 self.engine_id,
                 limit=self._capacity(),
@@ -514,6 +596,12 @@ class Engine(Progress):
                 with self._lock:
                     epochs = dict(self._epochs)
                 try:
+                    lease_epoch = self._lease_epoch
+                    if lease_epoch is not None and not ownership.renew_store_lease(
+                        self.engine_id, lease_epoch, ttl=self.settings.lease_ttl, using=self.using
+                    ):
+                        self._lease_lost = True
+                        self._wake.set()
                     lost = ownership.renew(self.engine_id, epochs, self.settings.workflow_claim_ttl, self.using)
                     ownership.heartbeat_engine(self.engine_id, self.using)
                 except DatabaseError as exc:  # a storage error is not a loss: try again next tick

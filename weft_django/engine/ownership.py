@@ -81,14 +81,21 @@ def acquire(
 
 
 def _acquire_sqlite(
-    engine_id: str, holder: str, limit: int, ttl: timedelta, renew: timedelta, takeover: bool, using: str
+    engine_id: str,
+    holder: str,
+    limit: int,
+    ttl: timedelta,
+    renew: timedelta,
+    takeover: bool,
+    using: str,
+    holder_params: list[Any] | None = None,
 ) -> dict[str, tuple[int, str | None]]:
     # One writer at a time (IMMEDIATE): what we read inside the transaction stays true until commit.
     from ..clock import offset
 
     now = _python_now()
     wf_now = now + offset(using)
-    params: list[Any] = [now - renew * TAKEOVER_GRACE_MULTIPLIER] if takeover else []
+    params: list[Any] = [now - renew * TAKEOVER_GRACE_MULTIPLIER] if takeover else list(holder_params or [])
     claimed: dict[str, tuple[int, str | None]] = {}
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         cursor.execute(
@@ -286,3 +293,122 @@ def reset_mode_marker(using: str) -> None:
     from ..models import OwnershipMarker
 
     OwnershipMarker.objects.using(using).filter(id=1).delete()
+
+
+# -- "lease": one store-wide lease --------------------------------------------------------------
+LEASE_TABLE = "weft_django_storelease"
+
+
+def acquire_store_lease(engine_id: str, *, ttl: timedelta, renew_interval: timedelta, using: str) -> int | None:
+    """Take the store-wide lease if nobody holds it or its holder's lease expired more than the grace
+    ago (the same rule as a workflow claim). Returns the new lease epoch, or None."""
+    connection = connections[using]
+    grace = renew_interval * TAKEOVER_GRACE_MULTIPLIER
+    with transaction.atomic(using=using), connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"INSERT INTO {LEASE_TABLE} (id, epoch) VALUES (1, 0) ON CONFLICT (id) DO NOTHING")
+            cursor.execute(
+                f"""UPDATE {LEASE_TABLE} SET epoch = {next_epoch_sql("postgresql")}, engine_id = %s,
+                        claimed_at = clock_timestamp(), expires_at = clock_timestamp() + %s * interval '1 millisecond'
+                    WHERE id = 1 AND (engine_id IS NULL OR engine_id = %s
+                        OR expires_at + %s * interval '1 millisecond' < clock_timestamp())
+                    RETURNING epoch""",
+                [engine_id, _ms(ttl), engine_id, _ms(grace)],
+            )
+            row = cursor.fetchone()
+            return int(row[0]) if row else None
+        now = _python_now()
+        cursor.execute(f"INSERT OR IGNORE INTO {LEASE_TABLE} (id, epoch) VALUES (1, 0)")
+        cursor.execute(f"SELECT engine_id, expires_at FROM {LEASE_TABLE} WHERE id = 1")
+        holder, expires_at = cursor.fetchone()
+        from django.utils.dateparse import parse_datetime
+
+        expires = parse_datetime(expires_at) if isinstance(expires_at, str) else expires_at
+        if holder not in (None, engine_id) and expires is not None and expires + grace >= now:
+            return None
+        epoch = next_epoch(using)
+        cursor.execute(
+            f"UPDATE {LEASE_TABLE} SET epoch = %s, engine_id = %s, claimed_at = %s, expires_at = %s WHERE id = 1",
+            [epoch, engine_id, now, now + ttl],
+        )
+        return epoch
+
+
+def renew_store_lease(engine_id: str, epoch: int, *, ttl: timedelta, using: str) -> bool:
+    """Extend the lease at our epoch. False means another engine took it: we are deposed engine-wide."""
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                f"UPDATE {LEASE_TABLE} SET expires_at = clock_timestamp() + %s * interval '1 millisecond' "
+                f"WHERE id = 1 AND engine_id = %s AND epoch = %s",
+                [_ms(ttl), engine_id, epoch],
+            )
+        else:
+            cursor.execute(
+                f"UPDATE {LEASE_TABLE} SET expires_at = %s WHERE id = 1 AND engine_id = %s AND epoch = %s",
+                [_python_now() + ttl, engine_id, epoch],
+            )
+        return cursor.rowcount == 1
+
+
+def release_store_lease(engine_id: str, epoch: int, using: str) -> None:
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {LEASE_TABLE} SET engine_id = NULL, expires_at = NULL WHERE id = 1 AND engine_id = %s "
+            f"AND epoch = %s",
+            [engine_id, epoch],
+        )
+
+
+def take_over_from_others(
+    engine_id: str, *, limit: int, ttl: timedelta, using: str
+) -> dict[str, tuple[int, str | None]]:
+    """Take running workflows held by any other engine at once, without waiting for their claims to
+    expire. Only for an engine that is the single legitimate owner: the store-lease holder, or a
+    "none"-mode engine at start-up (its predecessor is presumed gone)."""
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return _acquire_sqlite(
+            engine_id,
+            "c.engine_id IS NOT NULL AND c.engine_id <> %s",
+            limit,
+            ttl,
+            timedelta(0),
+            False,
+            using,
+            holder_params=[engine_id],
+        )
+    sql = f"""
+        WITH candidates AS (
+            SELECT c.workflow_id, c.epoch, c.engine_id
+            FROM {CLAIM_TABLE} c JOIN {WORKFLOW_TABLE} w ON w.id = c.workflow_id
+            WHERE w.status = 'running' AND c.engine_id IS NOT NULL AND c.engine_id <> %s
+            ORDER BY w.created_at
+            LIMIT %s
+            FOR NO KEY UPDATE OF c SKIP LOCKED
+        )
+        UPDATE {CLAIM_TABLE} AS claim
+        SET epoch = {next_epoch_sql("postgresql")}, engine_id = %s, claimed_at = clock_timestamp(),
+            expires_at = clock_timestamp() + %s * interval '1 millisecond'
+        FROM candidates
+        WHERE claim.workflow_id = candidates.workflow_id AND claim.epoch = candidates.epoch
+          AND claim.engine_id IS NOT DISTINCT FROM candidates.engine_id
+        RETURNING claim.workflow_id, claim.epoch, candidates.engine_id
+    """
+    with transaction.atomic(using=using), connection.cursor() as cursor:
+        cursor.execute(sql, [engine_id, limit, engine_id, _ms(ttl)])
+        return {wid: (epoch, previous) for wid, epoch, previous in cursor.fetchall()}
+
+
+def other_live_engines(engine_id: str, *, within: timedelta, using: str) -> list[str]:
+    """Engines other than this one with a recent heartbeat and no stop recorded (second-instance detection)."""
+    from ..clock import db_clock
+
+    since = db_clock(using) - within
+    return list(
+        Engine.objects.using(using)
+        .filter(stopped_at__isnull=True, heartbeat_at__gte=since)
+        .exclude(id=engine_id)
+        .values_list("id", flat=True)
+    )

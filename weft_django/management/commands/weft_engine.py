@@ -13,7 +13,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
 
-from ...exceptions import ConfigurationError, OwnershipModeMismatchError
+from ...exceptions import ConfigurationError, EngineLeaseAcquisitionTimeoutError, OwnershipModeMismatchError
 
 VERBOSITY_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
 
@@ -89,7 +89,7 @@ class Command(BaseCommand):
         self._install_signal_handlers(engine)
         try:
             engine.run(once=options["once"])
-        except OwnershipModeMismatchError as exc:
+        except (OwnershipModeMismatchError, EngineLeaseAcquisitionTimeoutError) as exc:
             raise CommandError(str(exc)) from None
         if engine.executor.running:
             # Activities still running after the drain are abandoned (their late results are fenced
