@@ -143,3 +143,18 @@ def test_engines_of_another_mode_refuse_to_start_until_the_marker_is_reset():
     call_command("weft_engine", "--reset-ownership-mode")
     ownership.check_mode_marker("third", "none", "default")
     assert OwnershipMarker.objects.get().mode == "none"
+
+
+@pytest.mark.subprocess
+def test_renewal_keeps_its_cadence_while_the_loop_is_blocked(weft_engines):
+    handle = weft.start("tests.blocking_code", args=[6.0], id="blocked-loop")
+    owner = weft_engines("busy", env=FAST)
+    wait_for(lambda: WorkflowClaim.objects.filter(workflow_id="blocked-loop", engine_id="busy").exists(), timeout=30)
+    epoch = WorkflowClaim.objects.get(workflow_id="blocked-loop").epoch
+    rival = weft_engines("rival", env=FAST)
+    assert handle.result(timeout=60) == 3
+    # The loop was blocked for 6 s, twice the 3 s TTL, yet the claim was renewed throughout: no takeover.
+    assert set(Step.objects.filter(workflow_id="blocked-loop").values_list("epoch", flat=True)) == {epoch}
+    assert "took over" not in rival.output()
+    owner.stop()
+    rival.stop()

@@ -86,6 +86,8 @@ class EngineProcess:
         environment = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", settings.SETTINGS_MODULE),
+            # Names the engine's PostgreSQL sessions, so a test can find (and terminate) them.
+            "PGAPPNAME": f"weft-{engine_id}"[:63],
             **(env or {}),
         }
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in wait()

@@ -241,3 +241,26 @@ def slow_first_reservation(order_id: int) -> int:
 @weft.workflow(name="tests.atomic_timeout")
 def atomic_timeout(ctx, order_id: int):
     return (yield ctx.run(slow_first_reservation, order_id))
+
+
+@weft.activity(retry=weft.RetryPolicy(max_attempts=5, initial_backoff="50ms"))
+def chaos_step(key: str, seconds: float) -> str:
+    _count("chaos_step", key)
+    time.sleep(seconds)
+    return key
+
+
+@weft.workflow(name="tests.chaos_ten")
+def chaos_ten(ctx, key: str, seconds: float):
+    results = []
+    for i in range(10):
+        results.append((yield ctx.run(chaos_step, f"{key}:{i}", seconds)))
+    return len(results)
+
+
+@weft.workflow(name="tests.blocking_code")
+def blocking_code(ctx, seconds: float):
+    first = yield ctx.run(add, 1, 1)
+    time.sleep(seconds)  # workflow code hogging the engine loop (bad practice; renewal must not care)
+    second = yield ctx.run(add, first, 1)
+    return second
