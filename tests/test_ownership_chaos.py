@@ -45,6 +45,11 @@ def test_three_engines_under_faults_keep_every_invariant(weft_engines):
     wait_for(lambda: steps_done() > total * 0.15, timeout=120, message="15% of steps")
     killed.kill()
     wait_for(lambda: steps_done() > total * 0.3, timeout=120, message="30% of steps")
+    wait_for(
+        lambda: WorkflowClaim.objects.filter(engine_id="chaos-zombie").exists(),
+        timeout=60,
+        message="the zombie-to-be to hold claims",
+    )
     zombie.freeze()
     frozen_at = time.monotonic()
     assert terminate_backends("chaos-cut") >= 1

@@ -21,6 +21,7 @@ from django.db import connections, transaction
 from ..clock import _python_now, workflow_now_sql
 from ..epochs import next_epoch, next_epoch_sql
 from ..models import Engine
+from ..notify import send
 from .fencing import CLAIM_TABLE
 
 logger = logging.getLogger(__name__)
@@ -178,6 +179,7 @@ def release(engine_id: str, owned: dict[str, int], using: str) -> None:
     if owned:
         with transaction.atomic(using=using):
             release_claims(engine_id, owned, using)
+            send("w", "*", using)  # peers rescan at once instead of at their next poll
 
 
 def register_engine(engine_id: str, mode: str, using: str) -> None:
