@@ -42,7 +42,7 @@ from typing import Any
 from uuid import UUID
 from zoneinfo import ZoneInfo
 
-from weft_django.exceptions import PayloadNotSerializableError, PayloadSizeExceededError, WeftError
+from weft_django.exceptions import PayloadNotSerializableError, PayloadSizeExceededError
 
 TAG = "$weft"
 MAX_DEPTH = 100  # containers; keeps the walk and the C json recursion far from the interpreter's limit
@@ -54,8 +54,7 @@ _ACCEPTED = (
 _encode_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False, check_circular=False).encode
 
 
-class CorruptPayloadError(WeftError, ValueError):
-    """Stored text is not valid codec output (a damaged or hand-edited payload row)."""
+from .exceptions import CorruptPayloadError  # noqa: E402 - re-exported: it used to live here
 
 
 class _Refused(Exception):

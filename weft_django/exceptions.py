@@ -169,6 +169,10 @@ class PayloadNotSerializableError(WeftError):
         self.path = path
 
 
+class CorruptPayloadError(WeftError, ValueError):
+    """Stored text is not valid codec output (a damaged or hand-edited payload row)."""
+
+
 class IdempotencyKeyPurgedError(WeftError):
     pass
 
@@ -204,4 +208,18 @@ class InvalidWorkflowIdError(InvalidArgumentError):
     """A workflow id is not 1-255 characters without control characters."""
 
 
-__all__ += ["InvalidArgumentError", "InvalidWorkflowIdError", "WorkflowDefinitionError"]
+class ScheduleNotFoundError(WeftError, LookupError):
+    """No schedule has this id (never created, or deleted)."""
+
+
+class InvalidScheduleError(InvalidArgumentError):
+    """An argument of weft.schedule() / ScheduleHandle.update() is invalid; nothing was written."""
+
+
+__all__ += [
+    "InvalidArgumentError",
+    "InvalidScheduleError",
+    "InvalidWorkflowIdError",
+    "ScheduleNotFoundError",
+    "WorkflowDefinitionError",
+]

@@ -1,0 +1,237 @@
+"""The checks of ``manage.py weft doctor``: database, migrations, settings, live engines, lapsed
+claims, overdue timers, dead engines, stuck workflows. Errors make it exit 1 (a liveness probe);
+warnings are reported (and fail with ``--strict``). Read-only; nothing here imports
+django.contrib.admin.
+
+Claims and heartbeats are compared with the raw database clock, timers with workflow time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.migrations.executor import MigrationExecutor
+from django.db.models import Count
+
+from ..models import Engine, Timer, Workflow, WorkflowClaim
+from ..status import ACTIVE_STATUSES, WORKFLOW_SCOPED_TIMERS, WorkflowStatus
+from .formatting import format_duration
+
+OK, WARNING, ERROR, SKIPPED = "ok", "warning", "error", "skipped"
+OVERDUE_TIMER_SLACK = timedelta(minutes=1)
+LAPSE_GRACE_RENEWALS = 2  # takeover waits this many renew intervals past expiry (engine/ownership.py)
+DETAIL_LIMIT = 10
+
+
+@dataclass
+class Finding:
+    """One doctor check: ok, warning (reported, exit 0), error (exit 1) or skipped."""
+
+    check: str
+    level: str
+    summary: str
+    details: list[str] = field(default_factory=list)
+    hint: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _database(using: str) -> Finding:
+    try:
+        with connections[using].cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+    except Exception as exc:
+        return Finding(
+            "database",
+            ERROR,
+            f'cannot reach the database "{using}": {exc}'.strip(),
+            hint="Check DATABASES and that the server is up and accepts connections.",
+        )
+    vendor = connections[using].vendor
+    return Finding("database", OK, f'database "{using}" ({vendor}) answers')
+
+
+def _migrations(using: str) -> tuple[Finding, bool]:
+    """The finding and whether weft's own tables are fully migrated."""
+    executor = MigrationExecutor(connections[using or DEFAULT_DB_ALIAS])
+    plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    if not plan:
+        return Finding("migrations", OK, "every migration is applied"), True
+    pending = [f"{migration.app_label}.{migration.name}" for migration, _ in plan]
+    weft_ready = not any(name.startswith("weft_django.") for name in pending)
+    return (
+        Finding(
+            "migrations",
+            ERROR,
+            f"{len(pending)} migration(s) not applied",
+            pending[:DETAIL_LIMIT],
+            "Run `python manage.py migrate`.",
+        ),
+        weft_ready,
+    )
+
+
+def _settings(using: str) -> Finding:
+    from django.conf import settings
+
+    from .. import conf
+    from ..checks import sqlite_problems
+
+    silenced = set(getattr(settings, "SILENCED_SYSTEM_CHECKS", ()))
+    problems = [p for p in (*conf.problems(), *sqlite_problems(using)) if p.id not in silenced]
+    if not problems:
+        return Finding("settings", OK, "WEFT settings are valid")
+    errors = [p for p in problems if ".E" in p.id]
+    return Finding(
+        "settings",
+        ERROR if errors else WARNING,
+        f"{len(problems)} settings problem(s)",
+        [f"{p.id}: {p.message} HINT: {p.hint}" for p in problems],
+        "Fix the WEFT setting; `python manage.py check` lists the same problems.",
+    )
+
+
+def _lapsed_claims(using: str, now: datetime, renew: timedelta) -> Finding:
+    cutoff = now - renew * LAPSE_GRACE_RENEWALS
+    lapsed = WorkflowClaim.objects.using(using).filter(engine_id__isnull=False, expires_at__lt=cutoff)
+    count = lapsed.count()
+    if not count:
+        return Finding("lapsed claims", OK, "no claim is past its takeover grace")
+    details = [
+        f"{c.workflow_id} held by {c.engine_id} (epoch {c.epoch}) expired {format_duration(now - c.expires_at)} ago"
+        for c in lapsed.order_by("expires_at")[:DETAIL_LIMIT]
+        if c.expires_at is not None
+    ]
+    return Finding(
+        "lapsed claims",
+        ERROR,
+        f"{count} claim(s) expired more than {LAPSE_GRACE_RENEWALS} renew intervals ago and nobody took them over",
+        details,
+        "Start an engine (`python manage.py weft_engine`): a live engine takes lapsed claims over.",
+    )
+
+
+def _overdue_timers(using: str, wf_now: datetime) -> Finding:
+    held = WorkflowClaim.objects.using(using).filter(engine_id__isnull=False).values("workflow_id")
+    overdue = Timer.objects.using(using).filter(
+        kind__in=list(WORKFLOW_SCOPED_TIMERS), fire_at__lt=wf_now - OVERDUE_TIMER_SLACK, workflow_id__in=held
+    )
+    count = overdue.count()
+    if not count:
+        return Finding("overdue timers", OK, "no owned workflow has a timer overdue by more than a minute")
+    details = [
+        f"{t.workflow_id}: {t.kind} timer was due {format_duration(wf_now - t.fire_at)} ago"
+        for t in overdue.order_by("fire_at")[:DETAIL_LIMIT]
+    ]
+    return Finding(
+        "overdue timers",
+        ERROR,
+        f"{count} timer(s) of owned workflows are overdue by more than a minute",
+        details,
+        "Their owners are not firing timers: look for a stalled or overloaded engine (`weft engines`).",
+    )
+
+
+def _dead_engines(using: str, now: datetime, ttl: timedelta) -> Finding:
+    dead = list(
+        Engine.objects.using(using).filter(stopped_at__isnull=True, heartbeat_at__lt=now - ttl).order_by("heartbeat_at")
+    )
+    if not dead:
+        return Finding("dead engines", OK, "every engine that has not stopped is heartbeating")
+    holding = dict(
+        WorkflowClaim.objects.using(using)
+        .filter(engine_id__in=[e.id for e in dead])
+        .values("engine_id")
+        .annotate(n=Count("pk"))
+        .order_by()
+        .values_list("engine_id", "n")
+    )
+    details = [
+        f"{e.id} (host {e.host}, pid {e.pid}): last heartbeat {format_duration(now - e.heartbeat_at)} ago, "
+        f"holds {holding.get(e.id, 0)} claim(s)"
+        for e in dead[:DETAIL_LIMIT]
+    ]
+    return Finding(
+        "dead engines",
+        ERROR if holding else WARNING,
+        f"{len(dead)} engine(s) stopped heartbeating without shutting down"
+        + (f"; {sum(holding.values())} claim(s) still name them" if holding else ""),
+        details,
+        "A dead engine's claims are taken over once they lapse; one that holds none is only history "
+        "(its row stays until an engine with the same id starts again).",
+    )
+
+
+def _no_live_engine(using: str, now: datetime, ttl: timedelta, manual: bool) -> Finding:
+    alive = Engine.objects.using(using).filter(stopped_at__isnull=True, heartbeat_at__gte=now - ttl).exists()
+    runnable = Workflow.objects.using(using).filter(status=WorkflowStatus.RUNNING).count()
+    if alive or not runnable:
+        return Finding("engines", OK, "an engine is alive" if alive else "no engine is alive, and nothing is running")
+    return Finding(
+        "engines",
+        WARNING if manual else ERROR,
+        f"{runnable} workflow(s) are running and no engine is alive",
+        hint="Start `python manage.py weft_engine`"
+        + (" (BACKGROUND_TASKS is manual: the host calls weft.run_maintenance())." if manual else "."),
+    )
+
+
+def _stuck(using: str) -> Finding:
+    stuck = Workflow.objects.using(using).filter(stuck_error__isnull=False, status__in=list(ACTIVE_STATUSES))
+    count = stuck.count()
+    if not count:
+        return Finding("stuck workflows", OK, "no workflow is stuck on a replay error")
+    details = []
+    for row in stuck.order_by("updated_at").values("id", "workflow_type", "stuck_error")[:DETAIL_LIMIT]:
+        error = row["stuck_error"] if isinstance(row["stuck_error"], dict) else {}
+        message = str(error.get("message", "")).splitlines()[0:1]
+        details.append(f"{row['id']} ({row['workflow_type']}): {error.get('type', 'Error')}: {''.join(message)}")
+    return Finding(
+        "stuck workflows",
+        WARNING,
+        f"{count} workflow(s) are stuck (NonDeterminismError / VersionMismatchError); engines keep retrying",
+        details,
+        "Deploy code that matches their history (keep old workflow versions registered); restarting does not help.",
+    )
+
+
+def doctor(using: str) -> list[Finding]:
+    """Every check, in order. Later checks are skipped when what they need is missing."""
+    from ..clock import db_clock, db_now
+    from ..conf import get_settings
+    from ..exceptions import ConfigurationError
+
+    findings = [_database(using)]
+    if findings[0].level == ERROR:
+        return [*findings, Finding("migrations", SKIPPED, "skipped: the database is unreachable")]
+    migrations, weft_ready = _migrations(using)
+    findings += [migrations, _settings(using)]
+    if not weft_ready:
+        findings.append(Finding("ownership", SKIPPED, "skipped: weft_django's tables are not migrated"))
+        return findings
+    try:
+        settings = get_settings()
+    except ConfigurationError:
+        findings.append(Finding("ownership", SKIPPED, "skipped: the WEFT settings are invalid"))
+        return findings
+    now, wf_now = db_clock(using), db_now(using)
+    ttl, renew = settings.workflow_claim_ttl, settings.workflow_claim_renew_interval
+    checks: list[Callable[[], Finding]] = [
+        lambda: _no_live_engine(using, now, ttl, settings.background_tasks == "manual"),
+        lambda: _lapsed_claims(using, now, renew),
+        lambda: _overdue_timers(using, wf_now),
+        lambda: _dead_engines(using, now, ttl),
+        lambda: _stuck(using),
+    ]
+    return findings + [check() for check in checks]
+
+
+def healthy(findings: list[Finding], *, strict: bool = False) -> bool:
+    failing = {ERROR, WARNING} if strict else {ERROR}
+    return not any(finding.level in failing for finding in findings)

@@ -1,0 +1,107 @@
+"""Text for people: durations, relative times, decoded payloads, status badges. No queries."""
+
+from __future__ import annotations
+
+import json
+import pprint
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from ..codec import decode
+from ..exceptions import CorruptPayloadError
+from ..status import WorkflowStatus
+
+_UNITS = ((86400, "d"), (3600, "h"), (60, "m"), (1, "s"))
+
+
+def format_duration(delta: timedelta | None) -> str:
+    """A short human duration: "350 ms", "4.2 s", "3 m 10 s", "2 h 5 m", "3 d 4 h"."""
+    if delta is None:
+        return "-"
+    seconds = abs(delta.total_seconds())
+    if seconds < 1:
+        return f"{round(seconds * 1000)} ms"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    whole = int(seconds)
+    parts: list[str] = []
+    for size, unit in _UNITS:
+        if whole >= size:
+            parts.append(f"{whole // size} {unit}")
+            whole %= size
+        if len(parts) == 2:
+            break
+    return " ".join(parts)
+
+
+def relative(moment: datetime | None, now: datetime) -> str:
+    """ "in 12 s" or "12 s ago" (or "-" for no moment)."""
+    if moment is None:
+        return "-"
+    delta = moment - now
+    text = format_duration(delta)
+    return f"in {text}" if delta >= timedelta(0) else f"{text} ago"
+
+
+def pretty_payload(text: str | None) -> str:
+    """Codec text decoded and pretty-printed as Python values (tuples, Decimals and datetimes stay
+    what the workflow sees). Undecodable text is shown raw, with the reason."""
+    if text is None:
+        return "None"
+    try:
+        value = decode(text)
+    except CorruptPayloadError as exc:
+        return f"{exc}\n\n{text}"
+    return pprint.pformat(value, width=100, sort_dicts=False)
+
+
+def pretty_json(value: Any) -> str:
+    """A JSON column (errors, issues) indented for reading; tracebacks are shown separately."""
+    return json.dumps(value, indent=2, sort_keys=False, ensure_ascii=False, default=str)
+
+
+def status_badge(status: str) -> SafeString:
+    try:
+        label = WorkflowStatus(status).label
+    except ValueError:
+        label = status
+    return format_html('<span class="weft-badge weft-status-{}">{}</span>', status, label)
+
+
+def state_badge(state: str, label: str | None = None) -> SafeString:
+    """A badge for an engine or claim state: alive / stopped / dead, held / lapsed / released."""
+    return format_html('<span class="weft-badge weft-state-{}">{}</span>', state, label or state)
+
+
+def error_summary(error: Any) -> str:
+    """ "Type: message" of an error dict (a run's, a step's, an update's)."""
+    if not isinstance(error, dict):
+        return "" if error is None else str(error)
+    kind = error.get("type") or error.get("exc") or "Error"
+    return f"{kind}: {error.get('message', '')}".strip()
+
+
+def moment(value: datetime | None, *, short: bool = False) -> SafeString | str:
+    """A timestamp to the second in the current time zone (``short``: without the year, for
+    changelist columns); the full value on hover."""
+    if value is None:
+        return "-"
+    return format_html(
+        '<span class="weft-moment" title="{}">{}</span>',
+        value.isoformat(),
+        timezone.localtime(value).strftime("%m-%d %H:%M:%S" if short else "%Y-%m-%d %H:%M:%S"),
+    )
+
+
+def short_step(label: str | None) -> str | None:
+    """ "#2 activity shop.charge_card" -> "#2 activity charge_card": the module path adds nothing in a list."""
+    if not label:
+        return label
+    parts = label.split(" ", 2)
+    if len(parts) == 3 and parts[1] == "activity":
+        return f"{parts[0]} {parts[1]} {parts[2].rsplit('.', 1)[-1]}"
+    return label

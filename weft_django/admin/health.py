@@ -1,0 +1,195 @@
+"""What operators look at: workflows with their claim, engines and their liveness, claims and their
+expiry. Read-only queries, shared by the admin views and the ``weft`` command; nothing here imports
+django.contrib.admin. Claims and heartbeats are compared with the raw database clock (``db_clock``),
+as the engine does."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import CharField, Count, IntegerField, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models.functions import Cast, Coalesce, Concat
+
+from ..models import Engine, Step, Timer, Workflow, WorkflowClaim
+from ..status import WorkflowStatus
+
+ALIVE, STOPPED, DEAD = "alive", "stopped", "dead"
+
+
+def with_ownership(queryset: QuerySet[Workflow], using: str, *, timers: bool = False) -> QuerySet[Workflow]:
+    """Annotate workflows with their claim (``owner_engine``, ``claim_epoch``, ``claim_expires_at``),
+    their last recorded step (``last_step``, "#seq kind name") and, with ``timers``, their
+    ``pending_timers`` count: correlated subqueries, so a page of rows stays one query."""
+    claim = WorkflowClaim.objects.using(using).filter(pk=OuterRef("pk"))
+    last_step = (
+        Step.objects.using(using)
+        .filter(run_id=OuterRef("run_id"))
+        .order_by("-seq")
+        .annotate(
+            label=Concat(
+                Value("#"), Cast("seq", CharField()), Value(" "), "kind", Value(" "), "name", output_field=CharField()
+            )
+        )
+        .values("label")[:1]
+    )
+    queryset = queryset.annotate(
+        owner_engine=Subquery(claim.values("engine_id")[:1]),
+        claim_epoch=Subquery(claim.values("epoch")[:1]),
+        claim_expires_at=Subquery(claim.values("expires_at")[:1]),
+        last_step=Subquery(last_step, output_field=CharField()),
+    )
+    if timers:
+        count = (
+            Timer.objects.using(using)
+            .filter(workflow_id=OuterRef("pk"))
+            .order_by()
+            .values("workflow_id")
+            .annotate(n=Count("pk"))
+            .values("n")
+        )
+        queryset = queryset.annotate(pending_timers=Coalesce(Subquery(count, output_field=IntegerField()), 0))
+    return queryset
+
+
+def current_step(workflow: Workflow) -> str | None:
+    """What describe() calls current_step: the recorded one, else the last step's label."""
+    return workflow.current_step or (getattr(workflow, "last_step", None) or "").strip() or None
+
+
+def engine_state(engine: Engine, now: datetime, ttl: timedelta) -> str:
+    """alive: heartbeat within the claim TTL; stopped: shut down cleanly; dead: silent for longer
+    than the TTL without stopping (killed, frozen, or cut off from the database)."""
+    if engine.stopped_at is not None:
+        return STOPPED
+    return ALIVE if engine.heartbeat_at >= now - ttl else DEAD
+
+
+@dataclass(frozen=True)
+class EngineRow:
+    engine: Engine
+    state: str
+    heartbeat_age: timedelta
+    claims_held: int
+    claims_lapsed: int
+
+    def as_dict(self) -> dict[str, Any]:
+        e = self.engine
+        return {
+            "id": e.id,
+            "host": e.host,
+            "pid": e.pid,
+            "mode": e.mode,
+            "state": self.state,
+            "started_at": e.started_at,
+            "heartbeat_at": e.heartbeat_at,
+            "heartbeat_age_seconds": round(self.heartbeat_age.total_seconds(), 3),
+            "stopped_at": e.stopped_at,
+            "claims_held": self.claims_held,
+            "claims_lapsed": self.claims_lapsed,
+        }
+
+
+def engine_rows(using: str, now: datetime, ttl: timedelta) -> list[EngineRow]:
+    """Every registered engine, live ones first, with how many claims each holds (two queries)."""
+    held: dict[str | None, dict[str, Any]] = {
+        row["engine_id"]: dict(row)
+        for row in WorkflowClaim.objects.using(using)
+        .filter(engine_id__isnull=False)
+        .values("engine_id")
+        .annotate(n=Count("pk"), lapsed=Count("pk", filter=Q(expires_at__lt=now)))
+        .order_by()
+    }
+    rows = []
+    for engine in Engine.objects.using(using).order_by("-heartbeat_at"):
+        counts = held.get(engine.id, {})
+        rows.append(
+            EngineRow(
+                engine,
+                engine_state(engine, now, ttl),
+                now - engine.heartbeat_at,
+                counts.get("n", 0),
+                counts.get("lapsed", 0),
+            )
+        )
+    order = {ALIVE: 0, DEAD: 1, STOPPED: 2}
+    rows.sort(key=lambda row: order[row.state])
+    return rows
+
+
+@dataclass(frozen=True)
+class ClaimRow:
+    workflow_id: str
+    workflow_type: str | None
+    status: str | None
+    engine_id: str | None
+    epoch: int
+    claimed_at: datetime | None
+    expires_at: datetime | None
+    expires_in: timedelta | None
+    lapsed: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        data = dict(self.__dict__)
+        data["expires_in_seconds"] = None if self.expires_in is None else round(self.expires_in.total_seconds(), 3)
+        del data["expires_in"]
+        return data
+
+
+def claim_rows(using: str, now: datetime, *, held_only: bool = True, limit: int | None = 200) -> list[ClaimRow]:
+    """Claims (held ones by default), soonest expiry first, with their workflow's type and status."""
+    workflow = Workflow.objects.using(using).filter(pk=OuterRef("pk"))
+    claims = WorkflowClaim.objects.using(using).annotate(
+        workflow_type=Subquery(workflow.values("workflow_type")[:1]),
+        status=Subquery(workflow.values("status")[:1]),
+    )
+    if held_only:
+        claims = claims.filter(engine_id__isnull=False)
+    claims = claims.order_by("expires_at", "workflow_id")
+    if limit is not None:
+        claims = claims[:limit]
+    rows = []
+    for claim in claims:
+        expires_in = None if claim.expires_at is None else claim.expires_at - now
+        rows.append(
+            ClaimRow(
+                claim.workflow_id,
+                claim.workflow_type,
+                claim.status,
+                claim.engine_id,
+                claim.epoch,
+                claim.claimed_at,
+                claim.expires_at,
+                expires_in,
+                claim.engine_id is not None and expires_in is not None and expires_in < timedelta(0),
+            )
+        )
+    return rows
+
+
+@dataclass(frozen=True)
+class OwnershipSummary:
+    held: int
+    lapsed: int
+    running_unowned: int
+    engines_alive: int
+    engines_dead: int
+
+
+def ownership_summary(using: str, now: datetime, engines: list[EngineRow]) -> OwnershipSummary:
+    counts = WorkflowClaim.objects.using(using).aggregate(
+        held=Count("pk", filter=Q(engine_id__isnull=False)),
+        lapsed=Count("pk", filter=Q(engine_id__isnull=False, expires_at__lt=now)),
+    )
+    held_ids = WorkflowClaim.objects.using(using).filter(engine_id__isnull=False).values("workflow_id")
+    running_unowned = (
+        Workflow.objects.using(using).filter(status=WorkflowStatus.RUNNING).exclude(pk__in=held_ids).count()
+    )
+    return OwnershipSummary(
+        held=counts["held"],
+        lapsed=counts["lapsed"],
+        running_unowned=running_unowned,
+        engines_alive=sum(1 for row in engines if row.state == ALIVE),
+        engines_dead=sum(1 for row in engines if row.state == DEAD),
+    )

@@ -1,0 +1,225 @@
+"""Read-only admins for engine-owned rows: claims, engines, timers, signals and pending updates.
+Nobody adds, edits or deletes them here; the engine and the public API are their only writers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.utils import quote
+from django.db.models import Count, DateTimeField, IntegerField, OuterRef, QuerySet, Subquery, Value
+from django.db.models.functions import Coalesce
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from ..conf import database_alias, get_settings
+from ..models import BufferedSignal, Engine, PendingUpdate, Timer, WorkflowClaim
+from .clocks import claim_now, workflow_now
+from .filters import ClaimStateFilter
+from .formatting import error_summary, format_duration, pretty_json, pretty_payload, relative, state_badge
+from .health import engine_state
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """View permission only: no add, change or delete, for anyone."""
+
+    list_per_page = 100
+    show_full_result_count = False
+
+    class Media:
+        css = {"all": ("weft_django/admin.css",)}
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return super().get_queryset(request).using(database_alias())
+
+    def workflow_link(self, obj: Any) -> SafeString:
+        workflow_id = obj.workflow_id
+        url = reverse(f"{self.admin_site.name}:weft_django_workflow_change", args=[quote(workflow_id)])
+        return format_html('<a href="{}">{}</a>', url, workflow_id)
+
+    workflow_link.short_description = "workflow"  # type: ignore[attr-defined]
+    workflow_link.admin_order_field = "workflow_id"  # type: ignore[attr-defined]
+
+
+def _pre(text: str) -> SafeString:
+    return format_html('<pre class="weft-pre">{}</pre>', text)
+
+
+@admin.register(WorkflowClaim)
+class WorkflowClaimAdmin(ReadOnlyAdmin):
+    list_display = ("workflow_link", "engine_id", "epoch", "claimed_at", "expires_at", "expiry_display")
+    list_filter = (ClaimStateFilter,)
+    search_fields = ("workflow_id", "engine_id")
+    ordering = ("expires_at",)
+    fields = ("workflow_link", "engine_id", "epoch", "claimed_at", "expires_at", "expiry_display")
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return (
+            super().get_queryset(request).annotate(observed_at=Value(claim_now(request), output_field=DateTimeField()))
+        )
+
+    @admin.display(description="expires")
+    def expiry_display(self, obj: WorkflowClaim) -> SafeString | str:
+        if obj.engine_id is None or obj.expires_at is None:
+            return "released" if obj.engine_id is None else "-"
+        now = obj.observed_at  # type: ignore[attr-defined]
+        if obj.expires_at < now:
+            return format_html('<span class="weft-lapsed">lapsed {}</span>', relative(obj.expires_at, now))
+        return relative(obj.expires_at, now)
+
+
+@admin.register(Engine)
+class EngineAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "state_display",
+        "host",
+        "pid",
+        "mode",
+        "started_at",
+        "heartbeat_display",
+        "stopped_at",
+        "claims_held",
+    )
+    list_filter = ("mode",)
+    search_fields = ("id", "host")
+    ordering = ("-heartbeat_at",)
+    fields = (
+        "id",
+        "state_display",
+        "host",
+        "pid",
+        "mode",
+        "started_at",
+        "heartbeat_at",
+        "heartbeat_display",
+        "stopped_at",
+        "claims_held",
+    )
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        held = (
+            WorkflowClaim.objects.using(database_alias())
+            .filter(engine_id=OuterRef("pk"))
+            .order_by()
+            .values("engine_id")
+            .annotate(n=Count("pk"))
+            .values("n")
+        )
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                held=Coalesce(Subquery(held, output_field=IntegerField()), 0),
+                observed_at=Value(claim_now(request), output_field=DateTimeField()),
+            )
+        )
+
+    @admin.display(description="state")
+    def state_display(self, obj: Engine) -> SafeString:
+        return state_badge(engine_state(obj, obj.observed_at, get_settings().workflow_claim_ttl))  # type: ignore[attr-defined]
+
+    @admin.display(description="last heartbeat", ordering="heartbeat_at")
+    def heartbeat_display(self, obj: Engine) -> str:
+        return format_duration(obj.observed_at - obj.heartbeat_at) + " ago"  # type: ignore[attr-defined]
+
+    @admin.display(description="claims held", ordering="held")
+    def claims_held(self, obj: Engine) -> int:
+        return int(obj.held)  # type: ignore[attr-defined]
+
+
+@admin.register(Timer)
+class TimerAdmin(ReadOnlyAdmin):
+    list_display = ("workflow_link", "kind", "seq", "attempt", "fire_at", "due_display")
+    list_filter = ("kind",)
+    search_fields = ("workflow_id",)
+    ordering = ("fire_at",)
+    fields = ("workflow_link", "run_id", "kind", "seq", "attempt", "fire_at", "due_display")
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(observed_at=Value(workflow_now(request), output_field=DateTimeField()))
+        )
+
+    @admin.display(description="due")
+    def due_display(self, obj: Timer) -> SafeString | str:
+        now = obj.observed_at  # type: ignore[attr-defined]
+        if obj.fire_at < now:
+            return format_html('<span class="weft-lapsed">overdue {}</span>', relative(obj.fire_at, now))
+        return relative(obj.fire_at, now)
+
+
+@admin.register(BufferedSignal)
+class BufferedSignalAdmin(ReadOnlyAdmin):
+    list_display = ("workflow_link", "name", "signal_id", "state", "consumed_seq", "created_at")
+    list_filter = ("state",)
+    search_fields = ("workflow_id", "name", "signal_id")
+    ordering = ("-id",)
+    fields = ("workflow_link", "run_id", "name", "signal_id", "state", "consumed_seq", "created_at", "payload_display")
+    readonly_fields = fields
+
+    @admin.display(description="payload")
+    def payload_display(self, obj: BufferedSignal) -> SafeString:
+        return _pre(pretty_payload(obj.payload))
+
+
+@admin.register(PendingUpdate)
+class PendingUpdateAdmin(ReadOnlyAdmin):
+    list_display = ("workflow_link", "name", "status", "created_at", "completed_at", "outcome")
+    list_filter = ("status",)
+    search_fields = ("workflow_id", "name", "idempotency_key")
+    ordering = ("-created_at",)
+    fields = (
+        "workflow_link",
+        "id",
+        "run_id",
+        "name",
+        "idempotency_key",
+        "status",
+        "created_at",
+        "completed_at",
+        "payload_display",
+        "result_display",
+        "error_display",
+    )
+    readonly_fields = fields
+
+    @admin.display(description="outcome")
+    def outcome(self, obj: PendingUpdate) -> str:
+        if obj.error:
+            return error_summary(obj.error)
+        if obj.issues:
+            return "; ".join(str(i.get("message", i)) if isinstance(i, dict) else str(i) for i in obj.issues)
+        if obj.result is not None:
+            text = pretty_payload(obj.result)
+            return text if len(text) <= 80 else text[:77] + "..."
+        return "-"
+
+    @admin.display(description="payload")
+    def payload_display(self, obj: PendingUpdate) -> SafeString:
+        return _pre(pretty_payload(obj.payload))
+
+    @admin.display(description="result")
+    def result_display(self, obj: PendingUpdate) -> SafeString | str:
+        return _pre(pretty_payload(obj.result)) if obj.result is not None else "-"
+
+    @admin.display(description="error / issues")
+    def error_display(self, obj: PendingUpdate) -> SafeString | str:
+        value = obj.error or obj.issues
+        return _pre(pretty_json(value)) if value else "-"

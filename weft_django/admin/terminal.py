@@ -1,0 +1,172 @@
+"""How runs ended: counts by terminal status per day and per type, recent failures, and what
+retention (WEFT["RETENTION"]) removes next. Read-only; shared by the admin and the ``weft`` command.
+The preview follows the engines' retention chore: a run is due once ``finished_at + RETENTION[status]``
+has passed (workflow time), and a child is kept while its parent is still active."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from functools import reduce
+from operator import or_
+from typing import Any
+
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet
+from django.db.models.functions import TruncDate
+from django.utils import timezone
+
+from ..models import Workflow
+from ..status import ACTIVE_STATUSES, WorkflowStatus
+
+TERMINAL_ORDER = (WorkflowStatus.COMPLETED, WorkflowStatus.FAILED, WorkflowStatus.CANCELLED, WorkflowStatus.TIMED_OUT)
+FAILURE_STATUSES = (WorkflowStatus.FAILED, WorkflowStatus.TIMED_OUT)
+
+
+@dataclass(frozen=True)
+class DayCounts:
+    day: date
+    counts: dict[str, int]  # terminal status -> runs that ended that day
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def daily_counts(using: str, now: datetime, days: int = 14) -> list[DayCounts]:
+    """Runs that ended on each of the last ``days`` days (local dates, oldest first), by status."""
+    today = timezone.localtime(now).date()
+    first = today - timedelta(days=days - 1)
+    since = timezone.make_aware(datetime.combine(first, datetime.min.time()))
+    rows = (
+        Workflow.objects.using(using)
+        .filter(status__in=TERMINAL_ORDER, finished_at__gte=since)
+        .annotate(day=TruncDate("finished_at", tzinfo=timezone.get_current_timezone()))
+        .values("day", "status")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    table: dict[date, dict[str, int]] = {first + timedelta(days=i): {} for i in range(days)}
+    for row in rows:
+        if row["day"] in table:
+            table[row["day"]][row["status"]] = row["n"]
+    return [DayCounts(day, {s.value: counts.get(s.value, 0) for s in TERMINAL_ORDER}) for day, counts in table.items()]
+
+
+def type_counts(using: str, since: datetime) -> list[dict[str, Any]]:
+    """Per workflow type: runs that ended since ``since``, by status, most ended first."""
+    rows = (
+        Workflow.objects.using(using)
+        .filter(status__in=TERMINAL_ORDER, finished_at__gte=since)
+        .values("workflow_type", "status")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    table: dict[str, dict[str, int]] = {}
+    for row in rows:
+        table.setdefault(row["workflow_type"], {})[row["status"]] = row["n"]
+    result: list[dict[str, Any]] = []
+    for name, counts in table.items():
+        ordered = {s.value: counts.get(s.value, 0) for s in TERMINAL_ORDER}
+        result.append({"workflow_type": name, "counts": ordered, "total": sum(ordered.values())})
+    result.sort(key=lambda item: (-item["total"], item["workflow_type"]))
+    return result
+
+
+def totals(using: str) -> dict[str, int]:
+    """All-time counts of the runs still stored, by status (one query)."""
+    counts = dict(
+        Workflow.objects.using(using).values("status").annotate(n=Count("pk")).order_by().values_list("status", "n")
+    )
+    return {s.value: counts.get(s.value, 0) for s in WorkflowStatus}
+
+
+def recent_failures(using: str, limit: int = 20) -> QuerySet[Workflow]:
+    return (
+        Workflow.objects.using(using)
+        .filter(status__in=FAILURE_STATUSES)
+        .order_by("-finished_at")
+        .only("id", "workflow_type", "status", "error", "finished_at", "run_id")[:limit]
+    )
+
+
+def _kept_for_parent(using: str) -> Exists:
+    """A child whose parent is still active is kept, whatever its own age."""
+    return Exists(Workflow.objects.using(using).filter(pk=OuterRef("parent_id"), status__in=list(ACTIVE_STATUSES)))
+
+
+def retention_due(
+    using: str, now: datetime, retention: dict[str, timedelta | None], statuses: list[str] | None = None
+) -> QuerySet[Workflow]:
+    """Runs whose retention has passed: terminal, in ``statuses``, finished longer ago than their
+    status's retention, and not a child of an active parent. A status kept for ever (None) matches
+    nothing."""
+    parts = [
+        Q(status=status, finished_at__lt=now - keep)
+        for status, keep in retention.items()
+        if keep is not None and (statuses is None or status in statuses)
+    ]
+    if not parts:
+        return Workflow.objects.using(using).none()
+    return Workflow.objects.using(using).filter(reduce(or_, parts)).exclude(_kept_for_parent(using))
+
+
+@dataclass(frozen=True)
+class RetentionRow:
+    status: str
+    keep: timedelta | None
+    due_now: int
+    next_due_at: datetime | None  # when the next run of this status becomes due (None: none pending)
+
+
+def retention_plan(using: str, now: datetime, retention: dict[str, timedelta | None]) -> list[RetentionRow]:
+    """Per terminal status: how long runs are kept, how many are due now, when the next one is due."""
+    rows = []
+    for status in TERMINAL_ORDER:
+        keep = retention.get(status.value)
+        if keep is None:
+            rows.append(RetentionRow(status.value, None, 0, None))
+            continue
+        runs = Workflow.objects.using(using).filter(status=status).exclude(_kept_for_parent(using))
+        due = runs.filter(finished_at__lt=now - keep).count()
+        oldest_kept = (
+            runs.filter(finished_at__gte=now - keep)
+            .order_by("finished_at")
+            .values_list("finished_at", flat=True)
+            .first()
+        )
+        rows.append(RetentionRow(status.value, keep, due, None if oldest_kept is None else oldest_kept + keep))
+    return rows
+
+
+def next_removals(
+    using: str, now: datetime, retention: dict[str, timedelta | None], limit: int = 10
+) -> list[dict[str, Any]]:
+    """The ``limit`` runs retention removes first (those already due come first), with their due time."""
+    candidates: list[dict[str, Any]] = []
+    for status in TERMINAL_ORDER:
+        keep = retention.get(status.value)
+        if keep is None:
+            continue
+        rows = (
+            Workflow.objects.using(using)
+            .filter(status=status, finished_at__isnull=False)
+            .exclude(_kept_for_parent(using))
+            .order_by("finished_at")
+            .values_list("id", "workflow_type", "finished_at")[:limit]
+        )
+        for workflow_id, workflow_type, finished_at in rows:
+            if finished_at is None:  # excluded by the filter; for the type checker
+                continue
+            due_at: datetime = finished_at + keep
+            candidates.append(
+                {
+                    "id": workflow_id,
+                    "workflow_type": workflow_type,
+                    "status": status.value,
+                    "finished_at": finished_at,
+                    "due_at": due_at,
+                    "due": due_at < now,
+                }
+            )
+    candidates.sort(key=lambda row: (row["due_at"], row["id"]))
+    return candidates[:limit]

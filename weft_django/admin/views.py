@@ -1,0 +1,170 @@
+"""The ownership and terminal-states pages. Called by WorkflowAdmin's custom URLs, which wrap them
+in ``admin_site.admin_view`` and check the view permission first."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.contrib.admin.utils import quote
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.urls import NoReverseMatch, reverse
+from django.utils import timezone
+
+from ..conf import get_settings
+from . import health, terminal
+from .clocks import claim_now, workflow_now
+from .formatting import error_summary, format_duration, relative, state_badge, status_badge
+
+if TYPE_CHECKING:
+    from .workflows import WorkflowAdmin
+
+DAYS = 14
+REFRESH_CHOICES = (0, 5, 15, 60)
+
+
+def _url(modeladmin: WorkflowAdmin, name: str, *args: Any) -> str | None:
+    try:
+        return reverse(f"{modeladmin.admin_site.name}:{name}", args=args)
+    except NoReverseMatch:
+        return None
+
+
+def links(modeladmin: WorkflowAdmin) -> list[dict[str, str | None]]:
+    """The object-tools links of the workflow changelist."""
+    return [
+        {"label": "Ownership", "url": _url(modeladmin, "weft_django_workflow_ownership")},
+        {"label": "Terminal states", "url": _url(modeladmin, "weft_django_workflow_terminal")},
+    ]
+
+
+def _change_url(modeladmin: WorkflowAdmin, workflow_id: str) -> str | None:
+    return _url(modeladmin, "weft_django_workflow_change", quote(workflow_id))
+
+
+def _context(modeladmin: WorkflowAdmin, request: HttpRequest, title: str) -> dict[str, Any]:
+    return {
+        **modeladmin.admin_site.each_context(request),
+        "opts": modeladmin.model._meta,
+        "title": title,
+        "media": modeladmin.media,
+        "changelist_url": _url(modeladmin, "weft_django_workflow_changelist"),
+        "links": links(modeladmin),
+    }
+
+
+def _refresh(request: HttpRequest) -> int:
+    try:
+        seconds = int(request.GET.get("refresh", "0"))
+    except ValueError:
+        return 0
+    return seconds if seconds in REFRESH_CHOICES else 0
+
+
+def ownership(modeladmin: WorkflowAdmin, request: HttpRequest) -> TemplateResponse:
+    """Engines (alive / dead / stopped, claims held) and the claims they hold, soonest expiry first."""
+    settings = get_settings()
+    using = modeladmin.weft_alias
+    now = claim_now(request)
+    ttl = settings.workflow_claim_ttl
+    engines = health.engine_rows(using, now, ttl)
+    claims = health.claim_rows(using, now, limit=200)
+    summary = health.ownership_summary(using, now, engines)
+    engine_items = [
+        {
+            "row": row,
+            "badge": state_badge(row.state),
+            "heartbeat_age": format_duration(row.heartbeat_age) + " ago",
+            "uptime": format_duration((row.engine.stopped_at or now) - row.engine.started_at),
+        }
+        for row in engines
+    ]
+    claim_items = [
+        {
+            "row": row,
+            "url": _change_url(modeladmin, row.workflow_id),
+            "badge": status_badge(row.status) if row.status else "-",
+            "expires": relative(row.expires_at, now),
+            "state": state_badge("lapsed") if row.lapsed else state_badge("held"),
+        }
+        for row in claims
+    ]
+    context = {
+        **_context(modeladmin, request, "Workflow ownership"),
+        "now": now,
+        "settings": settings,
+        "ttl": format_duration(ttl),
+        "renew": format_duration(settings.workflow_claim_renew_interval),
+        "engines": engine_items,
+        "claims": claim_items,
+        "claims_truncated": summary.held > len(claims),
+        "summary": summary,
+        "refresh": _refresh(request),
+        "refresh_choices": REFRESH_CHOICES,
+        "lapsed_filter_url": (_url(modeladmin, "weft_django_workflow_changelist") or "") + "?ownership=lapsed",
+        "unowned_filter_url": (_url(modeladmin, "weft_django_workflow_changelist") or "")
+        + "?ownership=unowned&status__exact=running",
+    }
+    return TemplateResponse(request, "admin/weft_django/ownership.html", context)
+
+
+def _bars(days: list[terminal.DayCounts]) -> list[dict[str, Any]]:
+    peak = max([day.total for day in days] + [1])
+    rows = []
+    for day in days:
+        segments = [
+            {"status": status, "count": count, "width": round(count / peak * 100, 2)}
+            for status, count in day.counts.items()
+            if count
+        ]
+        rows.append({"day": day.day, "total": day.total, "counts": day.counts, "segments": segments})
+    return rows
+
+
+def terminal_states(modeladmin: WorkflowAdmin, request: HttpRequest) -> TemplateResponse:
+    """How runs ended over the last two weeks, recent failures, and what retention removes next."""
+    settings = get_settings()
+    using = modeladmin.weft_alias
+    now = workflow_now(request)
+    days = terminal.daily_counts(using, now, DAYS)
+    since = timezone.make_aware(datetime.combine(days[0].day, datetime.min.time()))
+    failures = [
+        {
+            "workflow": row,
+            "url": _change_url(modeladmin, row.id),
+            "badge": status_badge(row.status),
+            "error": error_summary(row.error) or "-",
+            "ago": relative(row.finished_at, now),
+        }
+        for row in terminal.recent_failures(using)
+    ]
+    plan = [
+        {
+            "row": row,
+            "keep": "kept for ever" if row.keep is None else format_duration(row.keep),
+            "next": relative(row.next_due_at, now) if row.next_due_at else "-",
+        }
+        for row in terminal.retention_plan(using, now, settings.retention)
+    ]
+    removals = terminal.next_removals(using, now, settings.retention)
+    for row in removals:
+        row["url"] = _change_url(modeladmin, row["id"])
+        row["badge"] = status_badge(row["status"])
+        row["when"] = "due now" if row["due"] else relative(row["due_at"], now)
+    context = {
+        **_context(modeladmin, request, "Terminal states"),
+        "now": now,
+        "days": DAYS,
+        "statuses": [status.value for status in terminal.TERMINAL_ORDER],
+        "status_labels": [status.label for status in terminal.TERMINAL_ORDER],
+        "bars": _bars(days)[::-1],  # newest first
+        "window_total": sum(day.total for day in days),
+        "by_type": terminal.type_counts(using, since),
+        "totals": terminal.totals(using),
+        "failures": failures,
+        "plan": plan,
+        "removals": removals,
+        "retention_window": timedelta(days=DAYS),
+    }
+    return TemplateResponse(request, "admin/weft_django/terminal.html", context)

@@ -1,0 +1,545 @@
+"""python manage.py weft <subcommand>: inspect and operate workflows from a shell.
+
+Thin: every subcommand parses and validates its input, calls the public API (the client,
+``transitions.purge``) or the read-only queries the admin uses (``weft_django.admin.health``,
+``.terminal`` and ``.doctor``), and prints an aligned text table, or JSON with ``--json``. Bad input raises
+CommandError before anything is written; ``cancel`` and ``purge`` ask first unless ``--yes``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import importlib.util
+import json
+import pprint
+import sys
+from collections.abc import Callable, Sequence
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db.models import Count
+from django.utils import timezone
+
+from ...durations import InvalidDuration, to_nonnegative_timedelta
+from ...exceptions import InvalidArgumentError, WeftError
+from ...status import TERMINAL_STATUSES, WorkflowStatus
+
+DESCRIBE_KEYS = (
+    "id",
+    "status",
+    "workflow_type",
+    "version",
+    "run_id",
+    "owner_engine",
+    "epoch",
+    "claim_expires_at",
+    "created_at",
+    "started_at",
+    "finished_at",
+    "current_step",
+    "pending_timers",
+)
+TERMINAL = sorted(str(status) for status in TERMINAL_STATUSES)
+
+
+def _duration(value: str) -> timedelta:
+    try:
+        return to_nonnegative_timedelta(value, "the duration")
+    except InvalidDuration as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1 (got {value!r})")
+    return number
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime | date | time):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, UUID | Decimal):
+        return str(value)
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    return str(value)
+
+
+def _when(value: datetime | None) -> str:
+    return "-" if value is None else timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _claim_expiry(expires_at: datetime | None, now: datetime) -> str | None:
+    from ...admin.formatting import relative
+
+    if expires_at is None:
+        return None
+    return relative(expires_at, now) + (" (lapsed)" if expires_at < now else "")
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Columns aligned to their widest cell; None shows as "-"."""
+    cells = [[("-" if cell is None else str(cell)) for cell in row] for row in rows]
+    widths = [max([len(header), *(len(row[i]) for row in cells)]) for i, header in enumerate(headers)]
+    lines = ["  ".join(header.ljust(widths[i]) for i, header in enumerate(headers)).rstrip()]
+    lines += ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in cells]
+    return "\n".join(lines)
+
+
+class Command(BaseCommand):
+    help = "Inspect and operate weft workflows: list, describe, start, signal, cancel, purge, doctor, ..."
+    requires_system_checks: list[str] = []  # doctor reports broken settings itself
+    requires_migrations_checks = False
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
+
+        def command(name: str, help: str) -> argparse.ArgumentParser:
+            p = sub.add_parser(name, help=help, description=help)
+            p.add_argument("--json", action="store_true", help="Print JSON for scripts instead of text.")
+            return p
+
+        p = command("list", "List workflows, newest first.")
+        p.add_argument("--status", action="append", choices=WorkflowStatus.values, help="Repeat for several.")
+        p.add_argument("--type", dest="workflow_type", help="Only this workflow type (registered name).")
+        p.add_argument("--limit", type=_positive_int, default=50, help="At most this many rows (default 50).")
+
+        p = command("describe", "Show one workflow (the keys of WorkflowHandle.describe()).")
+        p.add_argument("id")
+
+        p = command("start", "Start a workflow by its registered name.")
+        p.add_argument("type", help="The workflow's registered name.")
+        # dest names other than args/kwargs: call_command passes an "args" option as positional arguments.
+        p.add_argument(
+            "--args", dest="args_json", default="[]", help='Positional arguments, a JSON list (default "[]").'
+        )
+        p.add_argument(
+            "--kwargs", dest="kwargs_json", default="{}", help='Keyword arguments, a JSON object (default "{}").'
+        )
+        p.add_argument("--id", dest="workflow_id", help="The workflow id (default: a new UUID).")
+
+        p = command("signal", "Send a signal to a workflow.")
+        p.add_argument("id")
+        p.add_argument("name")
+        p.add_argument("--payload", help="JSON payload (default null).")
+        p.add_argument("--signal-id", help="Deduplication id: resending it to the same run is a no-op.")
+
+        p = command("query", "Ask a running workflow a query.")
+        p.add_argument("id")
+        p.add_argument("name")
+        p.add_argument("--arg", help="JSON argument passed to the query handler (omitted: no argument).")
+        p.add_argument("--timeout", type=_duration, default=timedelta(seconds=5), help="Default 5s.")
+
+        p = command("update", "Send an update to a workflow and print the handler's result.")
+        p.add_argument("id")
+        p.add_argument("name")
+        p.add_argument("--payload", help="JSON payload (default null).")
+        p.add_argument("--idempotency-key", help="Resending the same key returns the first outcome.")
+        p.add_argument("--timeout", type=_duration, default=timedelta(seconds=5), help="Default 5s.")
+
+        p = command("cancel", "Cancel a workflow (asks first unless --yes).")
+        p.add_argument("id")
+        p.add_argument("--reason", help="Stored with the run as its cancel reason.")
+        p.add_argument("--yes", action="store_true", help="Do not ask for confirmation.")
+
+        for name, help in (
+            ("suspend", "Suspend a running workflow: no engine drives it until it is resumed."),
+            ("resume", "Resume a suspended workflow."),
+            ("retry", "Retry a failed workflow from its last checkpoint (same run id)."),
+        ):
+            command(name, help).add_argument("id")
+
+        p = command("purge", "Delete terminal workflows (default: those WEFT['RETENTION'] says are due).")
+        p.add_argument("--status", action="append", choices=TERMINAL, help="Only this terminal status; repeatable.")
+        p.add_argument(
+            "--older-than", type=_duration, help='Finished longer ago than this ("7d", "12h"), instead of RETENTION.'
+        )
+        p.add_argument("--dry-run", action="store_true", help="Only say how many would be purged.")
+        p.add_argument("--yes", action="store_true", help="Do not ask for confirmation.")
+
+        command("engines", "List engines: alive, dead or stopped, and the claims each holds.")
+
+        p = command("claims", "List claims held by engines, soonest expiry first.")
+        p.add_argument("--all", action="store_true", help="Include released claims (no holder).")
+        p.add_argument("--limit", type=_positive_int, default=200, help="At most this many rows (default 200).")
+
+        command("schedules", "List schedules.")
+
+        p = command("doctor", "Check the database, migrations, settings, claims, timers and engines.")
+        p.add_argument("--strict", action="store_true", help="Exit non-zero on warnings too.")
+
+    # ------------------------------------------------------------------------------------------
+    def handle(self, *args: Any, **options: Any) -> None:
+        handler: Callable[[dict[str, Any]], None] = getattr(self, f"_{options['subcommand']}")
+        try:
+            handler(options)
+        except NotImplementedError as exc:
+            raise CommandError(
+                f"{options['subcommand']} is not available in this version of weft_django: {exc}"
+            ) from None
+        except (WeftError, InvalidArgumentError) as exc:
+            raise CommandError(f"{type(exc).__name__}: {exc}") from None
+
+    @property
+    def _using(self) -> str:
+        from ...conf import database_alias
+
+        return database_alias()
+
+    def _print(self, text: str) -> None:
+        self.stdout.write(text)
+
+    def _print_json(self, value: Any) -> None:
+        self.stdout.write(json.dumps(value, indent=2, default=_json_default, ensure_ascii=False))
+
+    def _payload(self, text: str | None, what: str) -> Any:
+        from ...admin.payloads import PayloadInputError, parse_payload
+
+        try:
+            return parse_payload(text, what)
+        except PayloadInputError as exc:
+            raise CommandError(str(exc)) from None
+
+    def _confirm(self, question: str, options: dict[str, Any]) -> None:
+        if options.get("yes"):
+            return
+        if not sys.stdin.isatty():
+            raise CommandError(
+                f"{question} Refusing to go on without confirmation: pass --yes (stdin is not a terminal)."
+            )
+        answer = input(f"{question} [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            raise CommandError("Aborted: nothing was changed.")
+
+    # -- reading ---------------------------------------------------------------------------------
+    def _list(self, options: dict[str, Any]) -> None:
+        from ...admin.formatting import short_step
+        from ...admin.health import current_step, with_ownership
+        from ...clock import db_clock
+        from ...models import Workflow
+
+        queryset = Workflow.objects.using(self._using).order_by("-created_at", "id")
+        if options["status"]:
+            queryset = queryset.filter(status__in=options["status"])
+        if options["workflow_type"]:
+            queryset = queryset.filter(workflow_type=options["workflow_type"])
+        rows = list(with_ownership(queryset, self._using, timers=True)[: options["limit"]])
+        described = [
+            {
+                **{key: getattr(row, key) for key in DESCRIBE_KEYS if key not in ("epoch", "current_step")},
+                "epoch": row.claim_epoch,  # type: ignore[attr-defined]
+                "current_step": current_step(row),
+            }
+            for row in rows
+        ]
+        if options["json"]:
+            self._print_json([{key: item[key] for key in DESCRIBE_KEYS} for item in described])
+            return
+        if not described:
+            self._print("No workflows match.")
+            return
+        now = db_clock(self._using)
+        headers = ("ID", "TYPE", "STATUS", "OWNER", "EPOCH", "CLAIM EXPIRES", "STEP", "CREATED")
+        self._print(
+            table(
+                headers,
+                [
+                    (
+                        d["id"],
+                        d["workflow_type"],
+                        d["status"],
+                        d["owner_engine"],
+                        d["epoch"],
+                        _claim_expiry(d["claim_expires_at"], now) if d["owner_engine"] else None,
+                        short_step(d["current_step"]),
+                        _when(d["created_at"]),
+                    )
+                    for d in described
+                ],
+            )
+        )
+        self._print(f"\n{len(described)} workflow(s) shown (--limit {options['limit']}).")
+
+    def _describe(self, options: dict[str, Any]) -> None:
+        from ...client import get_handle
+        from ...models import Workflow
+
+        described = get_handle(options["id"]).describe()
+        if options["json"]:
+            self._print_json(described)
+            return
+        extra = (
+            Workflow.objects.using(self._using).filter(pk=options["id"]).values("error", "stuck_error", "cancel_reason")
+        )
+        details: dict[str, Any] = dict(extra.first() or {})
+        lines = [(key, described[key]) for key in DESCRIBE_KEYS]
+        if details.get("error"):
+            lines.append(("error", f"{details['error'].get('type', 'Error')}: {details['error'].get('message', '')}"))
+        if details.get("stuck_error"):
+            stuck = details["stuck_error"]
+            lines.append(("stuck on", f"{stuck.get('type', 'Error')}: {stuck.get('message', '')}"))
+        if details.get("cancel_reason"):
+            lines.append(("cancel reason", details["cancel_reason"]))
+        width = max(len(key) for key, _ in lines)
+        for key, value in lines:
+            shown = _when(value) if isinstance(value, datetime) else ("-" if value is None else value)
+            self._print(f"{key.ljust(width)}  {shown}")
+
+    def _engines(self, options: dict[str, Any]) -> None:
+        from ...admin.formatting import format_duration
+        from ...admin.health import engine_rows
+        from ...clock import db_clock
+        from ...conf import get_settings
+
+        rows = engine_rows(self._using, db_clock(self._using), get_settings().workflow_claim_ttl)
+        if options["json"]:
+            self._print_json([row.as_dict() for row in rows])
+            return
+        if not rows:
+            self._print("No engine has registered yet.")
+            return
+        headers = ("ENGINE", "STATE", "HOST", "PID", "MODE", "STARTED", "HEARTBEAT", "CLAIMS", "LAPSED")
+        self._print(
+            table(
+                headers,
+                [
+                    (
+                        r.engine.id,
+                        r.state,
+                        r.engine.host,
+                        r.engine.pid,
+                        r.engine.mode,
+                        _when(r.engine.started_at),
+                        format_duration(r.heartbeat_age) + " ago",
+                        r.claims_held,
+                        r.claims_lapsed,
+                    )
+                    for r in rows
+                ],
+            )
+        )
+
+    def _claims(self, options: dict[str, Any]) -> None:
+        from ...admin.health import claim_rows
+        from ...clock import db_clock
+
+        now = db_clock(self._using)
+        rows = claim_rows(self._using, now, held_only=not options["all"], limit=options["limit"])
+        if options["json"]:
+            self._print_json([row.as_dict() for row in rows])
+            return
+        if not rows:
+            self._print("No engine holds a claim." if not options["all"] else "No claims.")
+            return
+        headers = ("WORKFLOW", "TYPE", "STATUS", "ENGINE", "EPOCH", "EXPIRES")
+        self._print(
+            table(
+                headers,
+                [
+                    (
+                        r.workflow_id,
+                        r.workflow_type,
+                        r.status,
+                        r.engine_id,
+                        r.epoch,
+                        _claim_expiry(r.expires_at, now),
+                    )
+                    for r in rows
+                ],
+            )
+        )
+
+    def _schedules(self, options: dict[str, Any]) -> None:
+        if importlib.util.find_spec("weft_django.schedules") is None:
+            self._print("no schedules module yet")
+            return
+        from ... import schedules
+        from ...models import Schedule
+
+        rows = list(Schedule.objects.using(self._using).order_by("id"))
+        if options["json"]:
+            self._print_json([schedules.get_schedule(row.id).describe() for row in rows])
+            return
+        if not rows:
+            self._print("No schedules.")
+            return
+        headers = ("SCHEDULE", "TYPE", "WHEN", "TZ", "OVERLAP", "PAUSED", "NEXT FIRE", "LAST FIRED", "MISSED")
+        self._print(
+            table(
+                headers,
+                [
+                    (
+                        r.id,
+                        r.workflow_type,
+                        r.cron or (f"every {r.every}s" if r.every else None),
+                        r.timezone,
+                        r.overlap,
+                        "paused" if r.paused else "",
+                        _when(r.next_fire_at),
+                        _when(r.last_fired_at),
+                        r.missed_fire_count,
+                    )
+                    for r in rows
+                ],
+            )
+        )
+
+    def _doctor(self, options: dict[str, Any]) -> None:
+        from ...admin.doctor import ERROR, WARNING, doctor, healthy
+
+        findings = doctor(self._using)
+        ok = healthy(findings, strict=options["strict"])
+        errors = sum(1 for f in findings if f.level == ERROR)
+        warnings = sum(1 for f in findings if f.level == WARNING)
+        if options["json"]:
+            self._print_json({"healthy": ok, "checks": [f.as_dict() for f in findings]})
+        else:
+            width = max(len(f.check) for f in findings)
+            for finding in findings:
+                self._print(f"{finding.level.upper():8} {finding.check.ljust(width)}  {finding.summary}")
+                for detail in finding.details:
+                    self._print(f"{'':8} {'':{width}}    - {detail}")
+                if finding.hint and finding.level in (ERROR, WARNING):
+                    self._print(f"{'':8} {'':{width}}    hint: {finding.hint}")
+            verdict = "healthy" if ok else "UNHEALTHY"
+            self._print(f"\n{verdict}: {errors} error(s), {warnings} warning(s).")
+        if not ok:
+            raise CommandError(f"weft doctor: unhealthy ({errors} error(s), {warnings} warning(s)).", returncode=1)
+
+    # -- acting ----------------------------------------------------------------------------------
+    def _start(self, options: dict[str, Any]) -> None:
+        from ...client import start
+        from ...registry import resolve_workflow
+
+        args = self._payload(options["args_json"], "--args")
+        kwargs = self._payload(options["kwargs_json"], "--kwargs")
+        if not isinstance(args, list):
+            raise CommandError(f"--args must be a JSON list of positional arguments (got {options['args_json']!r}).")
+        if not isinstance(kwargs, dict):
+            raise CommandError(f"--kwargs must be a JSON object of keyword arguments (got {options['kwargs_json']!r}).")
+        resolve_workflow(options["type"])  # WorkflowNotRegisteredError names the registered types
+        handle = start(options["type"], args=args, kwargs=kwargs, id=options["workflow_id"])
+        if options["json"]:
+            self._print_json(handle.describe())
+        else:
+            self._print(f'Started {options["type"]} as "{handle.id}" ({handle.status}).')
+
+    def _signal(self, options: dict[str, Any]) -> None:
+        from ...client import signal
+
+        payload = self._payload(options["payload"], "--payload")
+        signal(options["id"], options["name"], payload, signal_id=options["signal_id"])
+        if options["json"]:
+            self._print_json({"id": options["id"], "signal": options["name"], "sent": True})
+        else:
+            self._print(f'Signal "{options["name"]}" sent to "{options["id"]}".')
+
+    def _query(self, options: dict[str, Any]) -> None:
+        from ...client import get_handle
+
+        handle = get_handle(options["id"])
+        if options["arg"] is None:
+            result = handle.query(options["name"], timeout=options["timeout"])
+        else:
+            result = handle.query(options["name"], self._payload(options["arg"], "--arg"), timeout=options["timeout"])
+        self._show_result(result, options)
+
+    def _update(self, options: dict[str, Any]) -> None:
+        from ...client import get_handle
+
+        payload = self._payload(options["payload"], "--payload")
+        result = get_handle(options["id"]).update(
+            options["name"], payload, idempotency_key=options["idempotency_key"], timeout=options["timeout"]
+        )
+        self._show_result(result, options)
+
+    def _show_result(self, result: Any, options: dict[str, Any]) -> None:
+        if options["json"]:
+            self._print_json(result)
+        else:
+            self._print(pprint.pformat(result, width=100, sort_dicts=False))
+
+    def _cancel(self, options: dict[str, Any]) -> None:
+        from ...client import get_handle
+
+        handle = get_handle(options["id"])
+        described = handle.describe()  # WorkflowNotFoundError before asking
+        if described["status"] in TERMINAL_STATUSES:
+            raise CommandError(
+                f'Workflow "{handle.id}" already ended ({described["status"]}); there is nothing to cancel.'
+            )
+        self._confirm(f'Cancel workflow "{handle.id}" ({described["workflow_type"]}, {described["status"]})?', options)
+        handle.cancel(options["reason"])
+        self._done(options, handle.id, "cancelled")
+
+    def _suspend(self, options: dict[str, Any]) -> None:
+        from ...client import get_handle
+
+        get_handle(options["id"]).suspend()
+        self._done(options, options["id"], "suspended")
+
+    def _resume(self, options: dict[str, Any]) -> None:
+        from ...client import get_handle
+
+        get_handle(options["id"]).resume()
+        self._done(options, options["id"], "resumed")
+
+    def _retry(self, options: dict[str, Any]) -> None:
+        from ...client import get_handle
+
+        get_handle(options["id"]).retry()
+        self._done(options, options["id"], "retried")
+
+    def _done(self, options: dict[str, Any], workflow_id: str, what: str) -> None:
+        if options["json"]:
+            from ...client import get_handle
+
+            self._print_json(get_handle(workflow_id).describe())
+        else:
+            self._print(f'Workflow "{workflow_id}" {what}.')
+
+    def _purge(self, options: dict[str, Any]) -> None:
+        from ...admin.formatting import format_duration
+        from ...admin.terminal import retention_due
+        from ...clock import db_now
+        from ...conf import get_settings
+        from ...models import Workflow
+        from ...transitions import purge
+
+        statuses = options["status"] or TERMINAL
+        now = db_now(self._using)
+        if options["older_than"] is not None:
+            queryset = Workflow.objects.using(self._using).filter(
+                status__in=statuses, finished_at__lt=now - options["older_than"]
+            )
+            rule = f"finished more than {format_duration(options['older_than'])} ago"
+        else:
+            queryset = retention_due(self._using, now, get_settings().retention, statuses)
+            rule = "due under WEFT['RETENTION']"
+        counts = dict(queryset.values("status").annotate(n=Count("pk")).order_by().values_list("status", "n"))
+        total = sum(counts.values())
+        breakdown = ", ".join(f"{status}: {n}" for status, n in sorted(counts.items()))
+        if options["dry_run"] or not total:
+            if options["json"]:
+                self._print_json({"purged": 0, "would_purge": total, "by_status": counts})
+            else:
+                self._print(f"{total} workflow(s) {rule}" + (f" ({breakdown})" if total else "") + "; none purged.")
+            return
+        self._confirm(f"Purge {total} terminal workflow(s) {rule} ({breakdown})? This cannot be undone.", options)
+        purged = purge(queryset, using=self._using)
+        if options["json"]:
+            self._print_json({"purged": purged, "by_status": counts})
+        else:
+            self._print(f"Purged {purged} workflow(s).")
