@@ -1,17 +1,25 @@
 """Run the weft_django benchmarks and print a results table.
 
-    python -m benchmarks.run [--workflows 1000] [--scenarios throughput[,backlog]] [--engine-concurrency 8]
-                             [--conn-max-age SECONDS|none] [--analyze] [--trace-sql] [--py-spy]
-                             [--engine-verbosity 1]
+    python -m benchmarks.run [--workflows 1000] [--scenarios throughput[,backlog,takeover,fencing-cost]]
+                             [--engine-concurrency 8] [--conn-max-age SECONDS|none] [--analyze] [--trace-sql]
+                             [--py-spy] [--engine-verbosity 1] [--weft KEY=VALUE ...]
+                             [--takeover-workflows 200] [--takeover-timings 3s/1s,30s/5s]
+                             [--takeover-cases kill,term,kill-go] [--fencing-base throughput|backlog]
+                             [--fencing-rounds 2]
 
 Each run drops and re-creates the PostgreSQL database ``weft_bench`` (see benchmarks/settings.py),
-migrates it, and runs the scenarios against ONE real ``weft_engine`` subprocess:
+migrates it, and runs the scenarios against real ``weft_engine`` subprocesses (ONE, except takeover):
 
 * ``throughput`` (the default): the engine is up, then one client starts N ``bench.three_noop``
   workflows, one ``weft.start()`` call each, as fast as it can; timed from the first start to the
   last completion.
 * ``backlog``: the N workflows are started while no engine runs, then the engine drains them; timed
   from its first step to the last completion (the engine's own capacity, without a competing client).
+* ``takeover``: engine A holds the claims of N parked ``bench.parked`` workflows, engine B runs beside
+  it; A is SIGKILLed (``kill``), SIGTERMed (``term``), or SIGKILLed with "go" sent to every workflow
+  right after (``kill-go``); timed until B holds every claim (or every workflow completed), per
+  claim TTL/renew pair.
+* ``fencing-cost``: throughput (or backlog) with OWNERSHIP "workflow-lease" and "none", alternately.
 
 The table is printed and written as JSON to ``benchmarks/results/<timestamp>.json`` (gitignored), next
 to the engine's log (and, with the flags, its SQL trace and py-spy stacks). See docs/benchmarks.md.
@@ -160,7 +168,15 @@ def settle_stats() -> None:
 class Engine:
     """ONE weft_engine subprocess, run as ``python -m django weft_engine`` from the repository root."""
 
-    def __init__(self, engine_id: str, concurrency: int, verbosity: int, trace_out: Path | None, log: Path):
+    def __init__(
+        self,
+        engine_id: str,
+        concurrency: int,
+        verbosity: int,
+        trace_out: Path | None,
+        log: Path,
+        weft: dict[str, Any] | None = None,
+    ):
         command = [sys.executable, "-m"]
         if trace_out is not None:
             command += ["benchmarks.sqltrace", "--out", str(trace_out), "--"]
@@ -168,6 +184,9 @@ class Engine:
             command += ["django"]
         command += ["weft_engine", "--engine-id", engine_id, "--concurrency", str(concurrency), "-v", str(verbosity)]
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": "benchmarks.settings"}
+        self.weft = dict(weft or {})
+        if self.weft:
+            env["WEFT_BENCH_OVERRIDES"] = json.dumps(self.weft)  # merged into WEFT by benchmarks/settings.py
         self.engine_id = engine_id
         self.command = command
         self.log_path = log
@@ -250,7 +269,15 @@ def _start_all(n: int) -> float:
     return time.monotonic() - began
 
 
-def _three_noop_run(name: str, options: argparse.Namespace, stamp: str, *, engine_first: bool) -> dict[str, Any]:
+def _three_noop_run(
+    name: str,
+    options: argparse.Namespace,
+    stamp: str,
+    *,
+    engine_first: bool,
+    weft: dict[str, Any] | None = None,
+    label: str | None = None,
+) -> dict[str, Any]:
     from django.db import connection
     from tqdm import tqdm
 
@@ -259,10 +286,12 @@ def _three_noop_run(name: str, options: argparse.Namespace, stamp: str, *, engin
 
     n = options.workflows
     steps = 3 * n
+    weft = {**options.weft, **(weft or {})}
+    label = label or name
     RESULTS.mkdir(exist_ok=True)
-    trace_out = RESULTS / f"{stamp}-{name}-engine-sql.json" if options.trace_sql else None
-    log = RESULTS / f"{stamp}-{name}-engine.log"
-    profile = RESULTS / f"{stamp}-{name}-engine-pyspy.txt" if options.py_spy else None
+    trace_out = RESULTS / f"{stamp}-{label}-engine-sql.json" if options.trace_sql else None
+    log = RESULTS / f"{stamp}-{label}-engine.log"
+    profile = RESULTS / f"{stamp}-{label}-engine-pyspy.txt" if options.py_spy else None
 
     settle_stats()
     if options.pgss:
@@ -279,7 +308,7 @@ def _three_noop_run(name: str, options: argparse.Namespace, stamp: str, *, engin
     done = 0
     try:
         if engine_first:
-            engine = Engine("bench-1", options.engine_concurrency, options.engine_verbosity, trace_out, log)
+            engine = Engine("bench-1", options.engine_concurrency, options.engine_verbosity, trace_out, log, weft)
             engine.wait_ready()
             engine_boot_cpu = engine.cpu_seconds()
             client["boot"] = sqltrace.snapshot()  # the readiness polling, not part of the starts
@@ -295,7 +324,7 @@ def _three_noop_run(name: str, options: argparse.Namespace, stamp: str, *, engin
             client["starts"] = sqltrace.snapshot()
             sqltrace.reset()
             clock0 = time.monotonic()
-            engine = Engine("bench-1", options.engine_concurrency, options.engine_verbosity, trace_out, log)
+            engine = Engine("bench-1", options.engine_concurrency, options.engine_verbosity, trace_out, log, weft)
             spy = _py_spy(engine, profile)
         if engine_first:
             client["starts"] = sqltrace.snapshot()
@@ -377,6 +406,7 @@ def _three_noop_run(name: str, options: argparse.Namespace, stamp: str, *, engin
         "committed_steps": committed_steps,
         "statuses": statuses,
         "engine_concurrency": options.engine_concurrency,
+        "weft_overrides": weft,
         "engine_command": " ".join(engine.command),
         "engine_exit_code": code,
         "engine_log": str(log),
@@ -437,6 +467,8 @@ def _three_noop_run(name: str, options: argparse.Namespace, stamp: str, *, engin
             "write_transactions_per_step": trace["write_transactions"] / steps,
             "by_thread": trace["by_thread"],
             "top_shapes": trace["shapes"][:25],
+            # statements that read or write claim rows (acquire, renew, the fence's lock, release, ...)
+            "claim_statements": sum(shape["calls"] for shape in trace["shapes"] if "workflowclaim" in shape["sql"]),
         }
     return result
 
@@ -475,7 +507,338 @@ def _start_row_writes(delta: dict[str, Any], n: int) -> int:
     return sum(tables.get(t, {}).get("ins", 0) for t in ("weft_django_workflow", "weft_django_workflowclaim"))
 
 
-SCENARIOS = {"throughput": scenario_throughput, "backlog": scenario_backlog}
+# ------------------------------------------------------------------------------------------ takeover
+
+TAKEOVER_POLL_SECONDS = 0.02
+TAKEOVER_CASES = {
+    "kill": "SIGKILL engine A; timed until engine B holds all N claims",
+    "term": "SIGTERM engine A (graceful: it releases its claims); timed until engine B holds all N claims",
+    "kill-go": 'SIGKILL engine A, then "go" to all N at once; timed until all N completed',
+}
+
+
+def _seconds(value: Any) -> float:
+    from weft_django.durations import to_ms
+
+    return to_ms(value) / 1000
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {
+        "min": min(values, default=float("nan")),
+        "p50": percentile(values, 0.50),
+        "p99": percentile(values, 0.99),
+        "max": max(values, default=float("nan")),
+    }
+
+
+def _passes(offsets: list[float], gap: float = 0.05) -> list[list[float]]:
+    """Group event times (seconds after the kill) into passes: [[first offset, count], ...]."""
+    groups: list[list[float]] = []
+    for t in sorted(offsets):
+        if groups and t - groups[-1][2] <= gap:
+            groups[-1][1] += 1
+            groups[-1][2] = t
+        else:
+            groups.append([t, 1, t])
+    return [[first, count] for first, count, _ in groups]
+
+
+def _took_over_from_log(log: Path, since: dt.datetime) -> list[float]:
+    """Seconds after ``since`` of the engine's "took over workflow=..." warnings (the log's asctime is
+    local time, like ``since``)."""
+    import re
+
+    pattern = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) WARNING .* took over workflow=")
+    offsets = []
+    for line in log.read_text().splitlines():
+        match = pattern.match(line)
+        if match:
+            stamp = dt.datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f")
+            offsets.append((stamp - since).total_seconds())
+    return offsets
+
+
+def scenario_takeover(options: argparse.Namespace, stamp: str) -> dict[str, Any]:
+    """Engine A holds the claims of N parked workflows (``bench.parked`` waits for signal "go"); engine
+    B runs beside it; then A is killed (SIGKILL) or stopped (SIGTERM) and the time until B holds every
+    claim (or, with "go" sent right after the kill, until every workflow completed) is measured, once
+    per claim timing (TTL/renew) and case, each on a flushed database."""
+    from django.core.management import call_command
+
+    cases = []
+    for ttl, renew in options.takeover_timings:
+        for case in options.takeover_cases:
+            call_command("flush", interactive=False, verbosity=0)
+            cases.append(_takeover_case(case, ttl, renew, options, stamp))
+    return {
+        "scenario": "takeover",
+        "workflows": options.takeover_workflows,
+        "engine_concurrency": options.engine_concurrency,
+        "poll_seconds": TAKEOVER_POLL_SECONDS,
+        "cases": cases,
+    }
+
+
+def _claim_counts() -> tuple[dict[str | None, int], int]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT engine_id, count(*) FROM weft_django_workflowclaim GROUP BY engine_id")
+        held = dict(cursor.fetchall())
+        cursor.execute("SELECT count(*) FROM weft_django_workflow WHERE status = 'completed'")
+        completed = cursor.fetchone()[0]
+    return held, completed
+
+
+def _db_clock() -> dt.datetime:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        return cursor.fetchone()[0]
+
+
+def _takeover_case(case: str, ttl: str, renew: str, options: argparse.Namespace, stamp: str) -> dict[str, Any]:
+    from django.conf import settings
+    from django.db import connection
+    from tqdm import tqdm
+
+    import weft_django as weft
+    from benchmarks.benchapp.workflows import parked
+    from weft_django.conf import DEFAULTS
+
+    n = options.takeover_workflows
+    overrides = {**options.weft, "WORKFLOW_CLAIM_TTL": ttl, "WORKFLOW_CLAIM_RENEW_INTERVAL": renew}
+    effective = {**DEFAULTS, **settings.WEFT, **overrides}
+    ttl_s, renew_s = _seconds(ttl), _seconds(renew)
+    poll_s = _seconds(effective["POLL_INTERVAL"])
+    batch = int(effective["CLAIM_BATCH_SIZE"])
+    passes_needed = -(-n // batch)
+    tag = f"takeover-{case}-{ttl}-{renew}"
+    print(f"\n{tag}: {TAKEOVER_CASES[case]}", flush=True)
+
+    RESULTS.mkdir(exist_ok=True)
+    verbosity, concurrency = options.engine_verbosity, options.engine_concurrency
+    a = Engine("bench-a", concurrency, verbosity, None, RESULTS / f"{stamp}-{tag}-engine-a.log", overrides)
+    b: Engine | None = None
+    result: dict[str, Any] = {
+        "case": case,
+        "description": TAKEOVER_CASES[case],
+        "workflows": n,
+        "workflow_claim_ttl": ttl,
+        "workflow_claim_renew_interval": renew,
+        "poll_interval_s": poll_s,
+        "claim_batch_size": batch,
+        "weft_overrides": overrides,
+        "engine_logs": [str(a.log_path)],
+    }
+    try:
+        a.wait_ready()
+        ids = [weft.start(parked, args=[i]).id for i in tqdm(range(n), desc="start   ", unit="wf", leave=True)]
+        deadline = time.monotonic() + 60
+        while _claim_counts()[0].get(a.engine_id, 0) < n:
+            if not a.alive():
+                raise RuntimeError(f"engine A exited with {a.process.returncode}:\n{a.tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"engine A did not claim all {n} workflows within 60 s:\n{a.tail()}")
+            time.sleep(POLL_SECONDS)
+        time.sleep(0.5)  # A commits the parked state
+        b = Engine("bench-b", concurrency, verbosity, None, RESULTS / f"{stamp}-{tag}-engine-b.log", overrides)
+        result["engine_logs"].append(str(b.log_path))
+        b.wait_ready()
+        held, _ = _claim_counts()
+        if held.get(a.engine_id, 0) != n:
+            raise RuntimeError(f"before the kill, A holds {held.get(a.engine_id, 0)} of {n} claims: {held}")
+
+        with connection.cursor() as cursor:  # A's renewal time before the kill (SIGTERM: it releases them)
+            cursor.execute(
+                "SELECT min(expires_at), max(expires_at) FROM weft_django_workflowclaim WHERE engine_id = %s",
+                [a.engine_id],
+            )
+            expiry_before = cursor.fetchone()
+        sig = signal.SIGTERM if case == "term" else signal.SIGKILL
+        wall0 = dt.datetime.now()
+        clock0 = time.monotonic()
+        a.process.send_signal(sig)
+        kill_db = _db_clock()
+        a_exited = None
+        if sig == signal.SIGKILL:
+            a.process.wait(10)
+            a_exited = time.monotonic() - clock0
+            time.sleep(0.05)
+            with connection.cursor() as cursor:  # final: a renewal in flight at the kill may have landed
+                cursor.execute(
+                    "SELECT min(expires_at), max(expires_at) FROM weft_django_workflowclaim WHERE engine_id = %s",
+                    [a.engine_id],
+                )
+                expiry = cursor.fetchone()
+        else:
+            expiry = expiry_before
+        signals_s = None
+        if case == "kill-go":
+            t = time.monotonic()
+            for wid in ids:
+                weft.signal(wid, "go", "now")
+            signals_s = time.monotonic() - t
+
+        # 20 ms polls: when A's claims are gone, when B holds them all, when all completed
+        timeline: dict[str, float | None] = {"a_exited": a_exited, "a_holds_none": None, "b_first": None, "b_all": None}
+        timeline["all_completed"] = None
+        limit = ttl_s + 3 * renew_s + passes_needed * renew_s + 60
+        done = False
+        while not done:
+            held, completed = _claim_counts()
+            now = time.monotonic() - clock0
+            if timeline["a_exited"] is None and not a.alive():
+                timeline["a_exited"] = now
+            if timeline["a_holds_none"] is None and held.get(a.engine_id, 0) == 0:
+                timeline["a_holds_none"] = now
+            b_held = held.get(b.engine_id, 0)
+            if timeline["b_first"] is None and (b_held or completed):
+                timeline["b_first"] = now
+            if timeline["b_all"] is None and b_held == n:
+                timeline["b_all"] = now
+            if timeline["all_completed"] is None and completed == n:
+                timeline["all_completed"] = now
+            done = timeline["all_completed"] is not None if case == "kill-go" else timeline["b_all"] is not None
+            if not done:
+                if not b.alive():
+                    raise RuntimeError(f"engine B exited with {b.process.returncode}:\n{b.tail()}")
+                if now > limit:
+                    raise RuntimeError(
+                        f"{tag}: not done after {limit:.0f} s (claims {held}, {completed} completed); "
+                        f"engine B log {b.log_path}:\n{b.tail()}"
+                    )
+                time.sleep(TAKEOVER_POLL_SECONDS)
+        if a.alive():
+            a.process.wait(30)
+        timeline["a_exited"] = timeline["a_exited"] if timeline["a_exited"] is not None else time.monotonic() - clock0
+        result["a_exit_code"] = a.process.returncode
+
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT EXTRACT(EPOCH FROM claimed_at - %s) FROM weft_django_workflowclaim WHERE engine_id = %s",
+                [kill_db, b.engine_id],
+            )
+            claimed = [float(r[0]) for r in cursor.fetchall()]
+            cursor.execute(
+                "SELECT EXTRACT(EPOCH FROM finished_at - %s) FROM weft_django_workflow WHERE status = 'completed'",
+                [kill_db],
+            )
+            finished = [float(r[0]) for r in cursor.fetchall()]
+            cursor.execute("SELECT status, count(*) FROM weft_django_workflow GROUP BY status")
+            statuses = dict(cursor.fetchall())
+    finally:
+        for engine in (b, a):
+            if engine is not None:
+                engine.stop()
+    took_over_log = _took_over_from_log(b.log_path, wall0)
+    if case == "kill-go":
+        takeover_offsets = took_over_log  # B released the claims at completion: claimed_at is gone
+        source = "engine B's 'took over' log lines"
+    else:
+        takeover_offsets = claimed
+        source = "claimed_at - kill, database clock"
+
+    def after_kill(value: dt.datetime | None) -> float | None:
+        return (value - kill_db).total_seconds() if value is not None else None
+
+    result.update(
+        {
+            "signal": sig.name,
+            "statuses": statuses,
+            "took_over_log_lines": len(took_over_log),
+            "a_expiry_after_kill_s": [after_kill(expiry[0]), after_kill(expiry[1])],
+            "takeover_allowed_after_kill_s": (
+                [after_kill(expiry[0]) + 2 * renew_s, after_kill(expiry[1]) + 2 * renew_s]
+                if sig == signal.SIGKILL and expiry[0] is not None
+                else None
+            ),
+            "timeline_s": timeline,
+            "signals_seconds": signals_s,
+            "takeover_latency_source": source,
+            "takeover_latency_s": _spread(takeover_offsets),
+            "takeover_passes": _passes(takeover_offsets),
+            "completion_latency_s": _spread(finished) if case == "kill-go" else None,
+            "expected_bound_s": ttl_s + 2 * renew_s + renew_s + poll_s,
+            "expected_bound_batched_s": ttl_s + 2 * renew_s + passes_needed * renew_s + poll_s,
+            "passes_needed": passes_needed,
+        }
+    )
+    return result
+
+
+# ------------------------------------------------------------------------------------------ fencing cost
+
+
+def scenario_fencing_cost(options: argparse.Namespace, stamp: str) -> dict[str, Any]:
+    """The throughput (or, with --fencing-base backlog, the backlog) scenario with OWNERSHIP
+    "workflow-lease" and "none" on one engine, alternately, --fencing-rounds times each (each run on
+    a flushed database, which also clears the ownership-mode marker)."""
+    from django.core.management import call_command
+
+    base = options.fencing_base
+    modes = ["workflow-lease", "none"]
+    runs = []
+    for round_ in range(options.fencing_rounds):
+        for mode in modes if round_ % 2 == 0 else modes[::-1]:
+            call_command("flush", interactive=False, verbosity=0)
+            print(f"\nfencing-cost: {base}, OWNERSHIP={mode!r}, round {round_ + 1}", flush=True)
+            r = _three_noop_run(
+                base,
+                options,
+                stamp,
+                engine_first=base == "throughput",
+                weft={"OWNERSHIP": mode},
+                label=f"fencing-{base}-{mode}-{round_ + 1}",
+            )
+            r["mode"], r["round"] = mode, round_ + 1
+            runs.append(r)
+
+    def summary(mode: str) -> dict[str, Any]:
+        mine = [r for r in runs if r["mode"] == mode]
+        claim = [r["db"]["tables"].get("weft_django_workflowclaim", {}) for r in mine]
+        return {
+            "runs": len(mine),
+            "workflows_per_s": [r["workflows_per_s"] for r in mine],
+            "workflows_per_s_median": statistics.median(r["workflows_per_s"] for r in mine),
+            "latency_p50_median": statistics.median(r["latency_s"]["p50"] for r in mine),
+            "engine_cpu_ms_per_step_median": statistics.median(
+                r["engine_cpu_ms_per_step"] for r in mine if r["engine_cpu_ms_per_step"] is not None
+            ),
+            "engine_transactions_per_step_median": statistics.median(r["engine_transactions_per_step"] for r in mine),
+            "row_writes_per_step_median": statistics.median(r["row_writes_per_step"] for r in mine),
+            "claim_row_updates_per_workflow": [
+                c.get("upd", 0) / r["workflows"] for c, r in zip(claim, mine, strict=True)
+            ],
+            # traced runs (--trace-sql) only
+            "claim_statements_per_step": [
+                r["engine_sql"]["claim_statements"] / r["steps"] for r in mine if "engine_sql" in r
+            ],
+            "statements_per_step": [r["engine_sql"]["statements_per_step"] for r in mine if "engine_sql" in r],
+        }
+
+    by_mode = {mode: summary(mode) for mode in modes}
+    return {
+        "scenario": "fencing-cost",
+        "base": base,
+        "workflows": options.workflows,
+        "engine_concurrency": options.engine_concurrency,
+        "analyzed_before_engine": bool(options.analyze) and base == "backlog",
+        "by_mode": by_mode,
+        "ratio_none_over_workflow_lease": by_mode["none"]["workflows_per_s_median"]
+        / by_mode["workflow-lease"]["workflows_per_s_median"],
+        "runs": runs,
+    }
+
+
+SCENARIOS = {
+    "throughput": scenario_throughput,
+    "backlog": scenario_backlog,
+    "takeover": scenario_takeover,
+    "fencing-cost": scenario_fencing_cost,
+}
 
 
 # ------------------------------------------------------------------------------------------ report
@@ -518,6 +881,120 @@ def table(rows: list[tuple[str, str]]) -> str:
     return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)
 
 
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _report_takeover(r: dict[str, Any]) -> list[str]:
+    lines = [
+        "",
+        f"scenario: takeover ({r['workflows']} parked bench.parked workflows held by engine A, engine B "
+        f"running beside it; claims polled every {r['poll_seconds'] * 1000:.0f} ms)",
+    ]
+    for c in r["cases"]:
+        t = c["timeline_s"]
+        lat = c["takeover_latency_s"]
+        rows = [
+            (
+                "settings",
+                f"WORKFLOW_CLAIM_TTL {c['workflow_claim_ttl']}, RENEW_INTERVAL {c['workflow_claim_renew_interval']}, "
+                f"POLL_INTERVAL {c['poll_interval_s'] * 1000:.0f}ms, CLAIM_BATCH_SIZE {c['claim_batch_size']}",
+            ),
+            ("A exited", f"{_fmt(t['a_exited'])} s after the {c['signal']} (exit code {c['a_exit_code']})"),
+        ]
+        if c["signal"] == "SIGKILL":
+            low, high = c["a_expiry_after_kill_s"]
+            allowed = c["takeover_allowed_after_kill_s"]
+            rows.append(
+                (
+                    "A's claims expire / may be taken",
+                    f"{_fmt(low)}..{_fmt(high)} s / {_fmt(allowed[0])}..{_fmt(allowed[1])} s after the kill "
+                    "(expires_at; + 2 x renew)",
+                )
+            )
+        else:
+            rows.append(("A holds no claim", f"{_fmt(t['a_holds_none'])} s after the SIGTERM (released)"))
+        if c["case"] == "kill-go":
+            comp = c["completion_latency_s"]
+            rows += [
+                ('"go" sent to all', f"in {_fmt(c['signals_seconds'])} s, right after the kill"),
+                ("all completed (20 ms polls)", f"{_fmt(t['all_completed'])} s after the kill"),
+                (
+                    "per workflow, kill -> finished_at",
+                    f"min {comp['min']:.2f}  p50 {comp['p50']:.2f}  p99 {comp['p99']:.2f}  max {comp['max']:.2f} s",
+                ),
+            ]
+        else:
+            rows.append(("B holds all (20 ms polls)", f"{_fmt(t['b_all'])} s after the {c['signal']}"))
+        rows += [
+            (
+                "per claim, kill -> B's takeover",
+                f"min {lat['min']:.2f}  p50 {lat['p50']:.2f}  p99 {lat['p99']:.2f}  max {lat['max']:.2f} s "
+                f"({c['takeover_latency_source']})",
+            ),
+            (
+                "B's passes (s after, claims)",
+                ", ".join(f"+{first:.2f}: {count}" for first, count in c["takeover_passes"]),
+            ),
+        ]
+        if c["signal"] == "SIGKILL":
+            rows.append(
+                (
+                    "expected bound",
+                    f"TTL + 2 x renew + renew + poll = {c['expected_bound_s']:.1f} s; with "
+                    f"{c['passes_needed']} takeover passes of {c['claim_batch_size']} (one per renew interval): "
+                    f"{c['expected_bound_batched_s']:.1f} s",
+                )
+            )
+        lines += ["", f"  case {c['case']}: {c['description']}", table(rows)]
+    return lines
+
+
+def _report_fencing(r: dict[str, Any]) -> list[str]:
+    lines = [
+        "",
+        f"scenario: fencing-cost ({r['base']}{', ANALYZE after the starts' if r['analyzed_before_engine'] else ''}, "
+        f"{r['workflows']} workflows of 3 no-op steps, 1 engine, --concurrency {r['engine_concurrency']})",
+    ]
+    rows = []
+    for run in r["runs"]:
+        lat = run["latency_s"]
+        rows.append(
+            (
+                f"round {run['round']}, OWNERSHIP {run['mode']}",
+                f"{run['workflows_per_s']:.1f} wf/s = {run['steps_per_s']:.0f} steps/s; latency p50 {lat['p50']:.2f} s "
+                f"p99 {lat['p99']:.2f} s; engine CPU {_fmt(run['engine_cpu_ms_per_step'])} ms/step; "
+                f"{run['engine_transactions_per_step']:.2f} engine tx/step; "
+                f"{run['row_writes_per_step']:.2f} row writes/step"
+                + (
+                    f"; traced: {run['engine_sql']['statements_per_step']:.2f} statements/step, "
+                    f"{run['engine_sql']['transactions_per_step']:.2f} tx/step"
+                    if "engine_sql" in run
+                    else ""
+                ),
+            )
+        )
+    for mode, s in r["by_mode"].items():
+        rows.append(
+            (
+                f"median, {mode}",
+                f"{s['workflows_per_s_median']:.1f} wf/s; engine CPU {s['engine_cpu_ms_per_step_median']:.2f} ms/step; "
+                f"claim row updates per workflow {', '.join(f'{v:.2f}' for v in s['claim_row_updates_per_workflow'])}"
+                + (
+                    f"; traced: claim statements/step {', '.join(f'{v:.3f}' for v in s['claim_statements_per_step'])}"
+                    f" of {', '.join(f'{v:.3f}' for v in s['statements_per_step'])}"
+                    if s["statements_per_step"]
+                    else ""
+                ),
+            )
+        )
+    rows.append(("ratio none / workflow-lease", f"{r['ratio_none_over_workflow_lease']:.3f} (median workflows/s)"))
+    return [*lines, table(rows)]
+
+
+EXTRA_REPORTS = {"takeover": _report_takeover, "fencing-cost": _report_fencing}
+
+
 def report(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
     lines = [
         "",
@@ -538,6 +1015,9 @@ def report(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
         ),
     ]
     for r in results:
+        if r["scenario"] in EXTRA_REPORTS:
+            lines += EXTRA_REPORTS[r["scenario"]](r)
+            continue
         lat, first = r["latency_s"], r["first_step_delay_s"]
         db = r["db"]
         rows = [
@@ -545,6 +1025,7 @@ def report(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
             (
                 "engine",
                 f"1 subprocess, --concurrency {r['engine_concurrency']}, POLL_INTERVAL 100ms"
+                f"{''.join(f', {k}={v}' for k, v in r.get('weft_overrides', {}).items())}"
                 f"{', SQL traced' if r['sql_traced'] else ''}"
                 f"{', ANALYZE after the starts' if r.get('analyzed_before_engine') else ''}",
             ),
@@ -668,7 +1149,55 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="count the engine's statements by shape (Django execute wrapper in the engine)",
     )
+    parser.add_argument(
+        "--weft",
+        dest="weft_items",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a WEFT setting for every engine subprocess (JSON value, else a string), e.g. --weft CLAIM_BATCH_SIZE=200",
+    )
+    parser.add_argument("--takeover-workflows", type=int, default=200, help="takeover: parked workflows (default 200)")
+    parser.add_argument(
+        "--takeover-timings",
+        default="3s/1s,30s/5s",
+        help="takeover: comma-separated WORKFLOW_CLAIM_TTL/WORKFLOW_CLAIM_RENEW_INTERVAL pairs (default 3s/1s,30s/5s)",
+    )
+    parser.add_argument(
+        "--takeover-cases",
+        default=",".join(TAKEOVER_CASES),
+        help=f"takeover: comma-separated, of {', '.join(TAKEOVER_CASES)} (default all)",
+    )
+    parser.add_argument(
+        "--fencing-base",
+        choices=["throughput", "backlog"],
+        default="throughput",
+        help="fencing-cost: the scenario run under each OWNERSHIP mode (default throughput)",
+    )
+    parser.add_argument(
+        "--fencing-rounds", type=int, default=2, help="fencing-cost: runs per mode, alternating (default 2)"
+    )
     options = parser.parse_args(argv)
+    options.weft = {}
+    for item in options.weft_items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--weft {item!r}: expected KEY=VALUE")
+        try:
+            options.weft[key.strip()] = json.loads(value)
+        except ValueError:
+            options.weft[key.strip()] = value
+    try:
+        options.takeover_timings = [
+            tuple(pair.strip().split("/", 1)) for pair in options.takeover_timings.split(",") if pair.strip()
+        ]
+        for ttl, renew in options.takeover_timings:
+            _seconds(ttl), _seconds(renew)
+    except ValueError as exc:
+        parser.error(f"--takeover-timings: {exc}")
+    options.takeover_cases = [c.strip() for c in options.takeover_cases.split(",") if c.strip()]
+    if set(options.takeover_cases) - set(TAKEOVER_CASES):
+        parser.error(f"--takeover-cases: known cases are {', '.join(TAKEOVER_CASES)}")
     scenarios = [s.strip() for s in options.scenarios.split(",") if s.strip()]
     unknown = [s for s in scenarios if s not in SCENARIOS]
     if unknown:

@@ -2,9 +2,12 @@
 
 Override the connection with WEFT_BENCH_PG_HOST / _PORT / _USER / _NAME. WEFT_BENCH_CONN_MAX_AGE sets
 CONN_MAX_AGE ("none" = persistent connections; default 0, Django's default), which ``run.py
---conn-max-age`` sets for the benchmark process and the engine alike.
+--conn-max-age`` sets for the benchmark process and the engine alike. WEFT_BENCH_OVERRIDES, a JSON
+object, is merged into WEFT: ``run.py`` sets it for each engine subprocess (ownership mode, claim
+TTL and renew interval, ``--weft KEY=VALUE``).
 """
 
+import json
 import os
 
 
@@ -35,12 +38,13 @@ DATABASES = {
     }
 }
 
-WEFT = {"POLL_INTERVAL": "100ms"}
+WEFT = {"POLL_INTERVAL": "100ms", **json.loads(os.environ.get("WEFT_BENCH_OVERRIDES") or "{}")}
 
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {"stamped": {"format": "%(asctime)s %(levelname)s %(threadName)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "stamped"}},
     "loggers": {
         "weft_django": {"handlers": ["console"], "level": os.environ.get("WEFT_LOG_LEVEL", "WARNING")},
     },

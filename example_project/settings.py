@@ -91,18 +91,21 @@ WEFT = {
     # Upper bound on wake-up latency when no notification arrives. SQLite has no LISTEN/NOTIFY, so
     # the demo polls; 200ms keeps it snappy. The default is "1s".
     "POLL_INTERVAL": env.str("WEFT_POLL_INTERVAL", default="200ms"),
-    # Activities run in the engine's thread pool. "celery" sends them to Celery workers instead
-    # (needs the CELERY_* settings below and a Celery app; not wired up in this example yet).
-    "ACTIVITY_EXECUTOR": "threads",
+    # Activities run in the engine's thread pool. WEFT_ACTIVITY_EXECUTOR=celery sends them to Celery
+    # workers instead (example_project/celery.py; `celery -A example_project worker`, docs/celery.md).
+    "ACTIVITY_EXECUTOR": env.str("WEFT_ACTIVITY_EXECUTOR", default="threads"),
 }
 
-# Celery (only used with WEFT["ACTIVITY_EXECUTOR"] = "celery"). Read by a Celery app configured with
-# app.config_from_object("django.conf:settings", namespace="CELERY"), which this project does not
-# define yet.
+# Celery, read by example_project/celery.py (config_from_object("django.conf:settings",
+# namespace="CELERY")). weft's own tasks set acks_late and reject_on_worker_lost themselves.
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/0")
 CELERY_RESULT_BACKEND = env.str("CELERY_RESULT_BACKEND", default=None)
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Only for WEFT["BACKGROUND_TASKS"] = "manual": one engine pass every few seconds from celery beat.
+CELERY_BEAT_SCHEDULE = {
+    "weft-maintenance": {"task": "weft_django.run_maintenance", "schedule": 5.0, "options": {"expires": 5.0}}
+}
 
 LOGGING = {
     "version": 1,

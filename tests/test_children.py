@@ -58,7 +58,9 @@ def test_children_on_other_engines_wake_their_parent_even_when_that_engine_dies(
     engines = {"kids-a": first, "kids-b": second}
 
     def holders():
-        rows = dict(WorkflowClaim.objects.filter(workflow_id__startswith="far-parent").values_list("workflow_id", "engine_id"))
+        rows = dict(
+            WorkflowClaim.objects.filter(workflow_id__startswith="far-parent").values_list("workflow_id", "engine_id")
+        )
         return rows if len(rows) == 5 and all(rows.values()) else None
 
     claims = wait_for(holders, timeout=30, message="parent and children claimed")

@@ -532,21 +532,6 @@ def test_describe_query_count(django_assert_num_queries):
         weft.get_handle("missing").describe()
 
 
-@pytest.mark.django_db
-def test_messages_issue_placeholders():
-    handle = weft.get_handle("x")
-    for call in (
-        lambda: handle.query("q"),
-        lambda: handle.update("u"),
-        lambda: weft.query("x", "q"),
-        lambda: weft.update("x", "u"),
-        lambda: weft.start_or_signal(simple, "s", id="x"),
-        lambda: weft.start_with_update(simple, "u", id="x"),
-    ):
-        with pytest.raises(NotImplementedError, match="lands with the messages issue"):
-            call()
-
-
 # ------------------------------------------------------------------------------------------- signal
 
 

@@ -56,8 +56,9 @@ def test_none_mode_takes_over_its_predecessors_claims_at_start(weft_engines):
 
 
 def test_detect_second_instance_warns(weft_engines):
-    settings = env(OWNERSHIP="none", DETECT_SECOND_INSTANCE=True, WORKFLOW_CLAIM_TTL="3s",
-                   WORKFLOW_CLAIM_RENEW_INTERVAL="1s")
+    settings = env(
+        OWNERSHIP="none", DETECT_SECOND_INSTANCE=True, WORKFLOW_CLAIM_TTL="3s", WORKFLOW_CLAIM_RENEW_INTERVAL="1s"
+    )
     first = weft_engines("solo-a", env=settings)
     second = weft_engines("solo-b", env=settings)
     wait_for(lambda: "second engine instance detected" in first.output() + second.output(), timeout=30)

@@ -31,6 +31,10 @@ _EXPORTS: dict[str, str] = {
     "cancel": "weft_django.client",
     "start_or_signal": "weft_django.client",
     "start_with_update": "weft_django.client",
+    # schedules
+    "schedule": "weft_django.schedules",
+    "get_schedule": "weft_django.schedules",
+    "ScheduleHandle": "weft_django.schedules",
     # maintenance
     "run_maintenance": "weft_django.engine.maintenance",
     # choices
@@ -105,4 +109,5 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .engine.maintenance import run_maintenance
     from .exceptions import *  # noqa: F403
     from .registry import RetryPolicy, activity, workflow
+    from .schedules import ScheduleHandle, get_schedule, schedule
     from .status import WorkflowStatus

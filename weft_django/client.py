@@ -34,6 +34,12 @@ from .exceptions import (
     InvalidArgumentError,
     InvalidWorkflowIdError,
     PayloadNotSerializableError,
+    QueryFailedError,
+    QueryNotFoundError,
+    QueryTimeoutError,
+    UpdateFailedError,
+    UpdateTimeoutError,
+    UpdateValidationError,
     WorkflowAlreadyExistsError,
     WorkflowCancelledError,
     WorkflowFailedError,
@@ -41,9 +47,18 @@ from .exceptions import (
     WorkflowTerminalError,
     WorkflowTimedOutError,
 )
-from .models import BufferedSignal, IdempotencyKey, Step, Timer, Workflow, WorkflowClaim
+from .models import (
+    BufferedSignal,
+    IdempotencyKey,
+    PendingUpdate,
+    QueryRequest,
+    Step,
+    Timer,
+    Workflow,
+    WorkflowClaim,
+)
 from .registry import WorkflowDefinition, resolve_workflow
-from .status import TERMINAL_STATUSES, SignalState, TimerKind, WorkflowStatus
+from .status import TERMINAL_STATUSES, QueryStatus, SignalState, TimerKind, UpdateStatus, WorkflowStatus
 
 logger = logging.getLogger(__name__)
 
@@ -382,6 +397,20 @@ def signal(id: str, name: str, payload: Any = None, *, signal_id: str | None = N
         _validate_key(signal_id, "signal_id")
     text = codec.encode_payload(payload, path="payload")
     using = _alias()
+    with transaction.atomic(using=using):
+        status = _buffer_signal(id, name, text, signal_id, using)
+    if status is None:
+        raise WorkflowNotFoundError(f'Cannot signal workflow "{id}": no such workflow. Check the id.')
+    if status in TERMINAL_STATUSES:
+        raise WorkflowTerminalError(
+            f'Cannot signal workflow "{id}": it already ended ({status}), so nothing would receive "{name}".'
+        )
+
+
+def _buffer_signal(id: str, name: str, text: str, signal_id: str | None, using: str) -> str | None:
+    """Inside a transaction: append the signal to the current run's mailbox while that run is active
+    and send the wake-up. Returns "buffered" (or "duplicate" for a repeated signal_id), else the
+    run's terminal status, or None when there is no such workflow."""
     connection = connections[using]
     signals, workflows = BufferedSignal._meta.db_table, Workflow._meta.db_table
     active = [
@@ -391,7 +420,7 @@ def signal(id: str, name: str, payload: Any = None, *, signal_id: str | None = N
         now_sql, now_params = workflow_now_sql("postgresql"), []
     else:
         now_sql, now_params = "%s", [connection.ops.adapt_datetimefield_value(db_now(using))]
-    with transaction.atomic(using=using), connection.cursor() as cursor:
+    with connection.cursor() as cursor:
         # No lock on the claim (a slow caller must never stall renewal); the row is appended to the
         # current run's mailbox only while that run is active.
         # Table names are the models' own; every value is a parameter.
@@ -401,16 +430,14 @@ def signal(id: str, name: str, payload: Any = None, *, signal_id: str | None = N
             f"WHERE w.id = %s AND w.status IN (%s, %s, %s) ON CONFLICT DO NOTHING",
             [name, signal_id, text, str(SignalState.BUFFERED.value), *now_params, id, *active],
         )
-        if cursor.rowcount != 1:
-            status = Workflow.objects.using(using).filter(pk=id).values_list("status", flat=True).first()
-            if status is None:
-                raise WorkflowNotFoundError(f'Cannot signal workflow "{id}": no such workflow. Check the id.')
-            if status in TERMINAL_STATUSES:
-                raise WorkflowTerminalError(
-                    f'Cannot signal workflow "{id}": it already ended ({status}), so nothing would receive "{name}".'
-                )
-            return  # a duplicate signal_id: already buffered for this run
-        notify.send("w", id, using)
+        inserted = cursor.rowcount == 1
+    if not inserted:
+        status = Workflow.objects.using(using).filter(pk=id).values_list("status", flat=True).first()
+        if status is None or status in TERMINAL_STATUSES:
+            return status
+        return "duplicate"  # a repeated signal_id: already buffered for this run
+    notify.send("w", id, using)
+    return "buffered"
 
 
 def cancel(id: str, reason: str | None = None) -> None:
@@ -418,20 +445,550 @@ def cancel(id: str, reason: str | None = None) -> None:
     transitions.cancel(validate_workflow_id(id), reason, using=_alias())
 
 
+# ---------------------------------------------------------------------------------------- messages
+#
+# query() and update() wait for an engine, so (like result()) they run on a weft-wait thread with
+# their own autocommit connection and never join the caller's transaction. Answers wake them through
+# "a:<request id>" on PostgreSQL (the shared LISTEN connection); elsewhere they poll.
+
+
 def query(id: str, name: str, arg: Any = _UNSET, *, timeout: Any = "5s") -> Any:
-    raise NotImplementedError("weft.query() lands with the messages issue.")
+    """Ask workflow ``id`` a question; the engine that holds it answers from its live context:
+    ``activity_progress`` (built in), then the query handler (called with ``arg`` when given, with no
+    argument otherwise), then the exposed accessor.
+
+    Returns None for a finished run. Raises WorkflowNotFoundError (unknown id), QueryNotFoundError
+    (no such query), QueryFailedError (the handler raised; ``.error``) and QueryTimeoutError (no
+    answer within ``timeout``, saying why: no engine holds the run, it is suspended, ...)."""
+    return _finish(*_submit_query(id, name, arg, timeout))
 
 
-def update(id: str, name: str, payload: Any = None, **options: Any) -> Any:
-    raise NotImplementedError("weft.update() lands with the messages issue.")
+def update(id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None, timeout: Any = "5s") -> Any:
+    """Send update ``name`` to workflow ``id`` and return its handler's result.
+
+    Durable from admission. The owning engine runs the validator, then the handler, and answers.
+    Raises UpdateValidationError (``.issues``; the run is unchanged), UpdateFailedError (the handler
+    or validator raised; ``.error``; the run goes on), UpdateTimeoutError (not applied within
+    ``timeout``: the request is marked expired and never applied), WorkflowTerminalError and
+    WorkflowNotFoundError. A repeated ``idempotency_key`` (per run) returns the stored response and
+    applies once; after a timeout it re-admits the request."""
+    return _finish(*_submit_update(id, name, payload, idempotency_key, timeout))
 
 
-def start_or_signal(workflow: Any, signal_name: str, payload: Any = None, **options: Any) -> Any:
-    raise NotImplementedError("weft.start_or_signal() lands with the messages issue.")
+async def aquery(id: str, name: str, arg: Any = _UNSET, *, timeout: Any = "5s") -> Any:
+    """Async twin of :func:`query` (the wait runs on a weft-wait thread, not the event loop)."""
+    return await _afinish(*_submit_query(id, name, arg, timeout))
 
 
-def start_with_update(workflow: Any, update_name: str, payload: Any = None, **options: Any) -> Any:
-    raise NotImplementedError("weft.start_with_update() lands with the messages issue.")
+async def aupdate(
+    id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None, timeout: Any = "5s"
+) -> Any:
+    """Async twin of :func:`update`."""
+    return await _afinish(*_submit_update(id, name, payload, idempotency_key, timeout))
+
+
+def start_or_signal(
+    workflow: Any,
+    signal_name: str,
+    payload: Any = None,
+    *,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    id: str,
+    signal_id: str | None = None,
+) -> tuple[WorkflowHandle, str]:
+    """Signal run ``id``, starting it first if it is absent or finished (as ``on_conflict="start_new"``),
+    in one transaction. Returns ``(handle, "started" | "signalled")``. A run of another workflow type
+    under ``id`` raises WorkflowAlreadyExistsError. Joins the caller's transaction, like ``start``."""
+    validate_workflow_id(id)
+    _validate_name(signal_name, "signal_name")
+    if signal_id is not None:
+        _validate_key(signal_id, "signal_id")
+    text = codec.encode_payload(payload, path="payload")
+    plan = _Plan(resolve_workflow(workflow), _encode_input(args, kwargs), None, None, None)
+    using = _alias()
+
+    def deliver(started: bool) -> bool:
+        status = _buffer_signal(id, signal_name, text, signal_id, using)
+        return status in ("buffered", "duplicate")  # else the run ended meanwhile: go round
+
+    outcome = _with_run(plan, id, using, deliver)
+    return WorkflowHandle(id), "started" if outcome else "signalled"
+
+
+def start_with_update(
+    workflow: Any,
+    update_name: str,
+    payload: Any = None,
+    *,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    id: str,
+    idempotency_key: str | None = None,
+    timeout: Any = "5s",
+) -> tuple[WorkflowHandle, Any]:
+    """Send update ``update_name`` to run ``id``, starting it first if it is absent or finished, with
+    the start and the update's admission in one transaction; then wait for the update's result.
+    Returns ``(handle, result)``; the errors are those of :func:`update` and WorkflowAlreadyExistsError
+    for a run of another type. Waits, so it uses its own connection (never the caller's transaction)."""
+    validate_workflow_id(id)
+    _validate_name(update_name, "update_name")
+    if idempotency_key is not None:
+        _validate_key(idempotency_key, "idempotency_key")
+    seconds = _wait_seconds(timeout)
+    text = codec.encode_payload(payload, path="payload")
+    plan = _Plan(resolve_workflow(workflow), _encode_input(args, kwargs), None, None, None)
+    future, abandoned = _submit(
+        _start_with_update_on_thread, plan, id, update_name, text, idempotency_key, seconds, _alias()
+    )
+    return WorkflowHandle(id), _finish(future, abandoned)
+
+
+def _with_run(plan: _Plan, workflow_id: str, using: str, deliver: Any) -> bool:
+    """In one transaction: start run ``workflow_id`` if it is absent or finished, then ``deliver(started)``.
+    Returns whether a run was started. ``deliver`` returns False when the run ended in between."""
+    for _ in range(transitions.MAX_ATTEMPTS):
+        with transaction.atomic(using=using):
+            try:
+                with transaction.atomic(using=using):
+                    _insert_run(plan, workflow_id, using)
+                started = True
+            except IntegrityError:
+                existing = (
+                    Workflow.objects.using(using).filter(pk=workflow_id).values("workflow_type", "status").first()
+                )
+                if existing is None:
+                    continue  # purged meanwhile: insert again
+                _check_type(workflow_id, existing["workflow_type"], plan.definition)
+                started = existing["status"] in TERMINAL_STATUSES
+                if started and not _replace_run(plan, workflow_id, using):
+                    continue
+            if deliver(started):
+                return started
+    raise WorkflowAlreadyExistsError(  # pragma: no cover - the run kept ending and restarting
+        f'Workflow "{workflow_id}" kept changing while it was being started; try again.'
+    )
+
+
+def _wait_seconds(timeout: Any) -> float:
+    if timeout is None:
+        raise InvalidArgumentError(
+            'timeout must be a positive duration such as "5s" (got None): query() and update() always wait '
+            "a bounded time."
+        )
+    return _duration(timeout, "timeout", positive=True).total_seconds()
+
+
+def _submit(fn: Any, *args: Any) -> tuple[Any, threading.Event]:
+    abandoned = threading.Event()
+    future = _wait_executor().submit(fn, *args, abandoned)  # type: ignore[call-arg]
+    return future, abandoned
+
+
+def _finish(future: Any, abandoned: threading.Event) -> Any:
+    try:
+        return future.result()
+    finally:
+        abandoned.set()
+
+
+async def _afinish(future: Any, abandoned: threading.Event) -> Any:
+    try:
+        return await asyncio.wrap_future(future)
+    finally:
+        abandoned.set()
+
+
+def _submit_query(id: str, name: str, arg: Any, timeout: Any) -> tuple[Any, threading.Event]:
+    validate_workflow_id(id)
+    _validate_name(name, "name")
+    seconds = _wait_seconds(timeout)
+    arg_text = None if arg is _UNSET else codec.encode_payload(arg, path="arg")
+    return _submit(_query_on_thread, id, name, arg is not _UNSET, arg_text, seconds, _alias())
+
+
+def _submit_update(
+    id: str, name: str, payload: Any, idempotency_key: str | None, timeout: Any
+) -> tuple[Any, threading.Event]:
+    validate_workflow_id(id)
+    _validate_name(name, "name")
+    if idempotency_key is not None:
+        _validate_key(idempotency_key, "idempotency_key")
+    seconds = _wait_seconds(timeout)
+    text = codec.encode_payload(payload, path="payload")
+    return _submit(_update_on_thread, id, name, text, idempotency_key, seconds, _alias())
+
+
+class _Wait:
+    """The waiting half of a query or update, on a weft-wait thread: wake-ups by LISTEN on
+    PostgreSQL (re-reading every LISTEN_RECHECK anyway), polling with back-off elsewhere."""
+
+    def __init__(self, alias: str, seconds: float, abandoned: threading.Event) -> None:
+        self.alias = alias
+        self.seconds = seconds
+        self.deadline = time.monotonic() + seconds
+        self.abandoned = abandoned
+        self.listener = _listener(alias)
+        self.event = threading.Event()
+        self.keys: list[str] = []
+        self.delay = POLL_FIRST
+        close_old_connections()
+        _open_waits.add(abandoned)
+
+    def __enter__(self) -> _Wait:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _open_waits.discard(self.abandoned)
+        if self.listener is not None:
+            for key in self.keys:
+                self.listener.unsubscribe(key, self.event)
+        close_old_connections()
+
+    def subscribe(self, key: str) -> None:
+        if self.listener is not None and key not in self.keys:
+            self.listener.subscribe(key, self.event)
+            self.keys.append(key)
+            self.listener.listening.wait(max(0.0, min(1.0, self.remaining())))
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    @property
+    def over(self) -> bool:
+        return self.remaining() <= 0 or self.abandoned.is_set()
+
+    def pause(self, at_most: float | None = None) -> None:
+        remaining = max(0.0, self.remaining())
+        if at_most is not None:
+            remaining = min(remaining, at_most)
+        if self.listener is not None and self.listener.listening.is_set():
+            self.event.wait(min(remaining, LISTEN_RECHECK))
+        else:
+            self.event.wait(min(remaining, self.delay))
+            self.delay = min(self.delay * 2, POLL_MAX)
+        self.event.clear()
+
+    def db_deadline(self, now: datetime) -> datetime:
+        """When the caller stops waiting, in workflow time (``now`` is db_now())."""
+        return now + timedelta(seconds=max(0.0, self.remaining()))
+
+    def timeout_text(self) -> str:
+        return f"{self.seconds:g}s"
+
+
+_UNHELD: dict[str, str] = {
+    WorkflowStatus.RUNNING: "no engine holds it (it is running but unclaimed: is an engine running? start one with "
+    "`manage.py weft_engine`)",
+    WorkflowStatus.SUSPENDED: "it is suspended, so no engine holds it (resume it first)",
+    WorkflowStatus.PENDING: "it has not started yet (a delayed start), so no engine holds it",
+}
+
+
+def _query_on_thread(
+    workflow_id: str,
+    name: str,
+    has_arg: bool,
+    arg_text: str | None,
+    seconds: float,
+    alias: str,
+    abandoned: threading.Event,
+) -> Any:
+    with _Wait(alias, seconds, abandoned) as wait:
+        wait.subscribe(workflow_id)  # "r:<id>": the run ended
+        request: str | None = None
+        holder: str | None = None
+        why = ""
+        final = False
+        recheck_at = time.monotonic() + REROUTE_CHECK
+        claims = WorkflowClaim.objects.using(alias).filter(pk=OuterRef("pk")).values("engine_id")[:1]
+        while True:
+            if request is None:
+                row = (
+                    Workflow.objects.using(alias)
+                    .filter(pk=workflow_id)
+                    .annotate(holder=Subquery(claims))
+                    .values("status", "holder")
+                    .first()
+                )
+                if row is None:
+                    raise WorkflowNotFoundError(
+                        f'Cannot query workflow "{workflow_id}": no such workflow (never started, purged, or started '
+                        f"in a transaction that has not committed yet: query() reads committed data on its own "
+                        f"connection)."
+                    )
+                if row["status"] in TERMINAL_STATUSES:
+                    return None
+                if row["status"] == WorkflowStatus.RUNNING and row["holder"] and not wait.over:
+                    if row["holder"] == holder and why:
+                        wait.pause(0.05)  # the same engine just turned us away: give the claim a moment
+                    holder, request = row["holder"], str(uuid.uuid4())
+                    wait.subscribe(f"a:{request}")
+                    now = db_now(alias)
+                    with transaction.atomic(using=alias):
+                        if connections[alias].vendor == "postgresql":  # a query needs no durable commit
+                            with connections[alias].cursor() as cursor:
+                                cursor.execute("SET LOCAL synchronous_commit TO OFF")
+                        QueryRequest.objects.using(alias).create(
+                            id=request,
+                            workflow_id=workflow_id,
+                            engine_id=holder,
+                            name=name,
+                            arg=arg_text,
+                            has_arg=has_arg,
+                            created_at=now,
+                            deadline=wait.db_deadline(now),
+                        )
+                        notify.send("q", holder, alias)
+                    why = f'engine "{holder}" holds it but did not answer in time (is it overloaded or stopped?)'
+                elif row["status"] != WorkflowStatus.RUNNING or not row["holder"]:
+                    why = _UNHELD.get(row["status"], f"it is {row['status']}")
+            else:
+                answer = (
+                    QueryRequest.objects.using(alias).filter(pk=request).values("status", "result", "error").first()
+                )
+                status = answer["status"] if answer is not None else QueryStatus.EXPIRED
+                if status == QueryStatus.ANSWERED:
+                    assert answer is not None
+                    return codec.decode(answer["result"])
+                if status == QueryStatus.FAILED:
+                    assert answer is not None
+                    _raise_query_failure(workflow_id, name, answer["error"] or {})
+                    why = f'engine "{holder}" no longer holds it'
+                    request = None  # not owned there (any more): route it again
+                    continue
+                if status == QueryStatus.EXPIRED:
+                    request = None
+                elif time.monotonic() >= recheck_at and not wait.over:
+                    # The engine we asked may have died and another taken the workflow over: follow it.
+                    recheck_at = time.monotonic() + REROUTE_CHECK
+                    now_held = WorkflowClaim.objects.using(alias).filter(pk=workflow_id).values_list("engine_id")
+                    current = now_held.first()
+                    if (current[0] if current else None) != holder and (
+                        QueryRequest.objects.using(alias)
+                        .filter(pk=request, status=QueryStatus.PENDING)
+                        .update(status=QueryStatus.EXPIRED)
+                    ):
+                        why = f'engine "{holder}" lost the workflow before it answered'
+                        request = None
+                        continue
+            if wait.over:
+                if request is not None and not final:
+                    final = True  # expire our request, unless the engine answered it meanwhile
+                    expired = (
+                        QueryRequest.objects.using(alias)
+                        .filter(pk=request, status=QueryStatus.PENDING)
+                        .update(status=QueryStatus.EXPIRED)
+                    )
+                    if not expired:
+                        continue
+                raise QueryTimeoutError(
+                    f'Query "{name}" to workflow "{workflow_id}" got no answer within {wait.timeout_text()}: {why}.'
+                )
+            wait.pause()
+
+
+def _raise_query_failure(workflow_id: str, name: str, error: dict[str, Any]) -> None:
+    reason = error.get("reason")
+    if reason == "not_found":
+        raise QueryNotFoundError(str(error.get("message", f'Workflow "{workflow_id}" has no query "{name}".')))
+    if reason == "handler":
+        raise QueryFailedError(
+            f'Query "{name}" of workflow "{workflow_id}" failed: '
+            f"{error.get('type', 'Error')}: {error.get('message', '')}",
+            error,
+        )
+
+
+_SETTLED = (UpdateStatus.COMPLETED, UpdateStatus.REJECTED, UpdateStatus.FAILED, UpdateStatus.EXPIRED)
+
+
+def _admit(workflow_id: str, name: str, text: str, key: str | None, wait: _Wait, using: str) -> str:
+    """Inside a transaction: admit the update (or find the one with this idempotency key) and send the
+    wake-up. Returns the update's id. An expired request with the same key is admitted again."""
+    row = Workflow.objects.using(using).filter(pk=workflow_id).values("run_id", "status").first()
+    if row is None:
+        raise WorkflowNotFoundError(
+            f'Cannot update workflow "{workflow_id}": no such workflow (never started, purged, or started in a '
+            f"transaction that has not committed yet: update() works on its own connection)."
+        )
+    terminal = WorkflowTerminalError(
+        f'Cannot update workflow "{workflow_id}": it already ended ({row["status"]}), so nothing would handle "{name}".'
+    )
+    now = db_now(using)
+    if key is not None:
+        existing = (
+            PendingUpdate.objects.using(using)
+            .filter(run_id=row["run_id"], idempotency_key=key)
+            .values("id", "name", "status")
+            .first()
+        )
+        if existing is not None:
+            if existing["name"] != name:
+                raise InvalidArgumentError(
+                    f'idempotency_key "{key}" was already used for update "{existing["name"]}" of this run; use '
+                    f'another key for "{name}".'
+                )
+            if existing["status"] != UpdateStatus.EXPIRED:
+                return str(existing["id"])  # the same request: its stored (or coming) response
+            if row["status"] in TERMINAL_STATUSES:
+                raise terminal
+            PendingUpdate.objects.using(using).filter(pk=existing["id"], status=UpdateStatus.EXPIRED).update(
+                status=UpdateStatus.ADMITTED,
+                payload=text,
+                created_at=now,
+                completed_at=None,
+                deadline=wait.db_deadline(now),
+                result=None,
+                error=None,
+                issues=None,
+            )
+            notify.send("w", workflow_id, using)
+            return str(existing["id"])
+    if row["status"] in TERMINAL_STATUSES:
+        raise terminal
+    admitted = PendingUpdate.objects.using(using).create(
+        workflow_id=workflow_id,
+        run_id=row["run_id"],
+        name=name,
+        payload=text,
+        idempotency_key=key,
+        created_at=now,
+        deadline=wait.db_deadline(now),
+    )
+    notify.send("w", workflow_id, using)
+    return str(admitted.id)
+
+
+def _admit_with_retry(workflow_id: str, name: str, text: str, key: str | None, wait: _Wait, alias: str) -> str:
+    for _ in range(transitions.MAX_ATTEMPTS):
+        try:
+            with transaction.atomic(using=alias):
+                return _admit(workflow_id, name, text, key, wait, alias)
+        except IntegrityError:
+            continue  # a concurrent call with the same key admitted it first: find that one
+    raise UpdateFailedError(f'Update "{name}" to workflow "{workflow_id}" could not be admitted; try again.')
+
+
+def _update_on_thread(
+    workflow_id: str,
+    name: str,
+    text: str,
+    key: str | None,
+    seconds: float,
+    alias: str,
+    abandoned: threading.Event,
+) -> Any:
+    with _Wait(alias, seconds, abandoned) as wait:
+        wait.subscribe(workflow_id)
+        update_id = _admit_with_retry(workflow_id, name, text, key, wait, alias)
+        return _await_update(workflow_id, name, update_id, wait)
+
+
+def _start_with_update_on_thread(
+    plan: _Plan,
+    workflow_id: str,
+    name: str,
+    text: str,
+    key: str | None,
+    seconds: float,
+    alias: str,
+    abandoned: threading.Event,
+) -> Any:
+    with _Wait(alias, seconds, abandoned) as wait:
+        wait.subscribe(workflow_id)
+        admitted: list[str] = []
+
+        def deliver(started: bool) -> bool:
+            admitted.append(_admit(workflow_id, name, text, key, wait, alias))
+            return True
+
+        for attempt in range(transitions.MAX_ATTEMPTS):
+            try:
+                _with_run(plan, workflow_id, alias, deliver)
+                break
+            except IntegrityError:
+                admitted.clear()
+                if attempt == transitions.MAX_ATTEMPTS - 1:
+                    raise
+        return _await_update(workflow_id, name, admitted[-1], wait)
+
+
+def _await_update(workflow_id: str, name: str, update_id: str, wait: _Wait) -> Any:
+    alias = wait.alias
+    wait.subscribe(f"a:{update_id}")
+    run_status = Subquery(
+        Workflow.objects.using(alias).filter(pk=OuterRef("workflow_id"), run_id=OuterRef("run_id")).values("status")[:1]
+    )
+    final = False
+    while True:
+        row = (
+            PendingUpdate.objects.using(alias)
+            .filter(pk=update_id)
+            .annotate(run_status=run_status)
+            .values("status", "result", "error", "issues", "run_status")
+            .first()
+        )
+        if row is None:
+            raise WorkflowTerminalError(
+                f'Update "{name}" to workflow "{workflow_id}": its run was replaced or purged before it answered.'
+            )
+        if row["status"] in _SETTLED:
+            return _update_outcome(workflow_id, name, row)
+        if row["run_status"] is None or row["run_status"] in TERMINAL_STATUSES:
+            # The run ended without answering (a transition, or an admission that raced the end):
+            # nothing can apply it any more (no engine holds a finished run), so close it.
+            PendingUpdate.objects.using(alias).filter(
+                pk=update_id, status__in=[UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED]
+            ).update(
+                status=UpdateStatus.FAILED,
+                completed_at=db_now(alias),
+                error={
+                    "type": "WorkflowTerminalError",
+                    "message": "The workflow ended before the update was answered.",
+                },
+            )
+            continue
+        if wait.over:
+            if not final:
+                final = True
+                if row["status"] == UpdateStatus.ADMITTED and PendingUpdate.objects.using(alias).filter(
+                    pk=update_id, status=UpdateStatus.ADMITTED
+                ).update(status=UpdateStatus.EXPIRED, completed_at=db_now(alias)):
+                    raise UpdateTimeoutError(
+                        f'Update "{name}" to workflow "{workflow_id}" was not applied within {wait.timeout_text()}, '
+                        f"so it expired and will never be applied (is an engine running and does the workflow handle "
+                        f'"{name}"?). Retry with the same idempotency_key to send it again.'
+                    )
+                continue  # the owner settled it meanwhile (or a wait_for_update took it): read it again
+            raise UpdateTimeoutError(
+                f'Update "{name}" to workflow "{workflow_id}" was taken by its wait_for_update("{name}") but not '
+                f"answered within {wait.timeout_text()}; its respond() will still complete it (call update() again "
+                f"with the same idempotency_key to wait for that)."
+            )
+        wait.pause()
+
+
+def _update_outcome(workflow_id: str, name: str, row: Mapping[str, Any]) -> Any:
+    status = row["status"]
+    if status == UpdateStatus.COMPLETED:
+        return codec.decode(row["result"])
+    if status == UpdateStatus.REJECTED:
+        raise UpdateValidationError(name, list(row["issues"] or []))
+    if status == UpdateStatus.EXPIRED:
+        raise UpdateTimeoutError(
+            f'Update "{name}" to workflow "{workflow_id}" expired before it was applied (its caller stopped '
+            f"waiting); it was not applied. Send it again to retry."
+        )
+    error = row["error"] if isinstance(row["error"], dict) else {}
+    if error.get("type") == "WorkflowTerminalError" and "stage" not in error:
+        raise WorkflowTerminalError(
+            f'Update "{name}" to workflow "{workflow_id}" was not applied: {error.get("message", "the run ended")}'
+        )
+    raise UpdateFailedError(
+        f'Update "{name}" to workflow "{workflow_id}" failed: {error.get("type", "Error")}: {error.get("message", "")}',
+        error,
+    )
 
 
 # ------------------------------------------------------------------------------------------ result
@@ -473,8 +1030,8 @@ class _ResultListener:
         self._last_thread: threading.Thread | None = None
         self.listening = threading.Event()
 
-    def subscribe(self, workflow_id: str) -> threading.Event:
-        event = threading.Event()
+    def subscribe(self, workflow_id: str, event: threading.Event | None = None) -> threading.Event:
+        event = event or threading.Event()
         with self._lock:
             self._waiters.setdefault(workflow_id, set()).add(event)
             if self._thread is None:
@@ -545,6 +1102,8 @@ class _ResultListener:
                             kind, _, ident = note.payload.partition(":")
                             if kind == "r":
                                 self._wake(None if ident == "*" else ident)
+                            elif kind == "a":  # a query or update answered: "a:<request id>"
+                                self._wake(None if ident == "*" else note.payload)
             except Exception:
                 logger.warning(
                     "weft result listener lost its connection (alias=%s); polling meanwhile",
@@ -564,6 +1123,7 @@ _executor: ThreadPoolExecutor | None = None
 WAIT_THREADS = 64
 LISTEN_RECHECK = 2.0  # re-read the row this often even while listening, in case a wake-up was lost
 POLL_FIRST, POLL_MAX = 0.05, 0.5
+REROUTE_CHECK = 1.0  # a pending query re-reads its workflow's holder this often (the engine may have died)
 
 
 def _wait_executor() -> ThreadPoolExecutor:
@@ -773,10 +1333,12 @@ class WorkflowHandle:
         transitions.retry(self.id, using=_alias())
 
     def query(self, name: str, arg: Any = _UNSET, *, timeout: Any = "5s") -> Any:
+        """Ask the run a question (see :func:`query`)."""
         return query(self.id, name, arg, timeout=timeout)
 
-    def update(self, name: str, payload: Any = None, **options: Any) -> Any:
-        return update(self.id, name, payload, **options)
+    def update(self, name: str, payload: Any = None, *, idempotency_key: str | None = None, timeout: Any = "5s") -> Any:
+        """Send an update and return its handler's result (see :func:`update`)."""
+        return update(self.id, name, payload, idempotency_key=idempotency_key, timeout=timeout)
 
     def _submit_wait(self, timeout: Any) -> tuple[Any, threading.Event]:
         deadline = _deadline(timeout)
@@ -822,17 +1384,21 @@ class WorkflowHandle:
         await sync_to_async(self.retry)()
 
     async def aquery(self, name: str, arg: Any = _UNSET, *, timeout: Any = "5s") -> Any:
-        return await sync_to_async(self.query, thread_sensitive=False)(name, arg, timeout=timeout)
+        return await aquery(self.id, name, arg, timeout=timeout)
 
-    async def aupdate(self, name: str, payload: Any = None, **options: Any) -> Any:
-        return await sync_to_async(self.update, thread_sensitive=False)(name, payload, **options)
+    async def aupdate(
+        self, name: str, payload: Any = None, *, idempotency_key: str | None = None, timeout: Any = "5s"
+    ) -> Any:
+        return await aupdate(self.id, name, payload, idempotency_key=idempotency_key, timeout=timeout)
 
 
 __all__ = [
     "InvalidArgumentError",
     "InvalidWorkflowIdError",
     "WorkflowHandle",
+    "aquery",
     "astart",
+    "aupdate",
     "cancel",
     "close_connections",
     "get_handle",

@@ -18,6 +18,7 @@ from .operations import (
     Race,
     RunActivity,
     Sleep,
+    StartChild,
     WaitForSignal,
     WaitForUpdate,
     WaitUntil,
@@ -25,7 +26,7 @@ from .operations import (
 from .registry import resolve_activity
 
 logger = logging.getLogger("weft_django.workflow")
-_BRANCHABLE = (RunActivity, Sleep, WaitForSignal)
+_BRANCHABLE = (RunActivity, Sleep, WaitForSignal, StartChild)
 
 
 class _ReplayAwareLogger(logging.LoggerAdapter):
@@ -129,6 +130,32 @@ class WorkflowContext:
             return Inert()
         return Race(_branches("ctx.race", operations))
 
+    def start_child(
+        self,
+        workflow: Any,
+        *,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        id: str | None = None,
+        parent_close_policy: str = "terminate",
+    ) -> Operation:
+        """Start a child workflow and wait for its result: ``shipped = yield ctx.start_child("orders.ship",
+        args=[order_id])``. A child that fails, is cancelled or times out raises ChildWorkflowError."""
+        if self.detached:
+            return Inert()
+        from .client import validate_workflow_id
+        from .codec import encode_payload
+        from .registry import resolve_workflow
+
+        definition = resolve_workflow(workflow)
+        if parent_close_policy not in ("terminate", "request_cancel", "abandon"):
+            raise WorkflowDefinitionError(
+                f'parent_close_policy must be "terminate", "request_cancel" or "abandon" (got {parent_close_policy!r}).'
+            )
+        child_id = None if id is None else validate_workflow_id(id, "child id")
+        text = encode_payload({"args": list(args), "kwargs": dict(kwargs or {})}, path="child input")
+        return StartChild(definition.name, definition.version, text, child_id, parent_close_policy)
+
     # -- handlers ---------------------------------------------------------------------------
     def expose(self, **accessors: Callable[[], Any]) -> None:
         """Read-only accessors answered by ``handle.query(name)``."""
@@ -144,7 +171,18 @@ class WorkflowContext:
         self.query_handlers[name] = handler
 
     def on_update(self, name: str, handler: Callable[[Any], Any], *, validator: Any = None) -> None:
+        """Handle update ``name``: ``handler(payload)`` runs on the owning engine between turns (a plain
+        function: no yield, no I/O) and its return value answers the caller. ``validator`` runs first:
+        a callable (None / "" / [] accept; a string, a list of strings or of {"message", "path"}, or a
+        raised django ValidationError reject), a Django Form class or a pydantic model class."""
         _check_name("update", name)
+        if not callable(handler):
+            raise WorkflowDefinitionError(f'ctx.on_update("{name}", ...) needs a callable handler.')
+        if validator is not None and not callable(validator):
+            raise WorkflowDefinitionError(
+                f'ctx.on_update("{name}", ..., validator=...) takes a callable, a Django Form class or a pydantic '
+                f"model class (got {validator!r})."
+            )
         self.update_handlers[name] = (handler, validator)
 
     def on_cancel(self, handler: Callable[[], Any]) -> None:

@@ -193,6 +193,9 @@ class PendingUpdate(models.Model):
     issues = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField()
     completed_at = models.DateTimeField(null=True, blank=True)
+    # When the caller stops waiting (workflow time). An admitted update left past it by a caller that
+    # died is expired by the engines' message cleanup.
+    deadline = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -223,6 +226,7 @@ class QueryRequest(models.Model):
     result = models.TextField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField()
+    deadline = models.DateTimeField(null=True, blank=True)  # when the caller stops waiting (workflow time)
 
     class Meta:
         indexes = [
@@ -260,6 +264,8 @@ class Schedule(models.Model):
     paused = models.BooleanField(default=False)
     note = models.TextField(blank=True, default="")
     next_fire_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    # The un-jittered time of the occurrence due at next_fire_at: its run id is derived from it.
+    next_nominal_at = models.DateTimeField(null=True, blank=True)
     last_fired_at = models.DateTimeField(null=True, blank=True)
     missed_fire_count = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField()
@@ -327,3 +333,41 @@ class EpochCounter(models.Model):
 
     def __str__(self) -> str:
         return str(self.value)
+
+
+class RemoteAttemptState(models.TextChoices):
+    SENT = "sent", "Sent"  # on its way to (or running on) a worker
+    FAILED = "failed", "Failed"  # the worker recorded an error; the owner turns it into a retry or ActivityError
+    EXPIRED = "expired", "Expired"  # the owner timed it out first: the worker can no longer commit it
+
+
+class RemoteAttempt(models.Model):
+    """An activity attempt run outside the engine (a Celery worker), keyed by (run, seq, attempt, epoch).
+
+    The engine writes it when it sends the attempt and marks it expired when the attempt times out;
+    the worker writes heartbeats and, for an error, marks it failed. A result goes straight into the
+    Step (engine/remote.py), which deletes the step's rows here."""
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="+", db_constraint=False)
+    run_id = models.UUIDField()
+    seq = models.IntegerField()
+    attempt = models.PositiveIntegerField()
+    epoch = models.BigIntegerField()
+    activity = models.CharField(max_length=255)
+    queue = models.CharField(max_length=255, blank=True, default="")
+    state = models.CharField(max_length=16, choices=RemoteAttemptState.choices, default=RemoteAttemptState.SENT)
+    worker = models.CharField(max_length=255, blank=True, default="")
+    details = models.TextField(null=True, blank=True, help_text="Codec text of the latest heartbeat details.")
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    error_types = models.JSONField(null=True, blank=True, help_text="The exception's class names (MRO).")
+    sent_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run_id", "seq", "attempt", "epoch"], name="weft_remote_attempt_key")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workflow_id}#{self.seq} attempt {self.attempt}@{self.epoch} ({self.state})"

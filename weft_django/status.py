@@ -68,6 +68,7 @@ WORKFLOW_SCOPED_TIMERS = frozenset(
 
 class UpdateStatus(models.TextChoices):
     ADMITTED = "admitted", "Admitted"
+    ACCEPTED = "accepted", "Accepted"  # taken by a wait_for_update; respond() completes it
     REJECTED = "rejected", "Rejected"
     COMPLETED = "completed", "Completed"
     FAILED = "failed", "Failed"

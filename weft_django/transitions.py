@@ -58,7 +58,7 @@ T = TypeVar("T")
 MAX_ATTEMPTS = 5
 PURGE_BATCH_SIZE = 500
 _RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})  # deadlock_detected, serialization_failure
-_WORKFLOW_FIELDS = ("id", "run_id", "status", "workflow_type", "parent_id", "error")
+_WORKFLOW_FIELDS = ("id", "run_id", "status", "workflow_type", "parent_id", "parent_run_id", "parent_seq", "error")
 # Rows that belong to a run and go with it (Workflow itself and its claim are handled separately).
 _RUN_TABLES = (Step, Timer, BufferedSignal, PendingUpdate, AppliedUpdate)
 
@@ -158,7 +158,9 @@ def _close_mailbox(workflow_id: str, status: str, now: datetime, using: str) -> 
     BufferedSignal.objects.using(using).filter(workflow_id=workflow_id, state=SignalState.BUFFERED).update(
         state=SignalState.DROPPED
     )
-    PendingUpdate.objects.using(using).filter(workflow_id=workflow_id, status=UpdateStatus.ADMITTED).update(
+    PendingUpdate.objects.using(using).filter(
+        workflow_id=workflow_id, status__in=[UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED]
+    ).update(
         status=UpdateStatus.FAILED,
         error={
             "type": "WorkflowTerminalError",
@@ -180,11 +182,22 @@ def _end_run(row: dict[str, Any], status: WorkflowStatus, using: str, *, reason:
     _close_mailbox(workflow_id, status, now, using)
     Timer.objects.using(using).filter(workflow_id=workflow_id).delete()
     _close_children(row, status, using)
-    if row["parent_id"]:
-        notify.send("w", row["parent_id"], using)  # the parent's owner learns that its child ended
+    if row["parent_id"] and row["parent_seq"] is not None:
+        from .engine.children import report_child_end
+
+        error_type = "WorkflowCancelledError" if status == WorkflowStatus.CANCELLED else "WorkflowTimedOutError"
+        report_child_end(  # the parent's owner learns that its child ended (and is woken)
+            row["id"], row["parent_id"], str(row["parent_run_id"]), row["parent_seq"], status, None,
+            {"type": error_type, "message": reason or f"the child workflow was {status}"}, now, using,
+        )
     notify.send("w", workflow_id, using)
     notify.send("r", workflow_id, using)
     return epoch
+
+
+def close_children(parent_id: str, parent_run_id: str, status: str, using: str) -> None:
+    """Apply parent_close_policy to the active children of a run that just ended (engine terminal commit)."""
+    _close_children({"id": parent_id, "run_id": parent_run_id}, status, using)
 
 
 def _close_children(row: dict[str, Any], status: str, using: str) -> None:

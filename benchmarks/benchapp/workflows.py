@@ -16,3 +16,10 @@ def three_noop(ctx: weft.WorkflowContext, n: int):  # type: ignore[no-untyped-de
     b = yield ctx.run(noop, a + 1)
     c = yield ctx.run(noop, b + 1)
     return c
+
+
+@weft.workflow(name="bench.parked")
+def parked(ctx: weft.WorkflowContext, n: int):  # type: ignore[no-untyped-def]
+    """Parks until signal "go" (the takeover scenario: its engine holds the claim while it waits)."""
+    payload = yield ctx.wait_for_signal("go")
+    return [n, payload]

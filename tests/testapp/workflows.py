@@ -264,3 +264,291 @@ def blocking_code(ctx, seconds: float):
     time.sleep(seconds)  # workflow code hogging the engine loop (bad practice; renewal must not care)
     second = yield ctx.run(add, first, 1)
     return second
+
+
+@weft.workflow(name="tests.child")
+def child(ctx, key: str, seconds: float = 0.0):
+    value = yield ctx.run(slow_step, key, seconds)
+    return {"child": value}
+
+
+@weft.workflow(name="tests.failing_child")
+def failing_child(ctx, key: str):
+    yield ctx.run(refuses, key)
+
+
+@weft.workflow(name="tests.parent")
+def parent(ctx, key: str, children: int = 1, seconds: float = 0.0, policy: str = "terminate"):
+    started = [
+        ctx.start_child("tests.child", args=[f"{key}-{i}", seconds], parent_close_policy=policy)
+        for i in range(children)
+    ]
+    results = yield ctx.all(started)
+    return [r["child"] for r in results]
+
+
+@weft.workflow(name="tests.parent_of_failure")
+def parent_of_failure(ctx, key: str):
+    try:
+        yield ctx.start_child("tests.failing_child", args=[key], id=f"{key}-kid")
+    except weft.ChildWorkflowError as error:
+        return {"child_id": error.child_id, "status": error.status, "type": error.error.get("type")}
+
+
+@weft.workflow(name="tests.parent_waits_forever")
+def parent_waits_forever(ctx, policy: str):
+    yield ctx.start_child("tests.signals", id=f"{ctx.workflow_id}-kid", parent_close_policy=policy)
+
+
+@weft.workflow(name="tests.nested")
+def nested(ctx, depth: int):
+    if depth == 0:
+        return 0
+    below = yield ctx.start_child("tests.nested", args=[depth - 1])
+    return below + 1
+
+
+# -- schedules (tests/test_schedules*.py) --------------------------------------------------------
+
+
+@weft.workflow(name="tests.scheduled_run")
+def scheduled_run(ctx, label: str = ""):
+    recorded = yield ctx.run(record_call, ctx.workflow_id)  # one ActivityCall row per execution
+    return {"id": recorded, "label": label}
+
+
+# -- messages: queries and updates (tests/test_messages*.py) -------------------------------------
+
+from django import forms as _forms  # noqa: E402
+from django.core.exceptions import ValidationError as _DjangoValidationError  # noqa: E402
+
+
+class NoteForm(_forms.Form):
+    text = _forms.CharField(max_length=10)
+    priority = _forms.IntegerField(min_value=1)
+
+
+def _pydantic_note() -> type:
+    import pydantic
+
+    class Note(pydantic.BaseModel):
+        text: str
+        priority: int
+
+    return Note
+
+
+def _positive_int(value):
+    return None if isinstance(value, int) and not isinstance(value, bool) and value > 0 else "amount must be an int > 0"
+
+
+def _django_style(value):
+    if value != "ok":
+        raise _DjangoValidationError({"value": ["must be 'ok'"], "__all__": ["rejected as a whole"]})
+
+
+def _slow_add(payload):
+    """A handler that takes its time and leaves a trace outside the database, so a test can kill its
+    engine in the middle (test-only: real handlers do no I/O)."""
+    import os
+
+    with open(payload["marker"], "a") as marker:
+        marker.write(f"{os.getpid()}\n")
+    time.sleep(payload["sleep"])
+    return payload["amount"]
+
+
+@weft.workflow(name="tests.msg_counter")
+def msg_counter(ctx, target: int = 10):
+    state = {"count": 0, "notes": [], "stage": "counting", "calls": 0}
+    ctx.expose(count=lambda: state["count"], stage=lambda: state["stage"])
+    ctx.on_query("notes", lambda: list(state["notes"]))
+    ctx.on_query("echo", lambda value="no arg": value)
+    ctx.on_query("boom", lambda: 1 / 0)
+    ctx.on_query("calls", lambda: state["calls"])
+
+    def add(amount):
+        state["calls"] += 1
+        state["count"] += amount
+        return state["count"]
+
+    def slow_add(payload):
+        state["calls"] += 1
+        state["count"] += _slow_add(payload)
+        return state["count"]
+
+    def note(value):
+        state["notes"].append(value)
+        return len(state["notes"])
+
+    def broken(value):
+        state["count"] += 1000  # changes state, then fails: the change is part of the run's history
+        raise RuntimeError(f"handler broke on {value!r}")
+
+    ctx.on_update("add", add, validator=_positive_int)
+    ctx.on_update("slow_add", slow_add)
+    ctx.on_update("broken", broken)
+    ctx.on_update("form_note", note, validator=NoteForm)
+    ctx.on_update("typed_note", note, validator=_pydantic_note())
+    ctx.on_update("multi", note, validator=lambda v: ["first problem", {"message": "second", "path": ["x", 0]}])
+    ctx.on_update("django_note", note, validator=_django_style)
+    ctx.on_update("bad_result", lambda v: object())
+    ctx.on_update("validator_raises", note, validator=lambda v: 1 / 0)
+    reached = yield ctx.wait_until(lambda: state["count"] >= target, timeout="1h")
+    state["stage"] = "reached" if reached else "timed out"
+    stop = yield ctx.wait_for_signal("stop")
+    return {"count": state["count"], "reached": reached, "stop": stop, "notes": state["notes"]}
+
+
+@weft.workflow(name="tests.msg_confirm")
+def msg_confirm(ctx):
+    state = {"confirmed": None}
+    ctx.expose(confirmed=lambda: state["confirmed"])
+    payload, respond = yield ctx.wait_for_update("confirm")
+    state["confirmed"] = payload
+    respond({"ok": True, "got": payload})
+    second, respond_later = yield ctx.wait_for_update("confirm")
+    total = yield ctx.run(add, 1, 2)  # the answer comes in a later commit than the step that took it
+    respond_later({"total": total, "got": second})
+    return [payload, second]
+
+
+@weft.workflow(name="tests.msg_other")
+def msg_other(ctx):
+    yield ctx.wait_for_signal("never")
+
+
+# -- Celery executor (tests/test_celery*.py) -----------------------------------------------------
+# Activities with executor="celery" run on a real worker (tests/celery_app.py). The gate is a file:
+# a gated activity waits for it, so a test can act while the attempt is running.
+
+import os as _os  # noqa: E402
+
+
+def _wait_for_gate(gate: str, limit: float = 60.0) -> None:
+    deadline = time.monotonic() + limit
+    while not _os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@weft.activity(executor="celery", timeout="30s")
+def celery_echo(key: str, value: object) -> dict:
+    _count("celery_echo", key)
+    info = weft.activity_info()
+    return {"value": value, "attempt": info.attempt, "epoch": info.epoch, "pid": _os.getpid()}
+
+
+@weft.activity(executor="celery", timeout="30s", retry=weft.RetryPolicy(max_attempts=3, initial_backoff="50ms"))
+def celery_flaky(key: str, fail_times: int) -> int:
+    calls = _count("celery_flaky", key)
+    if calls <= fail_times:
+        raise ConnectionError(f"failure {calls}")
+    return calls
+
+
+@weft.activity(
+    executor="celery",
+    timeout="30s",
+    retry=weft.RetryPolicy(max_attempts=4, initial_backoff="50ms", non_retryable=["ValueError"]),
+)
+def celery_refuses(key: str) -> None:
+    _count("celery_refuses", key)
+    raise ValueError("bad input on a worker")
+
+
+@weft.activity  # sent to Celery by the call below: .options(executor="celery") with no timeout
+def celery_untimed(key: str) -> str:
+    _count("celery_untimed", key)
+    return key
+
+
+@weft.activity(executor="celery", queue="weft-tests-other", timeout="30s")
+def celery_other_queue(key: str) -> str:
+    _count("celery_other_queue", key)
+    return f"{key} via weft-tests-other"
+
+
+@weft.activity(executor="celery", timeout="30s", atomic=True)
+def celery_reserve(order_id: int) -> int:
+    Reservation.objects.create(order_id=order_id)
+    return order_id
+
+
+@weft.workflow(name="tests.celery_tour")
+def celery_tour(ctx, key: str, order_id: int):
+    echoed = yield ctx.run(celery_echo, key, {"nested": (1, 2), "text": "é"})
+    flaky = yield ctx.run(celery_flaky, key, 1)
+    errors = {}
+    for name, activity in (("refused", celery_refuses), ("untimed", celery_untimed.options(executor="celery"))):
+        try:
+            yield ctx.run(activity, key)
+        except weft.ActivityError as error:
+            errors[name] = {"type": error.type, "attempts": error.attempts, "message": error.message}
+    other = yield ctx.run(celery_other_queue, key)
+    reserved = yield ctx.run(celery_reserve, order_id)
+    return {"echoed": echoed, "flaky": flaky, "errors": errors, "other": other, "reserved": reserved}
+
+
+@weft.workflow(name="tests.celery_echo")
+def celery_echo_workflow(ctx, key: str):
+    return (yield ctx.run(celery_echo, key, key))
+
+
+@weft.activity(executor="celery", timeout="30s")
+def celery_progress(key: str, gate: str) -> str:
+    _count("celery_progress", key)
+    step = 0
+    while not _os.path.exists(gate):
+        step += 1
+        weft.heartbeat({"step": step, "key": key})  # raises ActivityCancelledError once it should stop
+        time.sleep(0.05)
+    return key
+
+
+@weft.workflow(name="tests.celery_progress")
+def celery_progress_workflow(ctx, key: str, gate: str):
+    return (yield ctx.run(celery_progress, key, gate))
+
+
+@weft.activity(executor="celery", timeout="3s", retry=weft.RetryPolicy(max_attempts=3, initial_backoff="100ms"))
+def celery_dies_first(key: str) -> dict:
+    info = weft.activity_info()
+    _count("celery_dies_first", f"{key}@{info.attempt}")
+    if info.attempt == 1:
+        time.sleep(60)  # the test SIGKILLs this worker meanwhile
+    return {"attempt": info.attempt, "pid": _os.getpid()}
+
+
+@weft.workflow(name="tests.celery_dies_first")
+def celery_dies_first_workflow(ctx, key: str):
+    return (yield ctx.run(celery_dies_first, key))
+
+
+@weft.activity(executor="celery", timeout="60s")
+def celery_gated(key: str, gate: str) -> dict:
+    info = weft.activity_info()
+    call = ActivityCall.objects.create(name="celery_gated", key=f"{key}@{info.attempt}/{info.epoch}")
+    _wait_for_gate(gate)  # no heartbeat: the attempt runs to the end and meets the fence there
+    return {"call": call.pk, "attempt": info.attempt, "epoch": info.epoch}
+
+
+@weft.workflow(name="tests.celery_gated")
+def celery_gated_workflow(ctx, key: str, gate: str):
+    return (yield ctx.run(celery_gated, key, gate))
+
+
+@weft.activity(timeout="30s")
+def timed_add(a: int, b: int) -> dict:
+    return {"sum": a + b, "pid": _os.getpid()}
+
+
+@weft.workflow(name="tests.timed_sum")
+def timed_sum(ctx, a: int, b: int):
+    return (yield ctx.run(timed_add, a, b))
+
+
+@weft.workflow(name="tests.celery_gated_then_wait")
+def celery_gated_then_wait(ctx, key: str, gate: str):
+    result = yield ctx.run(celery_gated, key, gate)
+    yield ctx.wait_for_signal("finish")  # keeps the claim held while the test looks
+    return result

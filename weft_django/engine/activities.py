@@ -5,6 +5,10 @@ match what it currently waits for, so a timed-out or deposed attempt's late resu
 ``atomic=True`` activities run inside transaction.atomic() and write their step in that same
 transaction, after locking the claim row: the user's writes commit once, under the current epoch, or
 not at all.
+
+Every executor offers the same small interface (``Executor``): ``submit`` an attempt, report its outcome
+on the shared ``outcomes`` queue, list what is ``running``, ``poll`` for outcomes that arrive through
+the database (remote workers; a no-op here), ``shutdown``. engine/executors.py picks one per attempt.
 """
 
 from __future__ import annotations
@@ -18,12 +22,13 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from django.db import close_old_connections, transaction
 
 from ..activity_runtime import ActivityInfo, AttemptControl, bind
 from ..codec import decode, encode_payload
+from ..exceptions import ActivityTimeoutError
 from ..registry import ActivityDefinition
 
 logger = logging.getLogger(__name__)
@@ -84,6 +89,21 @@ def describe_failure(exc: BaseException) -> dict[str, Any]:
     }
 
 
+class Executor(Protocol):
+    """What the engine needs from an activity executor."""
+
+    outcomes: queue.SimpleQueue[AttemptOutcome]
+
+    def submit(self, task: AttemptTask) -> None: ...
+
+    @property
+    def running(self) -> list[AttemptTask]: ...
+
+    def poll(self, notified: set[str]) -> None: ...
+
+    def shutdown(self, wait_seconds: float) -> None: ...
+
+
 class ThreadExecutor:
     """The default ACTIVITY_EXECUTOR: a pool of threads in the engine process."""
 
@@ -111,6 +131,9 @@ class ThreadExecutor:
     def running(self) -> list[AttemptTask]:
         with self._lock:
             return list(self._running.values())
+
+    def poll(self, notified: set[str]) -> None:
+        """Outcomes arrive on the queue as threads finish: nothing to look up."""
 
     def _run(self, task: AttemptTask) -> None:
         close_old_connections()
@@ -161,6 +184,13 @@ class ThreadExecutor:
             with control.lock:
                 if control.stop_reason is not None:
                     raise FenceRefused(control.stop_reason)
+                if task.deadline is not None and time.monotonic() > task.deadline:
+                    # Past its timeout: never commit, even if the engine loop has not noticed yet
+                    # (on SQLite it may be waiting for the write lock this very transaction holds).
+                    control.request_stop("the attempt timed out")
+                    raise ActivityTimeoutError(
+                        f"attempt {task.attempt} did not finish within {task.definition.timeout}"
+                    )
                 self._commit_atomic(task, text)  # locks the claim last; raises FenceRefused
                 exited = True
                 atomic.__exit__(None, None, None)

@@ -14,7 +14,7 @@ from typing import Any
 from ..codec import decode, encode_payload
 from ..context import WorkflowContext
 from ..exceptions import ActivityError, ChildWorkflowError, NonDeterminismError, WaitTimeoutError, WeftError
-from ..operations import All, Inert, Memo, Operation, Race
+from ..operations import All, Inert, Memo, Operation, Race, WaitForUpdate
 from ..registry import WorkflowDefinition
 
 
@@ -37,6 +37,20 @@ class StepRecord:
     @property
     def outcome(self) -> Outcome:
         return Outcome(ok=self.status == "completed", text=self.result, error=self.error)
+
+
+@dataclasses.dataclass(frozen=True)
+class AppliedRecord:
+    """An update handler that ran on a live context: replay re-applies it at ``seq`` (the frontier it
+    arrived at), in ``n`` order, without its validator, before that yield's result is fed."""
+
+    seq: int
+    n: int
+    name: str
+    payload: str  # codec text
+    result: str | None = None
+    error: dict[str, Any] | None = None
+    update_id: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +108,7 @@ class WorkflowRun:
         ctx: WorkflowContext,
         input_text: str,
         steps: dict[int, StepRecord],
+        applied: list[AppliedRecord] | None = None,
     ) -> None:
         self.definition = definition
         self.ctx = ctx
@@ -108,6 +123,12 @@ class WorkflowRun:
         self._gen: Generator[Any, Any, Any] | None = None
         # The last step error thrown into the code, so a run it ends records which step failed (retry()).
         self._last_thrown: tuple[BaseException, int] | None = None
+        # Applied updates by the seq they arrived at, in n order (recorded ones first, then live ones).
+        self.applied: dict[int, list[AppliedRecord]] = {}
+        for record in sorted(applied or (), key=lambda r: (r.seq, r.n)):
+            self.applied.setdefault(record.seq, []).append(record)
+        # respond() answers of wait_for_update, for the next fenced commit: (update id, result text).
+        self.responses: list[tuple[str, str]] = []
 
     @property
     def finished(self) -> bool:
@@ -148,6 +169,15 @@ class WorkflowRun:
 
     def record(self, step: StepRecord) -> None:
         self.steps[step.seq] = step
+
+    def record_applied(self, name: str, payload: str, result: str | None, error: Any, update_id: str) -> AppliedRecord:
+        """An update handler just ran live at the frontier: note it where replay will re-apply it."""
+        assert self.frontier is not None
+        seq = self.frontier.seq
+        done = self.applied.setdefault(seq, [])
+        record = AppliedRecord(seq, len(done), name, payload, result, error, update_id)
+        done.append(record)
+        return record
 
     def close(self) -> None:
         """Detach the context first, so a ``finally`` that yields gets an inert operation."""
@@ -192,7 +222,7 @@ class WorkflowRun:
         else:
             only = outcomes[0]
             assert only is not None
-            self._advance(decode(only.text), None)
+            self._advance(self._value(op, only.text), None)
 
     def _thrown(self, error: dict[str, Any], seq: int) -> Exception:
         exc = error_to_exception(error)
@@ -235,6 +265,8 @@ class WorkflowRun:
                 self._get_stuck(NonDeterminismError(mismatch))
                 return
             self.next_seq += op.width
+            if seq in self.applied and not self._reapply(seq):
+                return
             if isinstance(op, Memo):
                 value, exc = self._memo(seq, op)
                 continue
@@ -313,7 +345,52 @@ class WorkflowRun:
             return None
         if recorded.status == "failed":
             return None, self._thrown(recorded.error or {}, seq)
-        return decode(recorded.result), None
+        return self._value(op, recorded.result), None
+
+    # -- updates ------------------------------------------------------------------------------
+    def _value(self, op: Operation, text: str | None) -> Any:
+        """What the yield returns for a recorded result: for wait_for_update, ``(payload, respond)``."""
+        if not isinstance(op, WaitForUpdate):
+            return decode(text)
+        recorded = decode(text) or {}
+        return recorded.get("payload"), self._responder(op.name, str(recorded.get("update_id", "")))
+
+    def _responder(self, name: str, update_id: str) -> Any:
+        answered = False
+
+        def respond(result: Any = None) -> None:
+            """Answer the caller of this update (recorded in the next fenced commit; a no-op on replay)."""
+            nonlocal answered
+            if answered or self.ctx.detached or self.ctx.is_replaying:
+                return
+            text = encode_payload(result, path=f'respond() of update "{name}"')
+            answered = True
+            self.responses.append((update_id, text))
+
+        return respond
+
+    def _reapply(self, seq: int) -> bool:
+        """Re-apply the updates recorded at ``seq`` (replay), without validators. False when stuck."""
+        previous, self.ctx.is_replaying = self.ctx.is_replaying, True
+        try:
+            for record in self.applied[seq]:
+                entry = self.ctx.update_handlers.get(record.name)
+                if entry is None:
+                    self._get_stuck(
+                        NonDeterminismError(
+                            f"Workflow {self.ctx.workflow_id!r} applied update {record.name!r} at step {seq}, but "
+                            f"the code has no ctx.on_update({record.name!r}, ...) handler registered there now. "
+                            f"Deploy code that registers it before that step, or start new runs under a new version."
+                        )
+                    )
+                    return False
+                try:
+                    entry[0](decode(record.payload))
+                except Exception:  # noqa: S112 - it raised live too; that outcome is recorded already
+                    continue
+        finally:
+            self.ctx.is_replaying = previous
+        return True
 
     def _frontier(self, seq: int, op: Operation) -> Frontier:
         if isinstance(op, All | Race):

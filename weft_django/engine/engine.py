@@ -32,16 +32,17 @@ from ..exceptions import (
     WorkflowNotLocallyOwnedError,
     WorkflowNotRegisteredError,
 )
-from ..models import Step, Timer, Workflow, WorkflowClaim
+from ..models import BufferedSignal, Step, Timer, Workflow, WorkflowClaim
+from ..operations import StartChild, WaitForSignal
 from ..registry import registry
 from ..status import OwnershipMode, TimerKind, WorkflowStatus
 from . import ownership
-from .activities import ThreadExecutor
-from .driver import StepRecord, WorkflowRun
+from .driver import AppliedRecord, StepRecord, WorkflowRun
+from .executors import ActivityExecutors
 from .fencing import WorkflowWrites, fenced_commit
-from .messages import deliver_messages
+from .messages import deliver_messages, load_applied
 from .periodic import builtin_tasks
-from .progress import Owned, Progress
+from .progress import Owned, Progress, mailbox_of
 from .timers import TimerHeap
 from .wakeups import Listener
 
@@ -85,7 +86,9 @@ class Engine(Progress):
         self._warned_engines: set[str] = set()
         self.periodic = builtin_tasks()
         self._queries_waiting = True  # a "q:<engine id>" wake-up: query requests addressed to us
-        self.executor = ThreadExecutor(self.concurrency, self._wake.set, self._commit_atomic_step, self.using)
+        self.executor = ActivityExecutors(
+            self.engine_id, self.concurrency, self._wake.set, self._commit_atomic_step, self.using, self.settings
+        )
         self._threads: list[threading.Thread] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -117,6 +120,7 @@ class Engine(Progress):
             self._drain()
         finally:
             self.shutdown()
+            connections[self.using].close()  # this thread's connection: nothing may outlive the engine
 
     def run_until_idle(self, timeout: float = 30.0) -> None:
         """Tick in this thread until nothing is runnable now (tests, the demo). Threads are started
@@ -148,7 +152,29 @@ class Engine(Progress):
         next_fire = self.timers.next_fire_at()
         if next_fire is not None and next_fire <= db_now(self.using):
             return False
-        return not self._claimable()
+        return not self._claimable() and not self._deliverable()
+
+    def _deliverable(self) -> bool:
+        """Whether a buffered signal (or child-terminal record) waits for a workflow parked here."""
+        waiting = {
+            wid: {
+                mailbox_of(leaf)
+                for leaf in owned.run.pending_leaves()
+                if isinstance(leaf.op, WaitForSignal | StartChild)
+            }
+            for wid, owned in self.owned.items()
+        }
+        names = {name for wanted in waiting.values() for name in wanted}
+        if not names:
+            return False
+        rows = (
+            BufferedSignal.objects.using(self.using)
+            .filter(
+                workflow_id__in=[wid for wid, wanted in waiting.items() if wanted], state="buffered", name__in=names
+            )
+            .values_list("workflow_id", "name")
+        )
+        return any(name in waiting[wid] for wid, name in rows)
 
     # -- the store-wide lease ("lease" mode) ---------------------------------------------------------
     def _wait_for_store_lease(self) -> None:
@@ -281,6 +307,7 @@ class Engine(Progress):
         writes: dict[str, WorkflowWrites] = {}
         changed: set[str] = set()
 
+        self.executor.poll(notified)  # outcomes remote workers committed (Celery)
         for outcome in self._drain_outcomes():
             busy = True
             self._on_outcome(outcome, now, writes, changed)
@@ -347,6 +374,8 @@ class Engine(Progress):
                 using=self.using,
             )
             claimed.update({wid: epoch for wid, (epoch, _) in got.items()})
+            if len(got) >= self._capacity():
+                self._last_claim_scan = 0.0  # a full batch: more may be waiting, scan again next tick
             claimed.update(
                 ownership.fire_delayed_starts(
                     self.engine_id,
@@ -379,6 +408,8 @@ class Engine(Progress):
             for wid, (epoch, previous) in got.items():
                 logger.warning("took over workflow=%s from engine=%s epoch=%s", wid, previous, epoch)
             claimed.update({wid: epoch for wid, (epoch, _) in got.items()})
+            if len(got) >= self._capacity():
+                self._last_takeover_scan = 0.0  # a full pass: start the next one at once
         reload, self._reload = self._reload, {}
         claimed.update({wid: epoch for wid, epoch in reload.items() if wid not in claimed})
         if not claimed:
@@ -404,6 +435,7 @@ class Engine(Progress):
                 step.started_at,
                 step.completed_at,
             )
+        applied = load_applied(run_ids, self.using)  # updates replay re-applies (engine/messages.py)
         timers: dict[str, list[Timer]] = {}
         for timer in Timer.objects.using(self.using).filter(workflow_id__in=list(claimed)):
             timers.setdefault(timer.workflow_id, []).append(timer)
@@ -413,7 +445,9 @@ class Engine(Progress):
             if row is None or row.status != WorkflowStatus.RUNNING:
                 release[wid] = epoch
                 continue
-            owned = self._start_run(row, epoch, steps[str(row.run_id)], timers.get(wid, []), now, writes)
+            owned = self._start_run(
+                row, epoch, steps[str(row.run_id)], timers.get(wid, []), now, writes, applied.get(str(row.run_id))
+            )
             if owned is not None:
                 changed.add(wid)
         if release:
@@ -428,6 +462,7 @@ class Engine(Progress):
         timers: list[Timer],
         now: datetime,
         writes: dict[str, WorkflowWrites],
+        applied: list[AppliedRecord] | None = None,
     ) -> Owned | None:
         ctx = WorkflowContext(
             workflow_id=row.id,
@@ -448,13 +483,17 @@ class Engine(Progress):
                 )
             self._stuck(row.id, str(row.run_id), epoch, row.stuck_attempts, error, now, writes)
             return None
-        run = WorkflowRun(definition, ctx, row.input, steps)
+        run = WorkflowRun(definition, ctx, row.input, steps, applied)
         owned = Owned(
             row.id,
             str(row.run_id),
             epoch,
             run,
             stuck_attempts=row.stuck_attempts,
+            parent=(row.parent_id, str(row.parent_run_id), row.parent_seq)
+            if row.parent_id and row.parent_seq is not None
+            else None,
+            depth=row.depth,
             clear_stuck=row.stuck_error is not None,
         )
         self.owned[row.id] = owned
@@ -490,7 +529,7 @@ class Engine(Progress):
     # -- committing and dispatching ------------------------------------------------------------------
     def _commit(self, batch: list[WorkflowWrites], now: datetime) -> None:
         try:
-            result = fenced_commit(self.engine_id, batch, now, self.using)
+            result = fenced_commit(self.engine_id, batch, now, self.using, self.settings.workflow_claim_ttl)
         except DatabaseError:
             logger.exception("fenced commit failed engine=%s; reloading its workflows", self.engine_id)
             for writes in batch:
@@ -499,6 +538,8 @@ class Engine(Progress):
                     self._reload[owned.workflow_id] = owned.epoch
                     self._drop(owned.workflow_id, reason=None)
             return
+        if result.children:
+            self._last_claim_scan = 0.0  # children were started: look for claimable work on the next tick
         self.refused_commits += len(result.lost)
         if result.lost:
             self._depose(set(result.lost), reason="fenced commit refused")
@@ -620,3 +661,9 @@ def _unheld_claims(using: str) -> Any:
     from ..models import WorkflowClaim
 
     return WorkflowClaim.objects.using(using).filter(engine_id__isnull=True).values("workflow_id")
+
+
+def _parent_of(row: Workflow) -> tuple[str, str, int] | None:
+    if row.parent_id and row.parent_seq is not None:
+        return (row.parent_id, str(row.parent_run_id), row.parent_seq)
+    return None

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from datetime import datetime
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
@@ -21,7 +22,9 @@ from django.db import connections, transaction
 from ..models import BufferedSignal, PendingUpdate, Step, Timer, Workflow
 from ..notify import send_many
 from ..status import SignalState, UpdateStatus
-from .driver import StepRecord
+from ..transitions import close_children
+from .children import ChildStart, report_child_end, start_children
+from .driver import AppliedRecord, StepRecord
 
 logger = logging.getLogger(__name__)
 CLAIM_TABLE = "weft_django_workflowclaim"
@@ -47,12 +50,22 @@ class WorkflowWrites:
     signals_consumed: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (signal pk, seq)
     finish: Finish | None = None
     stuck: dict[str, Any] | None = None  # {"error": {...}, "retry_at": datetime}
+    children: list[ChildStart] = dataclasses.field(default_factory=list)
+    parent: tuple[str, str, int] | None = None  # (parent id, parent run id, parent seq): told when we end
     clear_stuck: bool = False
+    # Messages (engine/messages.py): admitted updates settled under this fence, the applied-update log
+    # replay re-applies, and respond() answers of wait_for_update (update id, codec text of the result).
+    updates_done: list[UpdateDone] = dataclasses.field(default_factory=list)
+    applied: list[AppliedRecord] = dataclasses.field(default_factory=list)
+    update_responses: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
     @property
     def empty(self) -> bool:
         return not (
             self.steps
+            or self.updates_done
+            or self.applied
+            or self.update_responses
             or self.timers_add
             or self.timers_delete
             or self.signals_consumed
@@ -66,6 +79,7 @@ class WorkflowWrites:
 class FenceResult:
     committed: set[str]
     lost: dict[str, str]  # workflow id -> "deposed" | "released" | "missing"
+    children: dict[str, int] = dataclasses.field(default_factory=dict)  # children started: id -> epoch
 
 
 def lock_claims(engine_id: str, epochs: dict[str, int], using: str) -> set[str]:
@@ -101,7 +115,9 @@ def why_lost(engine_id: str, workflow_ids: list[str], using: str) -> dict[str, s
     }
 
 
-def fenced_commit(engine_id: str, batch: list[WorkflowWrites], now: datetime, using: str) -> FenceResult:
+def fenced_commit(
+    engine_id: str, batch: list[WorkflowWrites], now: datetime, using: str, claim_ttl: timedelta | None = None
+) -> FenceResult:
     """Commit every workflow's writes whose claim this engine still holds at the stated epoch."""
     batch = [writes for writes in batch if not writes.empty]
     if not batch:
@@ -110,16 +126,19 @@ def fenced_commit(engine_id: str, batch: list[WorkflowWrites], now: datetime, us
     with transaction.atomic(using=using):
         held = lock_claims(engine_id, epochs, using)
         kept = [writes for writes in batch if writes.workflow_id in held]
+        children: dict[str, int] = {}
         if kept:
-            _apply(engine_id, kept, now, using)
+            children = _apply(engine_id, kept, now, using, claim_ttl or timedelta(seconds=30))
     lost_ids = sorted(set(epochs) - held)
     lost = why_lost(engine_id, lost_ids, using) if lost_ids else {}
     for wid, reason in lost.items():
         logger.warning("fenced commit refused workflow=%s engine=%s reason=%s", wid, engine_id, reason)
-    return FenceResult(held, lost)
+    return FenceResult(held, lost, children)
 
 
-def _apply(engine_id: str, batch: list[WorkflowWrites], now: datetime, using: str) -> None:
+def _apply(
+    engine_id: str, batch: list[WorkflowWrites], now: datetime, using: str, claim_ttl: timedelta
+) -> dict[str, int]:
     steps = [
         Step(
             workflow_id=w.workflow_id,
@@ -136,7 +155,7 @@ def _apply(engine_id: str, batch: list[WorkflowWrites], now: datetime, using: st
             completed_at=s.completed_at if s.completed_at or not s.settled else now,
         )
         for w in batch
-        for s in w.steps
+        for s in _latest_per_seq(w.steps)
     ]
     if steps:
         Step.objects.using(using).bulk_create(
@@ -145,6 +164,7 @@ def _apply(engine_id: str, batch: list[WorkflowWrites], now: datetime, using: st
             unique_fields=["run_id", "seq"],
             update_fields=["kind", "name", "status", "result", "error", "attempts", "epoch", "completed_at"],
         )
+    apply_messages(batch, now, using)  # before the mailbox closes: a respond() in a terminal commit answers
     timers = [t for w in batch for t in w.timers_add]
     if timers:
         Timer.objects.using(using).bulk_create(timers)
@@ -191,6 +211,13 @@ def _apply(engine_id: str, batch: list[WorkflowWrites], now: datetime, using: st
     if released:
         release_locked_claims(engine_id, released, using)
         send_many("r", [w.workflow_id for w in finished], using)
+    for w in finished:
+        assert w.finish is not None
+        close_children(w.workflow_id, w.run_id, w.finish.status, using)
+        if w.parent is not None:
+            report_child_end(w.workflow_id, *w.parent, w.finish.status, w.finish.result, w.finish.error, now, using)
+    starts = [child for w in batch if w.finish is None for child in w.children]
+    return start_children(engine_id, starts, now, claim_ttl, using) if starts else {}
 
 
 def _close_mailboxes(workflow_ids: list[str], now: datetime, using: str) -> None:
@@ -198,7 +225,9 @@ def _close_mailboxes(workflow_ids: list[str], now: datetime, using: str) -> None
     BufferedSignal.objects.using(using).filter(workflow_id__in=workflow_ids, state=SignalState.BUFFERED).update(
         state=SignalState.DROPPED
     )
-    PendingUpdate.objects.using(using).filter(workflow_id__in=workflow_ids, status=UpdateStatus.ADMITTED).update(
+    PendingUpdate.objects.using(using).filter(
+        workflow_id__in=workflow_ids, status__in=[UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED]
+    ).update(
         status=UpdateStatus.FAILED,
         completed_at=now,
         error={
@@ -233,5 +262,128 @@ def release_claims(engine_id: str, epochs: dict[str, int], using: str) -> None:
             )
 
 
+def _latest_per_seq(steps: list[StepRecord]) -> list[StepRecord]:
+    """A step may be recorded twice before a commit (dispatched, then settled): keep its last state, since
+    one upsert statement may not touch a row twice."""
+    return list({step.seq: step for step in steps}.values())
+
+
 def _chunks(items: list[str], size: int) -> list[list[str]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+# -- messages -------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class UpdateDone:
+    """How the owner settled one admitted update: completed / rejected / failed (by its handler or
+    validator), or accepted (a wait_for_update took its payload; respond() completes it later)."""
+
+    update_id: str
+    status: str
+    result: str | None = None
+    error: dict[str, Any] | None = None
+    issues: list[dict[str, Any]] | None = None
+
+
+class UpdateRaceLost(Exception):
+    """An update the owner settled was no longer admitted at commit time: roll everything back."""
+
+
+def apply_messages(batch: list[WorkflowWrites], now: datetime, using: str) -> None:
+    """Write the message parts of these workflows' writes (inside their fenced transaction).
+
+    An admitted update is settled only if it is still admitted: the caller's timeout writes
+    ``expired`` with the mirror condition, so exactly one of the two lands. Losing raises
+    UpdateRaceLost (the whole transaction rolls back: the handler's effects must not commit either).
+    A respond() answer lands only while its update is still accepted (a repeat after a takeover is a no-op).
+    """
+    from ..models import AppliedUpdate
+
+    answered: list[str] = []
+    for w in batch:
+        for done in w.updates_done:
+            fields: dict[str, Any] = {"status": done.status, "result": done.result, "error": done.error}
+            fields["issues"] = done.issues
+            if done.status != UpdateStatus.ACCEPTED:
+                fields["completed_at"] = now
+                answered.append(done.update_id)
+            won = (
+                PendingUpdate.objects.using(using)
+                .filter(pk=done.update_id, run_id=w.run_id, status=UpdateStatus.ADMITTED)
+                .update(**fields)
+            )
+            if won != 1:
+                raise UpdateRaceLost(f"update {done.update_id} of workflow {w.workflow_id!r} is no longer admitted")
+        for update_id, text in w.update_responses:
+            if (
+                PendingUpdate.objects.using(using)
+                .filter(pk=update_id, status=UpdateStatus.ACCEPTED)
+                .update(status=UpdateStatus.COMPLETED, result=text, completed_at=now)
+            ):
+                answered.append(update_id)
+    applied = [
+        AppliedUpdate(
+            workflow_id=w.workflow_id,
+            run_id=w.run_id,
+            seq=a.seq,
+            n=a.n,
+            name=a.name,
+            payload=a.payload,
+            result=a.result,
+            error=a.error,
+            update_id=a.update_id,
+        )
+        for w in batch
+        for a in w.applied
+    ]
+    if applied:
+        AppliedUpdate.objects.using(using).bulk_create(applied)
+    if answered:
+        send_many("a", answered, using)  # callers waiting in update() re-read their row
+
+
+def fenced_messages(
+    engine_id: str,
+    epochs: dict[str, int],
+    build: Callable[[set[str]], list[WorkflowWrites]],
+    now: datetime,
+    using: str,
+) -> FenceResult:
+    """A fenced commit whose writes are computed inside the transaction, after the fence is taken:
+    ``build`` receives the workflows still held at their epochs and returns their writes (steps and
+    message parts only). engine/messages.py locks the admitted updates and runs their handlers there,
+    so a handler runs only where its outcome can commit, and a takeover waits for the commit."""
+    with transaction.atomic(using=using):
+        held = lock_claims(engine_id, epochs, using)
+        batch = [w for w in build(held) if w.workflow_id in held and not w.empty] if held else []
+        steps = [
+            Step(
+                workflow_id=w.workflow_id,
+                run_id=w.run_id,
+                seq=s.seq,
+                kind=s.kind,
+                name=s.name,
+                status=s.status,
+                result=s.result,
+                error=s.error,
+                attempts=s.attempts,
+                epoch=w.epoch,
+                started_at=s.started_at or now,
+                completed_at=s.completed_at or now,
+            )
+            for w in batch
+            for s in w.steps
+        ]
+        if steps:
+            Step.objects.using(using).bulk_create(
+                steps,
+                update_conflicts=True,
+                unique_fields=["run_id", "seq"],
+                update_fields=["kind", "name", "status", "result", "error", "attempts", "epoch", "completed_at"],
+            )
+        apply_messages(batch, now, using)
+    lost_ids = sorted(set(epochs) - held)
+    lost = why_lost(engine_id, lost_ids, using) if lost_ids else {}
+    return FenceResult(held, lost)

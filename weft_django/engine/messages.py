@@ -1,13 +1,84 @@
-"""Queries and updates addressed to workflows this engine owns (the messages issue fills this in)."""
+"""Queries and updates addressed to workflows this engine owns (ARCHITECTURE §6). Runs on the loop
+thread, between turns, from Engine._tick.
+
+Queries. A caller inserts a QueryRequest naming the engine its claim names and sends
+``q:<engine id>``. The engine takes its pending requests (SKIP LOCKED on PostgreSQL), re-validates
+each against the durable claim (a live context answers only while this engine holds the workflow at
+that context's epoch: weft 0.21), answers ``activity_progress`` first, then the query handler, then
+the exposed accessor, and writes the answer with ``a:<request id>``. Queries change no workflow
+state, so the answer needs no fence. A request for a workflow that another engine holds now fails
+with reason ``not_owned`` (WorkflowNotLocallyOwnedError); one for a workflow nobody holds with
+``not_held``: the caller re-routes and retries within its timeout.
+
+Updates: exactly once against the caller's timeout. The caller's timeout writes
+``status = 'expired' WHERE status = 'admitted'``. The owner settles admitted updates in a fenced
+transaction of their own (fencing.fenced_messages): it locks its claims, then takes the admitted rows
+``FOR UPDATE SKIP LOCKED`` (on SQLite the IMMEDIATE transaction holds the write lock), and only then
+runs validators and handlers and writes each outcome (conditioned on the row still being admitted)
+plus the AppliedUpdate row, in the same transaction. A row the caller expired first is not seen;
+a caller that times out meanwhile waits on the row lock and then finds the outcome. So a handler
+runs only where its outcome commits, and if the transaction fails anyway (a lost connection, or the
+belt-and-braces admitted check fails) the workflow is dropped and replayed from the durable log,
+which does not contain the update: in-memory state never keeps an update that did not commit.
+
+An admitted update is settled when its name has an ``on_update`` handler registered on the live
+context or a ``wait_for_update`` of that name is at the frontier. Otherwise it stays admitted (a
+later handler registration or wait may take it: it is looked at again whenever the frontier moves)
+until its caller's timeout expires it; if the caller died, the message cleanup expires it once its
+deadline is past. A ``wait_for_update`` takes the payload (status ``accepted``, its Step recording
+the payload and the update id in the same transaction); ``respond()`` completes it in the next
+fenced commit.
+"""
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import TYPE_CHECKING
+import dataclasses
+import logging
+import time
+import weakref
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import DatabaseError, connections, transaction
+from django.db.models import Exists, OuterRef
+
+from ..codec import decode, encode, encode_payload
+from ..exceptions import QueryNotFoundError, WeftError
+from ..models import AppliedUpdate, PendingUpdate, QueryRequest, Workflow, WorkflowClaim
+from ..notify import send_many
+from ..operations import WaitForUpdate
+from ..status import ACTIVE_STATUSES, QueryStatus, UpdateStatus
+from .driver import AppliedRecord, Leaf, StepRecord, describe_exception
+from .fencing import UpdateDone, UpdateRaceLost, WorkflowWrites, fenced_messages
 
 if TYPE_CHECKING:
     from .engine import Engine
-    from .fencing import WorkflowWrites
+    from .progress import Owned
+
+logger = logging.getLogger(__name__)
+QUERY_BATCH = 200
+CLEANUP_BATCH = 1000
+ABANDONED_GRACE = timedelta(seconds=10)  # past a caller's deadline before the cleanup expires its request
+
+
+@dataclasses.dataclass
+class _MailboxState:
+    """Per engine: which live contexts had their mailbox looked at, and where admitted updates wait
+    that nothing handled at the frontier they were seen at (looked at again when it moves)."""
+
+    checked: dict[str, Owned] = dataclasses.field(default_factory=dict)
+    parked: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+_states: weakref.WeakKeyDictionary[Engine, _MailboxState] = weakref.WeakKeyDictionary()
+
+
+def _state(engine: Engine) -> _MailboxState:
+    state = _states.get(engine)
+    if state is None:
+        state = _states[engine] = _MailboxState()
+    return state
 
 
 def deliver_messages(
@@ -18,6 +89,453 @@ def deliver_messages(
     writes: dict[str, WorkflowWrites],
     changed: set[str],
 ) -> bool:
-    """Answer pending query requests addressed to this engine and apply admitted updates of the owned
-    ``workflow_ids``. Returns whether anything was done. Not built yet: nothing is routed."""
-    return False
+    """Answer pending query requests addressed to this engine and settle admitted updates of the
+    owned ``workflow_ids`` (plus workflows loaded since the last look, and those whose frontier moved
+    past updates nothing handled). Returns whether anything was done."""
+    busy = False
+    if queries_waiting:
+        busy |= answer_queries(engine, now)
+    state = _state(engine)
+    ids = {wid for wid in workflow_ids if wid in engine.owned}
+    ids.update(wid for wid, owned in engine.owned.items() if state.checked.get(wid) is not owned)
+    for wid, seq in list(state.parked.items()):
+        owned = engine.owned.get(wid)
+        if owned is None:
+            del state.parked[wid]
+        elif owned.run.frontier is not None and owned.run.frontier.seq != seq:
+            ids.add(wid)
+    if len(state.checked) > len(engine.owned):
+        state.checked = {wid: o for wid, o in state.checked.items() if engine.owned.get(wid) is o}
+    if ids:
+        busy |= deliver_updates(engine, ids, now, writes, changed)
+    return busy
+
+
+# -- updates ----------------------------------------------------------------------------------
+
+
+def _waiting_leaf(owned: Owned, name: str) -> Leaf | None:
+    return next(
+        (leaf for leaf in owned.run.pending_leaves() if isinstance(leaf.op, WaitForUpdate) and leaf.op.name == name),
+        None,
+    )
+
+
+def _handles(owned: Owned, name: str) -> bool:
+    return name in owned.run.ctx.update_handlers or _waiting_leaf(owned, name) is not None
+
+
+def _open(owned: Owned, writes: dict[str, WorkflowWrites]) -> bool:
+    """Whether the live context can take updates now (not ending, not stuck, parked at a yield)."""
+    run = owned.run
+    if run.finished or run.frontier is None or run.ctx.detached:
+        return False
+    pending = writes.get(owned.workflow_id)
+    return pending is None or (pending.finish is None and pending.stuck is None)
+
+
+def deliver_updates(
+    engine: Engine, workflow_ids: set[str], now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]
+) -> bool:
+    using = engine.using
+    state = _state(engine)
+    live: dict[str, Owned] = {}
+    for wid in workflow_ids:
+        owned = engine.owned.get(wid)
+        if owned is None:
+            continue
+        state.checked[wid] = owned
+        state.parked.pop(wid, None)
+        if _open(owned, writes):
+            live[wid] = owned
+    if not live:
+        return False
+    ready: dict[str, list[str]] = {}
+    admitted = (
+        PendingUpdate.objects.using(using)
+        .filter(workflow_id__in=list(live), status=UpdateStatus.ADMITTED)
+        .order_by("created_at", "id")
+        .values_list("id", "workflow_id", "run_id", "name")
+    )
+    for pk, wid, run_id, name in admitted:
+        owned = live[wid]
+        if str(run_id) != owned.run_id:
+            continue
+        if _handles(owned, name):
+            ready.setdefault(wid, []).append(str(pk))
+        elif owned.run.frontier is not None:
+            state.parked[wid] = owned.run.frontier.seq
+    if not ready:
+        return False
+
+    touched: set[str] = set()  # workflows whose in-memory state this transaction changed
+    handled: set[str] = set()  # ... by an on_update handler (wait_until is re-checked after commit)
+
+    def build(held: set[str]) -> list[WorkflowWrites]:
+        ids = [pk for wid in sorted(held) for pk in ready.get(wid, [])]
+        if not ids:
+            return []
+        rows = PendingUpdate.objects.using(using).filter(pk__in=ids, status=UpdateStatus.ADMITTED)
+        if connections[using].vendor == "postgresql":
+            rows = rows.select_for_update(skip_locked=True)
+        batch: dict[str, WorkflowWrites] = {}
+        for pk, wid, name, payload in rows.order_by("created_at", "id").values_list(
+            "id", "workflow_id", "name", "payload"
+        ):
+            owned = live[wid]
+            run = owned.run
+            if not _open(owned, writes):
+                continue
+            assert run.frontier is not None
+            w = batch.get(wid)
+            if w is None:
+                w = batch[wid] = WorkflowWrites(wid, owned.run_id, owned.epoch)
+            if name in run.ctx.update_handlers:
+                done, ran = run_update(run.ctx.update_handlers[name], str(pk), name, payload)
+                w.updates_done.append(done)
+                touched.add(wid)
+                if ran:
+                    handled.add(wid)
+                    w.applied.append(run.record_applied(name, payload, done.result, done.error, str(pk)))
+                _log_outcome(wid, name, done)
+                continue
+            leaf = _waiting_leaf(owned, name)
+            if leaf is None:  # the frontier moved on in this batch: look again when it moves next
+                state.parked[wid] = run.frontier.seq
+                continue
+            try:
+                text = encode({"update_id": str(pk), "payload": decode(payload)}, path=f'update "{name}" payload')
+            except Exception as exc:  # a corrupt payload row: fail it rather than wedge the workflow
+                w.updates_done.append(UpdateDone(str(pk), UpdateStatus.FAILED, error=_failure(exc, "payload")))
+                continue
+            step = StepRecord(leaf.seq, "update", name, "completed", text, completed_at=now)
+            w.updates_done.append(UpdateDone(str(pk), UpdateStatus.ACCEPTED))
+            w.steps.append(step)
+            touched.add(wid)
+            run.record(step)
+            owned.armed.discard(leaf.seq)
+            run.settle(leaf.seq, step.outcome)
+            changed.add(wid)
+        for wid, w in batch.items():
+            # What the code recorded after a wait_for_update returned (a respond(), a memo) commits with
+            # it: a later step must never be durable while an earlier respond() is not (replay would
+            # skip that respond() as already made).
+            run = live[wid].run
+            w.steps.extend(run.new_steps)
+            w.update_responses.extend(run.responses)
+            run.new_steps, run.responses = [], []
+        return list(batch.values())
+
+    epochs = {wid: live[wid].epoch for wid in ready}
+    try:
+        result = fenced_messages(engine.engine_id, epochs, build, now, using)
+    except DatabaseError:
+        raise  # the tick reloads every workflow of this engine
+    except Exception as exc:  # UpdateRaceLost, or a bug: nothing committed, so replay from the durable log
+        if not isinstance(exc, UpdateRaceLost):
+            logger.exception("update settlement failed engine=%s; reloading", engine.engine_id)
+        else:
+            logger.warning("update settlement rolled back engine=%s (%s); reloading", engine.engine_id, exc)
+        for wid in touched:
+            engine._reload[wid] = live[wid].epoch
+            engine._drop(wid, reason=None)
+        return True
+    if result.lost:
+        with engine._lock:
+            engine._lost |= set(result.lost)
+        engine._wake.set()
+    for wid in handled:
+        owned = engine.owned.get(wid)
+        if owned is not None:
+            engine._recheck_wait_until(owned, now, writes, changed)
+    return bool(touched)
+
+
+def run_update(entry: tuple[Any, Any], update_id: str, name: str, payload_text: str) -> tuple[UpdateDone, bool]:
+    """Validate and apply one update on the live context. Returns its outcome and whether the handler
+    ran (then its effects are in memory and the update goes to the applied log, even if it raised)."""
+    handler, validator = entry
+    try:
+        payload = decode(payload_text)
+    except Exception as exc:
+        return UpdateDone(update_id, UpdateStatus.FAILED, error=_failure(exc, "payload")), False
+    try:
+        issues = validation_issues(validator, payload)
+    except Exception as exc:
+        return UpdateDone(update_id, UpdateStatus.FAILED, error=_failure(exc, "validator")), False
+    if issues:
+        return UpdateDone(update_id, UpdateStatus.REJECTED, issues=issues), False
+    try:
+        value = handler(payload)
+    except Exception as exc:
+        return UpdateDone(update_id, UpdateStatus.FAILED, error=_failure(exc, "handler")), True
+    try:
+        text = encode_payload(value, path=f'the result of update "{name}"')
+    except WeftError as exc:
+        return UpdateDone(update_id, UpdateStatus.FAILED, error=_failure(exc, "result")), True
+    return UpdateDone(update_id, UpdateStatus.COMPLETED, result=text), True
+
+
+def _failure(exc: BaseException, stage: str) -> dict[str, Any]:
+    return {**describe_exception(exc), "stage": stage}
+
+
+def _log_outcome(workflow_id: str, name: str, done: UpdateDone) -> None:
+    logger.info("update settled workflow=%s update=%s id=%s status=%s", workflow_id, name, done.update_id, done.status)
+
+
+# -- validators --------------------------------------------------------------------------------
+
+
+def validation_issues(validator: Any, payload: Any) -> list[dict[str, Any]]:
+    """Run an update validator; return its issues (``[]`` accepts).
+
+    A Django Form class validates a dict payload as its data; a pydantic model class (an optional
+    dependency) validates the payload with ``model_validate``; any other callable returns None, ""
+    or [] to accept, or a message, a list of messages or of {"message", "path"} dicts to reject, or
+    raises django's ValidationError. Anything else it raises is a failure, not a rejection."""
+    if validator is None:
+        return []
+    if isinstance(validator, type):
+        from django import forms
+
+        if issubclass(validator, forms.BaseForm):
+            return _form_issues(validator, payload)
+        if hasattr(validator, "model_validate") and hasattr(validator, "model_fields"):
+            return _pydantic_issues(validator, payload)
+    from django.core.exceptions import ValidationError
+
+    try:
+        verdict = validator(payload)
+    except ValidationError as exc:
+        return _django_issues(exc)
+    return _normalise(verdict)
+
+
+def _issue(message: Any, path: Any = None) -> dict[str, Any]:
+    if path is not None:
+        parts = [path] if isinstance(path, str | int) else list(path)
+        path = [p if isinstance(p, str | int) and not isinstance(p, bool) else str(p) for p in parts] or None
+    return {"message": str(message), "path": path}
+
+
+def _normalise(verdict: Any) -> list[dict[str, Any]]:
+    if verdict is None or verdict == "" or (isinstance(verdict, list | tuple) and not verdict):
+        return []
+    if isinstance(verdict, str):
+        return [_issue(verdict)]
+    if isinstance(verdict, Mapping) and "message" in verdict:
+        return [_issue(verdict["message"], verdict.get("path"))]
+    if isinstance(verdict, list | tuple):
+        issues = []
+        for item in verdict:
+            if isinstance(item, str):
+                issues.append(_issue(item))
+            elif isinstance(item, Mapping) and "message" in item:
+                issues.append(_issue(item["message"], item.get("path")))
+            else:
+                raise TypeError(_VERDICT_HELP + f" (got an item {item!r})")
+        return issues
+    raise TypeError(_VERDICT_HELP + f" (got {verdict!r})")
+
+
+_VERDICT_HELP = (
+    'An update validator returns None, "" or [] to accept, or a message, a list of messages or a list of '
+    '{"message", "path"} dicts to reject'
+)
+
+
+def _django_issues(exc: Any) -> list[dict[str, Any]]:
+    from django.core.exceptions import NON_FIELD_ERRORS
+
+    if hasattr(exc, "error_dict"):
+        return [
+            _issue(message, None if field == NON_FIELD_ERRORS else [field])
+            for field, errors in exc.error_dict.items()
+            for error in errors
+            for message in error.messages
+        ]
+    return [_issue(message) for message in exc.messages]
+
+
+def _form_issues(form_class: Any, payload: Any) -> list[dict[str, Any]]:
+    from django.core.exceptions import NON_FIELD_ERRORS
+
+    if not isinstance(payload, Mapping):
+        return [_issue(f"{form_class.__name__} expects a dict of form fields, not {type(payload).__name__}")]
+    form = form_class(data=payload)
+    if form.is_valid():
+        return []
+    return [
+        _issue(message, None if field == NON_FIELD_ERRORS else [field])
+        for field, errors in form.errors.as_data().items()
+        for error in errors
+        for message in error.messages
+    ]
+
+
+def _pydantic_issues(model: Any, payload: Any) -> list[dict[str, Any]]:
+    from pydantic import ValidationError
+
+    try:
+        model.model_validate(payload)
+    except ValidationError as exc:
+        return [_issue(error["msg"], list(error["loc"]) or None) for error in exc.errors()]
+    return []
+
+
+# -- queries ----------------------------------------------------------------------------------
+
+NOT_OWNED = (
+    "Workflow {wid!r} is not driven by engine {me!r}: another engine currently owns it. Retry the query "
+    "against the engine that currently holds the claim."
+)
+
+
+def answer_queries(engine: Engine, now: datetime) -> bool:
+    """Answer the pending query requests addressed to this engine. Returns whether any were taken."""
+    using = engine.using
+    pending = QueryRequest.objects.using(using).filter(engine_id=engine.engine_id, status=QueryStatus.PENDING)
+    if not pending.exists():  # cheap, and takes no write lock (SQLite) when nothing waits
+        return False
+    answered: list[str] = []
+    with transaction.atomic(using=using):
+        rows = pending.order_by("created_at")
+        if connections[using].vendor == "postgresql":
+            relax_commit(using)
+            rows = rows.select_for_update(skip_locked=True)
+        taken = list(rows.values_list("id", "workflow_id", "name", "arg", "has_arg")[:QUERY_BATCH])
+        claims = {
+            wid: (epoch, holder)
+            for wid, epoch, holder in WorkflowClaim.objects.using(using)
+            .filter(workflow_id__in={row[1] for row in taken})
+            .values_list("workflow_id", "epoch", "engine_id")
+        }
+        stale: set[str] = set()
+        for pk, wid, name, arg, has_arg in taken:
+            owned = engine.owned.get(wid)
+            epoch, holder = claims.get(wid, (None, None))
+            if owned is not None and (epoch, holder) == (owned.epoch, engine.engine_id):
+                fields = _answer(engine, wid, name, arg, has_arg)
+            elif holder == engine.engine_id and owned is None:
+                continue  # claimed by us and about to be loaded: answered on a later pass
+            elif holder is not None:
+                if owned is not None:
+                    stale.add(wid)  # our live context is stale: it must not answer
+                message = NOT_OWNED.format(wid=wid, me=engine.engine_id)
+                fields = _failed("not_owned", "WorkflowNotLocallyOwnedError", message, holder=holder)
+            else:
+                message = f"Workflow {wid!r} is not held by any engine now."
+                fields = _failed("not_held", "WorkflowNotLocallyOwnedError", message)
+            QueryRequest.objects.using(using).filter(pk=pk).update(**fields)
+            answered.append(str(pk))
+        if answered:
+            send_many("a", answered, using)
+    if stale:
+        with engine._lock:
+            engine._lost |= stale
+        engine._wake.set()
+    return bool(answered)
+
+
+def relax_commit(using: str) -> None:
+    """Inside a PostgreSQL transaction that only carries a query (no workflow state): commit without
+    waiting for the WAL flush. A crash may lose it; its caller then times out or asks again."""
+    with connections[using].cursor() as cursor:
+        cursor.execute("SET LOCAL synchronous_commit TO OFF")
+
+
+def _failed(reason: str, kind: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"status": QueryStatus.FAILED, "error": {"reason": reason, "type": kind, "message": message, **extra}}
+
+
+def _answer(engine: Engine, wid: str, name: str, arg: str | None, has_arg: bool) -> dict[str, Any]:
+    try:
+        args = (decode(arg),) if has_arg else ()
+        value = engine.answer_query(wid, name, *args)
+        text = encode_payload(value, path=f'the result of query "{name}"')
+    except QueryNotFoundError as exc:
+        return _failed("not_found", "QueryNotFoundError", str(exc))
+    except Exception as exc:
+        return {"status": QueryStatus.FAILED, "error": {"reason": "handler", **describe_exception(exc)}}
+    return {"status": QueryStatus.ANSWERED, "result": text}
+
+
+# -- loading and cleanup ------------------------------------------------------------------------
+
+
+def load_applied(run_ids: list[Any], using: str) -> dict[str, list[AppliedRecord]]:
+    """The applied-update log of these runs, for replay: run id -> records."""
+    applied: dict[str, list[AppliedRecord]] = {}
+    if not run_ids:
+        return applied
+    rows = AppliedUpdate.objects.using(using).filter(run_id__in=run_ids).order_by("seq", "n")
+    for run_id, seq, n, name, payload, result, error, update_id in rows.values_list(
+        "run_id", "seq", "n", "name", "payload", "result", "error", "update_id"
+    ):
+        record = AppliedRecord(seq, n, name, payload, result, error, str(update_id) if update_id else None)
+        applied.setdefault(str(run_id), []).append(record)
+    return applied
+
+
+def cleanup_interval(engine: Engine) -> float:
+    return max(1.0, min(60.0, engine.settings.update_response_retention.total_seconds() / 4))
+
+
+def cleanup_messages(engine: Engine, now: datetime) -> bool:
+    """Engine-scoped chore: expire admitted updates whose caller stopped waiting (and died), fail the
+    open updates of runs that ended without closing them, and delete settled update responses and
+    query requests older than UPDATE_RESPONSE_RETENTION. Bounded per pass."""
+    using = engine.using
+    cutoff = now - engine.settings.update_response_retention
+    started = time.monotonic()
+    updates = PendingUpdate.objects.using(using)
+    done = 0
+    # Read first, write only what was found: on SQLite even an UPDATE that matches nothing takes the
+    # write lock.
+    abandoned = list(
+        updates.filter(status=UpdateStatus.ADMITTED, deadline__lt=now - ABANDONED_GRACE).values_list("pk", flat=True)[
+            :CLEANUP_BATCH
+        ]
+    )
+    if abandoned:  # their callers stopped waiting and died: nobody will expire them otherwise
+        done += updates.filter(pk__in=abandoned, status=UpdateStatus.ADMITTED).update(
+            status=UpdateStatus.EXPIRED, completed_at=now
+        )
+    same_run_active = Workflow.objects.using(using).filter(
+        pk=OuterRef("workflow_id"), run_id=OuterRef("run_id"), status__in=list(ACTIVE_STATUSES)
+    )
+    orphaned = list(
+        updates.filter(status__in=[UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED], created_at__lt=now - ABANDONED_GRACE)
+        .exclude(Exists(same_run_active))
+        .values_list("pk", flat=True)[:CLEANUP_BATCH]
+    )
+    if orphaned:  # runs that ended through a transition, which closes admitted updates only
+        done += updates.filter(pk__in=orphaned, status__in=[UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED]).update(
+            status=UpdateStatus.FAILED,
+            completed_at=now,
+            error={"type": "WorkflowTerminalError", "message": "The workflow ended before the update was answered."},
+        )
+    settled = [UpdateStatus.COMPLETED, UpdateStatus.REJECTED, UpdateStatus.FAILED, UpdateStatus.EXPIRED]
+    old_updates = list(
+        PendingUpdate.objects.using(using)
+        .filter(status__in=settled, completed_at__lt=cutoff)
+        .values_list("pk", flat=True)[:CLEANUP_BATCH]
+    )
+    if old_updates:
+        done += PendingUpdate.objects.using(using).filter(pk__in=old_updates).delete()[0]
+    old_queries = list(
+        QueryRequest.objects.using(using)
+        .filter(status__in=[QueryStatus.ANSWERED, QueryStatus.FAILED, QueryStatus.EXPIRED], created_at__lt=cutoff)
+        .values_list("pk", flat=True)[:CLEANUP_BATCH]
+    )
+    old_queries += list(
+        QueryRequest.objects.using(using)
+        .filter(status=QueryStatus.PENDING, deadline__lt=now - ABANDONED_GRACE)
+        .values_list("pk", flat=True)[:CLEANUP_BATCH]
+    )
+    if old_queries:
+        done += QueryRequest.objects.using(using).filter(pk__in=old_queries).delete()[0]
+    if done:
+        logger.info("message cleanup engine=%s rows=%s took=%.3fs", engine.engine_id, done, time.monotonic() - started)
+    return bool(done)

@@ -28,6 +28,14 @@ class PeriodicTask:
 
 def builtin_tasks() -> list[PeriodicTask]:
     """The chores every engine runs. Modules add theirs here."""
-    from . import sweeps
+    from . import messages, sweeps
+    from .retention import RetentionSweep
+    from .schedules import ScheduleFiring
 
-    return [PeriodicTask("timer-sweep", lambda engine: 60.0, sweeps.collect_orphaned_timers)]
+    schedules, retention = ScheduleFiring(), RetentionSweep()
+    return [
+        PeriodicTask("timer-sweep", lambda engine: 60.0, sweeps.collect_orphaned_timers),
+        PeriodicTask("schedules", schedules.interval, schedules.run),
+        PeriodicTask("retention", retention.interval, retention.run),
+        PeriodicTask("message-cleanup", messages.cleanup_interval, messages.cleanup_messages),
+    ]

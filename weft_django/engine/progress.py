@@ -12,12 +12,15 @@ from datetime import datetime
 from typing import Any
 
 from ..clock import db_now
+from ..codec import encode
 from ..exceptions import ActivityTimeoutError, WeftError
 from ..models import BufferedSignal, Step, Timer
-from ..operations import RunActivity, Sleep, WaitForSignal, WaitUntil
+from ..operations import RunActivity, Sleep, StartChild, WaitForSignal, WaitForUpdate, WaitUntil
 from ..status import StepStatus, TimerKind, WorkflowStatus
-from .activities import AttemptOutcome, AttemptTask, FenceRefused, ThreadExecutor
-from .driver import StepRecord, WorkflowRun
+from .activities import AttemptOutcome, AttemptTask, FenceRefused
+from .children import MAX_DEPTH, ChildStart, child_outcome, mailbox_name
+from .driver import Leaf, StepRecord, WorkflowRun
+from .executors import ActivityExecutors
 from .fencing import Finish, WorkflowWrites, lock_claims
 from .timers import TimerHeap
 
@@ -38,6 +41,9 @@ class Owned:
     dispatch: list[AttemptTask] = dataclasses.field(default_factory=list)
     stuck_attempts: int = 0
     clear_stuck: bool = False
+    parent: tuple[str, str, int] | None = None  # (id, run id, seq) of the parent step waiting for us
+    armed_at: dict[int, datetime] = dataclasses.field(default_factory=dict)  # when each wait began
+    depth: int = 0
 
 
 class Progress:
@@ -45,7 +51,7 @@ class Progress:
 
     owned: dict[str, Owned]
     timers: TimerHeap
-    executor: ThreadExecutor
+    executor: ActivityExecutors
     engine_id: str
     using: str
     _lock: threading.Lock
@@ -73,7 +79,9 @@ class Progress:
     def _writes(self, owned: Owned, writes: dict[str, WorkflowWrites]) -> WorkflowWrites:
         w = writes.get(owned.workflow_id)
         if w is None:
-            w = writes[owned.workflow_id] = WorkflowWrites(owned.workflow_id, owned.run_id, owned.epoch)
+            w = writes[owned.workflow_id] = WorkflowWrites(
+                owned.workflow_id, owned.run_id, owned.epoch, parent=owned.parent
+            )
         return w
 
     def _advance_effects(self, wid: str, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]) -> None:
@@ -84,6 +92,9 @@ class Progress:
         if run.new_steps:
             self._writes(owned, writes).steps.extend(run.new_steps)
             run.new_steps = []
+        if run.responses:  # respond() of wait_for_update: recorded in the next fenced commit
+            self._writes(owned, writes).update_responses.extend(run.responses)
+            run.responses = []
         if run.finished:
             w = self._writes(owned, writes)
             if run.stuck is not None:
@@ -99,6 +110,7 @@ class Progress:
             if leaf.seq in owned.armed:
                 continue
             owned.armed.add(leaf.seq)
+            owned.armed_at.setdefault(leaf.seq, now)
             op = leaf.op
             if isinstance(op, RunActivity):
                 self._arm_activity(owned, leaf.seq, op, now, writes)
@@ -110,8 +122,14 @@ class Progress:
                 with self._lock:
                     self._notified.add(wid)  # look for a buffered signal on the next pass
                 self._wake.set()
+            elif isinstance(op, StartChild):
+                self._arm_child(owned, leaf.seq, op, now, writes, changed)
             elif isinstance(op, WaitUntil):
                 self._check_wait_until(owned, leaf.seq, op, now, writes, changed)
+            elif isinstance(op, WaitForUpdate):
+                with self._lock:
+                    self._notified.add(wid)  # look for an admitted update on the next pass
+                self._wake.set()
 
     def _arm_activity(
         self, owned: Owned, seq: int, op: RunActivity, now: datetime, writes: dict[str, WorkflowWrites]
@@ -127,6 +145,64 @@ class Progress:
             return
         # A recovered attempt runs again under the same attempt number.
         owned.dispatch.append(self._task(owned, seq, op, step.attempts, step.started_at or now))
+
+    def _arm_child(
+        self,
+        owned: Owned,
+        seq: int,
+        op: StartChild,
+        now: datetime,
+        writes: dict[str, WorkflowWrites],
+        changed: set[str],
+    ) -> None:
+        """Start the child in this workflow's next fenced commit (unless a recorded step says it was
+        started already); its end arrives as a child-terminal record in our mailbox."""
+        with self._lock:
+            self._notified.add(owned.workflow_id)  # its record may be waiting already
+        if owned.run.steps.get(seq) is not None:
+            return
+        child_id = op.child_id or f"{owned.workflow_id}/{seq}"
+        step = StepRecord(seq, "child", op.name, StepStatus.RUNNING, encode(child_id), attempts=1, started_at=now)
+        owned.run.record(step)
+        w = self._writes(owned, writes)
+        w.steps.append(step)
+        if owned.depth + 1 > MAX_DEPTH:
+            report = {
+                "type": "ChildWorkflowError",
+                "message": f"child workflows nest at most {MAX_DEPTH} deep; "
+                f"{child_id!r} would be level {owned.depth + 1}",
+            }
+            self._settle(
+                owned,
+                dataclasses.replace(
+                    step,
+                    status="failed",
+                    error={
+                        "exc": "ChildWorkflowError",
+                        "message": report["message"],
+                        "child_id": child_id,
+                        "status": "failed",
+                        "error": report,
+                    },
+                    completed_at=now,
+                ),
+                writes,
+                changed,
+            )
+            return
+        w.children.append(
+            ChildStart(
+                child_id=child_id,
+                workflow_type=op.workflow_type,
+                version=op.version,
+                input_text=op.input_text,
+                parent_id=owned.workflow_id,
+                parent_run_id=owned.run_id,
+                parent_seq=seq,
+                parent_close_policy=op.parent_close_policy,
+                depth=owned.depth + 1,
+            )
+        )
 
     def _task(self, owned: Owned, seq: int, op: RunActivity, attempt: int, started_at: datetime) -> AttemptTask:
         timeout = op.activity.timeout
@@ -178,6 +254,9 @@ class Progress:
         return timer
 
     def _settle(self, owned: Owned, step: StepRecord, writes: dict[str, WorkflowWrites], changed: set[str]) -> None:
+        began = owned.armed_at.pop(step.seq, None)
+        if step.started_at is None and began is not None:
+            step.started_at = began  # a wait's step spans from when it began (the admin's timeline)
         owned.run.record(step)
         self._writes(owned, writes).steps.append(step)
         owned.armed.discard(step.seq)
@@ -208,6 +287,24 @@ class Progress:
             )
         elif op.timeout is not None:
             self._arm_timer(owned, TimerKind.WAIT_CONDITION, seq, now + op.timeout, writes)
+
+    def _recheck_wait_until(
+        self, owned: Owned, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]
+    ) -> None:
+        """After an update handler ran: settle the armed wait_until leaves whose predicate holds now.
+        (Signals do not re-drive a wait_until, as in weft; its timeout timer stays armed otherwise.)"""
+        for leaf in owned.run.pending_leaves():
+            if not isinstance(leaf.op, WaitUntil) or leaf.seq not in owned.armed:
+                continue
+            try:
+                satisfied = bool(leaf.op.predicate())
+            except Exception as exc:
+                logger.warning("wait_until predicate raised workflow=%s error=%s", owned.workflow_id, exc)
+                continue
+            if satisfied:
+                self._take_timer(owned, TimerKind.WAIT_CONDITION, leaf.seq, writes)
+                step = StepRecord(leaf.seq, "wait_until", "", "completed", "true", completed_at=now)
+                self._settle(owned, step, writes, changed)
 
     # -- activity outcomes ---------------------------------------------------------------------------
     def _drain_outcomes(self) -> list[AttemptOutcome]:
@@ -372,7 +469,9 @@ class Progress:
         self, workflow_ids: set[str], now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]
     ) -> bool:
         waiting = {
-            wid: [leaf for leaf in self.owned[wid].run.pending_leaves() if isinstance(leaf.op, WaitForSignal)]
+            wid: [
+                leaf for leaf in self.owned[wid].run.pending_leaves() if isinstance(leaf.op, WaitForSignal | StartChild)
+            ]
             for wid in workflow_ids
             if wid in self.owned
         }
@@ -391,14 +490,27 @@ class Progress:
             owned = self.owned[wid]
             if str(run_id) != owned.run_id or pk in taken:
                 continue
-            leaf = next((lf for lf in waiting[wid] if lf.op.name == name and owned.run.is_pending(lf.seq)), None)
+            leaf = next((lf for lf in waiting[wid] if mailbox_of(lf) == name and owned.run.is_pending(lf.seq)), None)
             if leaf is None:
                 continue
             taken.add(pk)
             delivered = True
-            self._take_timer(owned, TimerKind.SIGNAL_TIMEOUT, leaf.seq, writes)
             self._writes(owned, writes).signals_consumed.append((pk, leaf.seq))
-            step = StepRecord(leaf.seq, "signal", name, "completed", payload, completed_at=now)
+            if isinstance(leaf.op, StartChild):
+                outcome = child_outcome(payload)
+                step = StepRecord(
+                    leaf.seq,
+                    "child",
+                    leaf.op.name,
+                    "completed" if outcome.ok else "failed",
+                    outcome.text,
+                    outcome.error,
+                    attempts=1,
+                    completed_at=now,
+                )
+            else:
+                self._take_timer(owned, TimerKind.SIGNAL_TIMEOUT, leaf.seq, writes)
+                step = StepRecord(leaf.seq, "signal", name, "completed", payload, completed_at=now)
             self._settle(owned, step, writes, changed)
             waiting[wid] = [lf for lf in waiting[wid] if lf.seq != leaf.seq]
         return delivered
@@ -423,3 +535,8 @@ class Progress:
         )
         if waiting != 1:
             raise FenceRefused("attempt")
+
+
+def mailbox_of(leaf: Leaf) -> str:
+    """The buffered-signal name a waiting leaf consumes: its signal, or its child's terminal record."""
+    return mailbox_name(leaf.seq) if isinstance(leaf.op, StartChild) else leaf.op.name

@@ -1,0 +1,73 @@
+"""Retention: purge terminal workflows older than WEFT["RETENTION"][status] (an engine-scoped chore).
+
+A run is purged once ``finished_at + RETENTION[status] < now`` (workflow time); a status mapped to
+None is kept for ever. Each pass purges at most BATCH_SIZE runs, oldest first, through
+``transitions.purge`` (claims deleted, idempotency keys marked purged; a later run under the same id
+draws a higher epoch from the global sequence). While a pass finds a full batch the chore runs again
+at the poll interval instead of every INTERVAL seconds, so a backlog drains in bounded steps. A child
+is kept while its parent is still active.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from django.db.models import Exists, OuterRef
+
+from .. import transitions
+from ..clock import db_now
+from ..models import Workflow
+from ..status import ACTIVE_STATUSES
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+logger = logging.getLogger(__name__)
+
+INTERVAL = 60.0  # seconds between passes when there is no backlog
+BATCH_SIZE = 500  # runs purged per pass, at most
+
+
+class RetentionSweep:
+    """The chore. One instance per engine (it remembers whether the last pass left a backlog)."""
+
+    def __init__(self) -> None:
+        self.backlog = False
+
+    def interval(self, engine: Engine) -> float:
+        return engine.settings.poll_interval.total_seconds() if self.backlog else INTERVAL
+
+    def run(self, engine: Engine, now: datetime) -> bool:
+        purged, self.backlog = purge_expired(engine.settings.retention, engine.using, now=now)
+        if purged:
+            logger.info("retention purged workflows count=%s engine=%s", purged, engine.engine_id)
+        return purged > 0
+
+
+def purge_expired(
+    retention: dict[str, timedelta | None],
+    using: str,
+    batch_size: int | None = None,
+    now: datetime | None = None,
+) -> tuple[int, bool]:
+    """Purge up to ``batch_size`` (default BATCH_SIZE) terminal runs expired at ``now`` (default: workflow
+    time now), oldest first per status. Returns (how many were purged, whether more may be left)."""
+    batch_size = batch_size or BATCH_SIZE
+    now = now or db_now(using)
+    budget = batch_size
+    purged = 0
+    for status, keep in retention.items():
+        if keep is None or budget <= 0:
+            continue
+        cutoff = now - keep
+        expired = Workflow.objects.using(using).filter(status=status, finished_at__lt=cutoff)
+        parent_active = Workflow.objects.using(using).filter(pk=OuterRef("parent_id"), status__in=list(ACTIVE_STATUSES))
+        ids = list(expired.exclude(Exists(parent_active)).order_by("finished_at").values_list("pk", flat=True)[:budget])
+        if not ids:
+            continue
+        budget -= len(ids)
+        # The status and age are re-checked by the queryset, and the terminal status under lock by purge.
+        purged += transitions.purge(expired.filter(pk__in=ids), using=using, batch_size=batch_size)
+    return purged, budget <= 0

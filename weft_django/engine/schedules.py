@@ -1,0 +1,174 @@
+"""Schedule firing: an engine-scoped chore every POLL_INTERVAL (see weft_django/schedules.py).
+
+Any engine takes a due schedule row (``next_fire_at <= now``, not paused) with SKIP LOCKED (on SQLite
+the one-writer transaction does the same), starts the occurrence's run under the overlap policy and
+advances the row in that one transaction, so each occurrence starts at most one run whichever
+engines run. Its run id is derived from the nominal time: a row somebody else already created under
+that id (an older run of a re-created schedule) is kept, not duplicated.
+
+Missed occurrences: with ``backfill=False`` only the latest due occurrence fires, and only if it is
+at most MISFIRE_GRACE late; every other due occurrence (engines were down, or a pass came late) is
+counted in ``missed_fire_count`` and logged. With ``backfill=True`` every due occurrence fires, in
+order, at most BACKFILL_PER_PASS per schedule and pass (the rest on the following passes).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from django.db import DatabaseError, transaction
+
+from ..models import Schedule, Timer, Workflow
+from ..registry import WorkflowDefinition, registry
+from ..schedules import (
+    QUEUED,
+    STARTED,
+    Timing,
+    active_runs,
+    cancel_waiting,
+    fire,
+    occurrence_id,
+    release_waiting,
+    retime,
+)
+from ..status import TimerKind, WorkflowStatus
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+logger = logging.getLogger(__name__)
+
+MISFIRE_GRACE = timedelta(seconds=60)  # how late the latest occurrence may fire when backfill is off
+SCHEDULES_PER_PASS = 100
+BACKFILL_PER_PASS = 100  # catch-up runs per schedule and pass
+STEPS_PER_PASS = 1000  # occurrences looked at per schedule and pass (counting missed cron fires)
+FAILED_BACKOFF = 60.0  # seconds before this engine retries a schedule whose firing raised
+
+
+class ScheduleFiring:
+    """The chore. One instance per engine: it remembers the workflow types this engine does not have
+    (their schedules are left to engines that do) and backs off from schedules that failed, so neither
+    can crowd the others out of a pass."""
+
+    def __init__(self) -> None:
+        self._unknown_types: set[str] = set()
+        self._failed: dict[str, float] = {}  # schedule id -> monotonic time of its next attempt
+
+    def interval(self, engine: Engine) -> float:
+        return engine.settings.poll_interval.total_seconds()
+
+    def run(self, engine: Engine, now: datetime) -> bool:
+        """One pass at workflow time ``now`` (the engine tick's). Returns whether anything happened."""
+        using = engine.using
+        clock = time.monotonic()
+        self._failed = {key: retry_at for key, retry_at in self._failed.items() if retry_at > clock}
+        due = list(
+            Schedule.objects.using(using)
+            .filter(paused=False, next_fire_at__lte=now)
+            .exclude(workflow_type__in=self._unknown_types)
+            .exclude(pk__in=list(self._failed))
+            .order_by("next_fire_at")
+            .values_list("pk", flat=True)[:SCHEDULES_PER_PASS]
+        )
+        busy = False
+        for schedule_id in dict.fromkeys([*_with_waiting_runs(using), *due]):
+            try:
+                busy |= self._process(schedule_id, now, using)
+            except DatabaseError as exc:
+                logger.warning("schedule pass failed schedule=%s error=%s; retried next pass", schedule_id, exc)
+            except Exception:
+                logger.exception("schedule could not be fired schedule=%s; retried in %ss", schedule_id, FAILED_BACKOFF)
+                self._failed[schedule_id] = time.monotonic() + FAILED_BACKOFF
+        return busy
+
+    def _process(self, schedule_id: str, now: datetime, using: str) -> bool:
+        with transaction.atomic(using=using):
+            row = Schedule.objects.using(using).select_for_update(skip_locked=True).filter(pk=schedule_id).first()
+            if row is None:
+                if not Schedule.objects.using(using).filter(pk=schedule_id).exists():  # deleted, not locked
+                    cancel_waiting(schedule_id, f'schedule "{schedule_id}" was deleted', using)
+                return False
+            released = release_waiting(active_runs(schedule_id, using), now, using)
+            if released is not None:
+                logger.info("queued run released schedule=%s workflow=%s", schedule_id, released)
+            if row.paused or row.next_fire_at is None or row.next_fire_at > now:
+                return released is not None
+            definition = registry.latest.get(row.workflow_type)
+            if definition is None:
+                if row.workflow_type not in self._unknown_types:
+                    self._unknown_types.add(row.workflow_type)
+                    logger.warning(
+                        "schedule not fired here: workflow type is not registered in this engine "
+                        "schedule=%s workflow_type=%s",
+                        schedule_id,
+                        row.workflow_type,
+                    )
+                return released is not None
+            self._fire_due(row, now, using, definition)
+            return True
+
+    def _fire_due(self, row: Schedule, now: datetime, using: str, definition: WorkflowDefinition) -> None:
+        if row.next_nominal_at is None or row.next_fire_at is None:  # a row written without the API
+            retime(row, now)
+            row.save(using=using, update_fields=["next_nominal_at", "next_fire_at"])
+            return
+        timing = Timing.of(row)
+        nominal, fire_at = row.next_nominal_at, row.next_fire_at
+        missed = 0
+        if not row.backfill and timing.every is not None:
+            # Occurrences that even with the largest jitter are later than the grace: count, don't walk.
+            horizon = now - MISFIRE_GRACE - timedelta(milliseconds=timing.jitter_ms)
+            if nominal <= horizon:
+                period = timedelta(seconds=timing.every)
+                skipped = (horizon - nominal) // period + 1
+                missed += skipped
+                nominal += skipped * period
+                fire_at = timing.fire_at(nominal)
+        following = timing.following(nominal)
+        fired = steps = 0
+        outcomes: list[tuple[str, str]] = []
+        while fire_at <= now and steps < STEPS_PER_PASS and fired < BACKFILL_PER_PASS:
+            steps += 1
+            upcoming = next(following)
+            upcoming_fire_at = timing.fire_at(upcoming)
+            latest = upcoming_fire_at > now
+            if row.backfill or (latest and now - fire_at <= MISFIRE_GRACE):
+                workflow_id = occurrence_id(row.id, nominal)
+                outcome = fire(row, workflow_id, definition, now, using)
+                outcomes.append((workflow_id, outcome))
+                fired += 1
+                if outcome in (STARTED, QUEUED):
+                    row.last_fired_at = now
+            else:
+                missed += 1
+            nominal, fire_at = upcoming, upcoming_fire_at
+        row.next_nominal_at, row.next_fire_at = nominal, fire_at
+        row.missed_fire_count += missed
+        row.save(using=using, update_fields=["next_nominal_at", "next_fire_at", "last_fired_at", "missed_fire_count"])
+        for workflow_id, outcome in outcomes:
+            logger.info("schedule fired schedule=%s workflow=%s outcome=%s", row.id, workflow_id, outcome)
+        if missed:
+            logger.warning(
+                "schedule missed occurrences schedule=%s missed=%s total_missed=%s backfill=off next_fire_at=%s",
+                row.id,
+                missed,
+                row.missed_fire_count,
+                fire_at.isoformat(),
+            )
+
+
+def _with_waiting_runs(using: str) -> list[str]:
+    """Schedules with a run queued by overlap="queue" and not released yet: their slot may have freed."""
+    released = Timer.objects.using(using).filter(kind=TimerKind.DELAYED_START).values("workflow_id")
+    return [
+        str(schedule_id)
+        for schedule_id in Workflow.objects.using(using)
+        .filter(status=WorkflowStatus.PENDING, schedule_id__isnull=False, start_at__isnull=True)
+        .exclude(pk__in=released)
+        .order_by()
+        .values_list("schedule_id", flat=True)
+        .distinct()[:SCHEDULES_PER_PASS]
+    ]
