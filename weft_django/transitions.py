@@ -37,6 +37,7 @@ from .models import (
     IdempotencyKey,
     PendingUpdate,
     QueryRequest,
+    RemoteAttempt,
     Step,
     Timer,
     Workflow,
@@ -60,7 +61,7 @@ PURGE_BATCH_SIZE = 500
 _RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})  # deadlock_detected, serialization_failure
 _WORKFLOW_FIELDS = ("id", "run_id", "status", "workflow_type", "parent_id", "parent_run_id", "parent_seq", "error")
 # Rows that belong to a run and go with it (Workflow itself and its claim are handled separately).
-_RUN_TABLES = (Step, Timer, BufferedSignal, PendingUpdate, AppliedUpdate)
+_RUN_TABLES = (Step, Timer, BufferedSignal, PendingUpdate, AppliedUpdate, RemoteAttempt)
 
 
 def _alias(using: str | None) -> str:
@@ -187,8 +188,15 @@ def _end_run(row: dict[str, Any], status: WorkflowStatus, using: str, *, reason:
 
         error_type = "WorkflowCancelledError" if status == WorkflowStatus.CANCELLED else "WorkflowTimedOutError"
         report_child_end(  # the parent's owner learns that its child ended (and is woken)
-            row["id"], row["parent_id"], str(row["parent_run_id"]), row["parent_seq"], status, None,
-            {"type": error_type, "message": reason or f"the child workflow was {status}"}, now, using,
+            row["id"],
+            row["parent_id"],
+            str(row["parent_run_id"]),
+            row["parent_seq"],
+            status,
+            None,
+            {"type": error_type, "message": reason or f"the child workflow was {status}"},
+            now,
+            using,
         )
     notify.send("w", workflow_id, using)
     notify.send("r", workflow_id, using)

@@ -80,12 +80,15 @@ class Command(BaseCommand):
 
         from ...engine.engine import Engine
 
-        engine = Engine(
-            options["engine_id"],
-            concurrency=options["concurrency"],
-            settings=settings,
-            drain_timeout=options["drain_timeout"],
-        )
+        try:
+            engine = Engine(
+                options["engine_id"],
+                concurrency=options["concurrency"],
+                settings=settings,
+                drain_timeout=options["drain_timeout"],
+            )
+        except ConfigurationError as exc:  # e.g. ACTIVITY_EXECUTOR="celery" without Celery installed
+            raise CommandError(str(exc)) from None
         self._install_signal_handlers(engine)
         try:
             engine.run(once=options["once"])
