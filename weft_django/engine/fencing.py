@@ -21,7 +21,7 @@ from django.db import connections, transaction
 
 from ..models import BufferedSignal, PendingUpdate, Step, Timer, Workflow
 from ..notify import send_many
-from ..status import SignalState, UpdateStatus
+from ..status import ACTIVE_STATUSES, SignalState, UpdateStatus
 from ..transitions import close_children
 from .children import ChildStart, report_child_end, start_children
 from .driver import AppliedRecord, StepRecord
@@ -139,31 +139,7 @@ def fenced_commit(
 def _apply(
     engine_id: str, batch: list[WorkflowWrites], now: datetime, using: str, claim_ttl: timedelta
 ) -> dict[str, int]:
-    steps = [
-        Step(
-            workflow_id=w.workflow_id,
-            run_id=w.run_id,
-            seq=s.seq,
-            kind=s.kind,
-            name=s.name,
-            status=s.status,
-            result=s.result,
-            error=s.error,
-            attempts=s.attempts,
-            epoch=w.epoch,
-            started_at=s.started_at or now,
-            completed_at=s.completed_at if s.completed_at or not s.settled else now,
-        )
-        for w in batch
-        for s in _latest_per_seq(w.steps)
-    ]
-    if steps:
-        Step.objects.using(using).bulk_create(
-            steps,
-            update_conflicts=True,
-            unique_fields=["run_id", "seq"],
-            update_fields=["kind", "name", "status", "result", "error", "attempts", "epoch", "completed_at"],
-        )
+    write_steps(batch, now, using)
     apply_messages(batch, now, using)  # before the mailbox closes: a respond() in a terminal commit answers
     timers = [t for w in batch for t in w.timers_add]
     if timers:
@@ -211,9 +187,11 @@ def _apply(
     if released:
         release_locked_claims(engine_id, released, using)
         send_many("r", [w.workflow_id for w in finished], using)
+    with_children = _with_active_children([w.workflow_id for w in finished], using) if finished else set()
     for w in finished:
         assert w.finish is not None
-        close_children(w.workflow_id, w.run_id, w.finish.status, using)
+        if w.workflow_id in with_children:
+            close_children(w.workflow_id, w.run_id, w.finish.status, using)
         if w.parent is not None:
             report_child_end(w.workflow_id, *w.parent, w.finish.status, w.finish.result, w.finish.error, now, using)
     starts = [child for w in batch if w.finish is None for child in w.children]
@@ -260,6 +238,46 @@ def release_claims(engine_id: str, epochs: dict[str, int], using: str) -> None:
                 f"WHERE workflow_id = %s AND epoch = %s AND engine_id = %s",
                 [wid, epoch, engine_id],
             )
+
+
+def write_steps(batch: list[WorkflowWrites], now: datetime, using: str) -> None:
+    """Upsert every step of the batch in one statement (a step is inserted when dispatched or settled
+    and updated when it settles; its epoch is the committing owner's)."""
+    steps = [
+        Step(
+            workflow_id=w.workflow_id,
+            run_id=w.run_id,
+            seq=s.seq,
+            kind=s.kind,
+            name=s.name,
+            status=s.status,
+            result=s.result,
+            error=s.error,
+            attempts=s.attempts,
+            epoch=w.epoch,
+            started_at=s.started_at or now,
+            completed_at=s.completed_at if s.completed_at or not s.settled else now,
+        )
+        for w in batch
+        for s in _latest_per_seq(w.steps)
+    ]
+    if steps:
+        Step.objects.using(using).bulk_create(
+            steps,
+            update_conflicts=True,
+            unique_fields=["run_id", "seq"],
+            update_fields=["kind", "name", "status", "result", "error", "attempts", "epoch", "completed_at"],
+        )
+
+
+def _with_active_children(workflow_ids: list[str], using: str) -> set[str]:
+    """Which of these runs have active children (one query for the whole batch)."""
+    parents = (
+        Workflow.objects.using(using)
+        .filter(parent_id__in=workflow_ids, status__in=list(ACTIVE_STATUSES))
+        .values_list("parent_id", flat=True)
+    )
+    return {parent for parent in parents if parent is not None}
 
 
 def _latest_per_seq(steps: list[StepRecord]) -> list[StepRecord]:
@@ -358,31 +376,7 @@ def fenced_messages(
     with transaction.atomic(using=using):
         held = lock_claims(engine_id, epochs, using)
         batch = [w for w in build(held) if w.workflow_id in held and not w.empty] if held else []
-        steps = [
-            Step(
-                workflow_id=w.workflow_id,
-                run_id=w.run_id,
-                seq=s.seq,
-                kind=s.kind,
-                name=s.name,
-                status=s.status,
-                result=s.result,
-                error=s.error,
-                attempts=s.attempts,
-                epoch=w.epoch,
-                started_at=s.started_at or now,
-                completed_at=s.completed_at or now,
-            )
-            for w in batch
-            for s in w.steps
-        ]
-        if steps:
-            Step.objects.using(using).bulk_create(
-                steps,
-                update_conflicts=True,
-                unique_fields=["run_id", "seq"],
-                update_fields=["kind", "name", "status", "result", "error", "attempts", "epoch", "completed_at"],
-            )
+        write_steps(batch, now, using)
         apply_messages(batch, now, using)
     lost_ids = sorted(set(epochs) - held)
     lost = why_lost(engine_id, lost_ids, using) if lost_ids else {}
