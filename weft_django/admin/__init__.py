@@ -7,4 +7,4 @@ The ModelAdmins register only when django.contrib.admin is installed, so ``healt
 from django.apps import apps
 
 if apps.is_installed("django.contrib.admin"):
-    from . import readonly, workflows  # noqa: F401  (register the ModelAdmins)
+    from . import readonly, schedules, workflows  # noqa: F401  (register the ModelAdmins)
