@@ -77,7 +77,7 @@ class Workflow(models.Model):
 class WorkflowClaim(models.Model):
     """Ownership of one workflow. The epoch never goes down for an id (drawn from a global sequence);
     a null engine_id means released or never claimed. Renewal rewrites expires_at only (narrow row,
-    expiry unindexed, so renewals stay HOT updates)."""
+    expiry unindexed, pages half empty on PostgreSQL (migration 0008), so renewals stay HOT updates)."""
 
     workflow_id = models.CharField(primary_key=True, max_length=255)
     epoch = models.BigIntegerField(default=0)
@@ -144,7 +144,12 @@ class Timer(models.Model):
     fire_at = models.DateTimeField(db_index=True)
 
     class Meta:
-        indexes = [models.Index(fields=["workflow", "fire_at"], name="weft_timer_wf")]
+        indexes = [
+            models.Index(fields=["workflow", "fire_at"], name="weft_timer_wf"),
+            # Engine-scoped due scans (delayed starts) filter by kind: without it they walk every
+            # past-due timer of other kinds (e.g. the sleeps of suspended runs) on each poll.
+            models.Index(fields=["kind", "fire_at"], name="weft_timer_kind_fire_at"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.workflow_id}#{self.seq} at {self.fire_at}"

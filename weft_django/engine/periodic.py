@@ -32,9 +32,9 @@ def builtin_tasks() -> list[PeriodicTask]:
     from .retention import RetentionSweep
     from .schedules import ScheduleFiring
 
-    schedules, retention = ScheduleFiring(), RetentionSweep()
+    schedules, retention, timer_sweep = ScheduleFiring(), RetentionSweep(), sweeps.OrphanedTimerSweep()
     return [
-        PeriodicTask("timer-sweep", lambda engine: 60.0, sweeps.collect_orphaned_timers),
+        PeriodicTask("timer-sweep", timer_sweep.interval, timer_sweep.run),
         PeriodicTask("schedules", schedules.interval, schedules.run),
         PeriodicTask("retention", retention.interval, retention.run),
         PeriodicTask("message-cleanup", messages.cleanup_interval, messages.cleanup_messages),

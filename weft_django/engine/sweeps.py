@@ -1,14 +1,20 @@
 """Garbage collection of timers whose workflow is missing or terminal. A suspended workflow keeps its
 timers: the engine that claims it after resume re-arms them at their recorded fire times.
-Engine-scoped, bounded per pass."""
+Engine-scoped.
+
+Terminal transitions and purges delete a run's timers in their own transaction, so this is a safety
+net, and it must not cost more as sleeping timers accumulate: each pass examines the next
+SWEEP_BATCH timers in primary-key order after where the previous pass stopped (an index range scan
+with LIMIT) and looks their workflows up by primary key, so one pass is bounded whatever the number
+of timers. A full cycle over N timers takes ceil(N / SWEEP_BATCH) passes, CYCLE_PASS_INTERVAL apart;
+after a cycle ends the next starts INTERVAL later.
+"""
 
 from __future__ import annotations
 
 import logging
 from datetime import datetime
 from typing import TYPE_CHECKING
-
-from django.db.models import Exists, OuterRef
 
 from ..models import Timer, Workflow
 from ..status import TERMINAL_STATUSES, TimerKind
@@ -17,22 +23,50 @@ if TYPE_CHECKING:
     from .engine import Engine
 
 logger = logging.getLogger(__name__)
-SWEEP_BATCH = 500
+SWEEP_BATCH = 1000  # timers examined per pass, at most
+INTERVAL = 60.0  # seconds between cycles
+CYCLE_PASS_INTERVAL = 5.0  # seconds between the passes of one cycle
+
+
+class OrphanedTimerSweep:
+    """The chore. One instance per engine: it remembers where the current cycle stands."""
+
+    def __init__(self) -> None:
+        self.after = 0  # the last timer pk examined in this cycle; 0 = a new cycle starts
+
+    def interval(self, engine: Engine) -> float:
+        return CYCLE_PASS_INTERVAL if self.after else INTERVAL
+
+    def run(self, engine: Engine, now: datetime) -> bool:
+        using = engine.using
+        window = list(
+            Timer.objects.using(using)
+            .filter(pk__gt=self.after)
+            .exclude(kind=TimerKind.SCHEDULE)
+            .order_by("pk")
+            .values_list("pk", "workflow_id")[:SWEEP_BATCH]
+        )
+        # A short window ends the cycle; the next one starts from the first timer again.
+        self.after = window[-1][0] if len(window) >= SWEEP_BATCH else 0
+        if not window:
+            return False
+        live = set(
+            Workflow.objects.using(using)
+            .filter(pk__in={wid for _, wid in window})
+            .exclude(status__in=list(TERMINAL_STATUSES))
+            .values_list("pk", flat=True)
+        )
+        doomed = [pk for pk, wid in window if wid not in live]
+        if doomed:
+            Timer.objects.using(using).filter(pk__in=doomed).delete()
+            logger.info("collected orphaned timers count=%s engine=%s", len(doomed), engine.engine_id)
+        return bool(doomed)
 
 
 def collect_orphaned_timers(engine: Engine, now: datetime) -> bool:
-    using = engine.using
-    missing = ~Exists(Workflow.objects.using(using).filter(pk=OuterRef("workflow_id")))
-    terminal = Exists(
-        Workflow.objects.using(using).filter(pk=OuterRef("workflow_id"), status__in=list(TERMINAL_STATUSES))
-    )
-    doomed = list(
-        Timer.objects.using(using)
-        .exclude(kind__in=[TimerKind.SCHEDULE])
-        .filter(missing | terminal)
-        .values_list("pk", flat=True)[:SWEEP_BATCH]
-    )
-    if doomed:
-        Timer.objects.using(using).filter(pk__in=doomed).delete()
-        logger.info("collected orphaned timers count=%s engine=%s", len(doomed), engine.engine_id)
-    return bool(doomed)
+    """One full cycle at once (tests, tools): every orphaned timer is gone when it returns."""
+    sweep, collected = OrphanedTimerSweep(), False
+    collected |= sweep.run(engine, now)
+    while sweep.after:
+        collected |= sweep.run(engine, now)
+    return collected
