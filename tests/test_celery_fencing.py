@@ -28,8 +28,10 @@ pytestmark = pytest.mark.django_db
 USING = "default"
 
 
-def running_attempt(workflow_type: str = "tests.celery_echo", args: list | None = None, attempt: int = 1):
-    """A workflow whose step 0 waits for ``attempt``, held by engine "owner" at some epoch."""
+def running_attempt(
+    workflow_type: str = "tests.celery_echo", args: list | None = None, attempt: int = 1, activity: str = "a"
+):
+    """A workflow whose step 0 (activity ``activity``) waits for ``attempt``, held by engine "owner"."""
     handle = weft.start(workflow_type, args=args or ["k"], id=f"remote-{uuid.uuid4().hex[:8]}")
     claim = WorkflowClaim.objects.get(pk=handle.id)
     epoch = claim.epoch + 1
@@ -40,7 +42,7 @@ def running_attempt(workflow_type: str = "tests.celery_echo", args: list | None 
         run_id=run_id,
         seq=0,
         kind="activity",
-        name="a",
+        name=activity,
         status="running",
         attempts=attempt,
         epoch=epoch,
@@ -135,7 +137,7 @@ def test_success_clears_the_steps_remote_rows():
 
 
 def test_run_attempt_runs_the_activity_and_commits():
-    key = running_attempt("tests.celery_echo", ["k"])
+    key = running_attempt("tests.celery_echo", ["k"], activity=testflows.celery_echo.name)
     args = encode_payload({"args": ["k", [1, (2, 3)]], "kwargs": {}})
     assert remote.run_attempt(key, testflows.celery_echo.name, args, worker="w") == remote.Disposition.RECORDED
     result = decode(step(key).result)
@@ -147,7 +149,7 @@ def test_run_attempt_runs_the_activity_and_commits():
 
 
 def test_run_attempt_records_errors_with_their_class_names():
-    key = running_attempt()
+    key = running_attempt(activity=testflows.celery_refuses.name)
     args = encode_payload({"args": ["k"], "kwargs": {}})
     assert remote.run_attempt(key, testflows.celery_refuses.name, args) == remote.Disposition.RECORDED
     outcome = remote.poll([key], USING)[key]
@@ -156,9 +158,21 @@ def test_run_attempt_records_errors_with_their_class_names():
     assert remote.is_retryable(weft.RetryPolicy(), outcome.error_types)
 
 
+def test_a_delivery_naming_another_activity_than_the_step_is_not_run():
+    """A message forged on the broker (right key, other activity) runs nothing and records nothing."""
+    key = running_attempt(activity=testflows.celery_echo.name)
+    args = encode_payload({"args": ["k", 1], "kwargs": {}})
+    before = ActivityCall.objects.count()
+    assert remote.run_attempt(key, testflows.celery_refuses.name, args) == "skipped"
+    assert "not" in (remote.why_stale(key, USING, testflows.celery_refuses.name) or "")
+    assert (step(key).status, step(key).result) == ("running", None)
+    assert ActivityCall.objects.count() == before
+    assert not RemoteAttempt.objects.filter(run_id=key.run_id, state=RemoteAttemptState.FAILED).exists()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_refused_atomic_attempt_rolls_its_writes_back():
-    key = running_attempt("tests.celery_echo", ["k"])
+    key = running_attempt("tests.celery_echo", ["k"], activity=testflows.celery_reserve.name)
     args = encode_payload({"args": [41], "kwargs": {}})
 
     def deposed_meanwhile(*a, **kw):

@@ -189,8 +189,10 @@ def fail(
     return Disposition.RECORDED
 
 
-def why_stale(key: AttemptKey, using: str) -> str | None:
-    """Why the attempt is no longer wanted, or None while it is (unlocked reads: a hint, not a fence)."""
+def why_stale(key: AttemptKey, using: str, activity: str | None = None) -> str | None:
+    """Why the attempt is no longer wanted, or None while it is (unlocked reads: a hint, not a fence).
+    With ``activity``, a delivery naming another activity than the step's is refused: a message forged
+    on the broker cannot run a different registered activity and have its result recorded."""
     claim = WorkflowClaim.objects.using(using).filter(pk=key.workflow_id).values_list("epoch", "engine_id").first()
     if claim is None:
         return "the workflow no longer exists"
@@ -199,9 +201,13 @@ def why_stale(key: AttemptKey, using: str) -> str | None:
         return f"the workflow is at epoch {epoch} now (taken over, cancelled, suspended or retried)"
     if holder is None:
         return "no engine holds the workflow at this epoch (it finished, or its engine released it)"
-    step = Step.objects.using(using).filter(run_id=key.run_id, seq=key.seq).values_list("status", "attempts").first()
-    if step != (StepStatus.RUNNING, key.attempt):
+    step = (
+        Step.objects.using(using).filter(run_id=key.run_id, seq=key.seq).values_list("status", "attempts", "name").first()
+    )
+    if step is None or step[:2] != (StepStatus.RUNNING, key.attempt):
         return "the step no longer waits for this attempt"
+    if activity is not None and step[2] != activity:
+        return f"the step runs activity {step[2]!r}, not {activity!r} (a message the engine did not send)"
     state = _attempt_rows(key, using).values_list("state", flat=True).first()
     if state in (RemoteAttemptState.FAILED, RemoteAttemptState.EXPIRED):
         return f"this attempt is already {state}"
@@ -289,7 +295,7 @@ def run_attempt(key: AttemptKey, activity: str, args_text: str, *, worker: str =
     a Disposition, ``"skipped"`` (no longer wanted: not run) or ``"stopped"`` (asked to stop)."""
     using = using or database_alias()
     # Connections: Celery's Django fixup closes unusable or expired ones around every task.
-    reason = why_stale(key, using)
+    reason = why_stale(key, using, activity)
     if reason is not None:
         logger.warning(
             "remote attempt skipped workflow=%s seq=%s attempt=%s epoch=%s reason=%s",
