@@ -202,7 +202,10 @@ def why_stale(key: AttemptKey, using: str, activity: str | None = None) -> str |
     if holder is None:
         return "no engine holds the workflow at this epoch (it finished, or its engine released it)"
     step = (
-        Step.objects.using(using).filter(run_id=key.run_id, seq=key.seq).values_list("status", "attempts", "name").first()
+        Step.objects.using(using)
+        .filter(run_id=key.run_id, seq=key.seq)
+        .values_list("status", "attempts", "name")
+        .first()
     )
     if step is None or step[:2] != (StepStatus.RUNNING, key.attempt):
         return "the step no longer waits for this attempt"
