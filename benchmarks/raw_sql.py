@@ -37,7 +37,8 @@ from typing import Any
 from benchmarks.peer_apps import common
 
 ROOT = Path(__file__).resolve().parent.parent
-DBNAME = common.DATABASES["raw"]
+# WEFT_RAW_PG_NAME: another database name, so that two sessions can measure at once.
+DBNAME = os.environ.get("WEFT_RAW_PG_NAME") or common.DATABASES["raw"]
 ENGINE = "raw-1"
 
 

@@ -20,6 +20,8 @@ migrates it, and runs the scenarios against real ``weft_engine`` subprocesses (O
   right after (``kill-go``); timed until B holds every claim (or every workflow completed), per
   claim TTL/renew pair.
 * ``fencing-cost``: throughput (or backlog) with OWNERSHIP "workflow-lease" and "none", alternately.
+* ``parked`` and ``timers`` (issue 9 (f), (g)): 10,000 parked workflows held by one engine, and an
+  engine's tick beside 0 / 10,000 / 100,000 sleeping timers; see benchmarks/scale.py.
 
 The table is printed and written as JSON to ``benchmarks/results/<timestamp>.json`` (gitignored), next
 to the engine's log (and, with the flags, its SQL trace and py-spy stacks). See docs/benchmarks.md.
@@ -40,6 +42,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks import scale
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
 
@@ -838,6 +842,8 @@ SCENARIOS = {
     "backlog": scenario_backlog,
     "takeover": scenario_takeover,
     "fencing-cost": scenario_fencing_cost,
+    "parked": scale.scenario_parked,  # issue 9 (f), benchmarks/scale.py
+    "timers": scale.scenario_timers,  # issue 9 (g), benchmarks/scale.py
 }
 
 
@@ -992,7 +998,12 @@ def _report_fencing(r: dict[str, Any]) -> list[str]:
     return [*lines, table(rows)]
 
 
-EXTRA_REPORTS = {"takeover": _report_takeover, "fencing-cost": _report_fencing}
+EXTRA_REPORTS = {
+    "takeover": _report_takeover,
+    "fencing-cost": _report_fencing,
+    "parked": scale.report_parked,
+    "timers": scale.report_timers,
+}
 
 
 def report(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
@@ -1177,6 +1188,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--fencing-rounds", type=int, default=2, help="fencing-cost: runs per mode, alternating (default 2)"
     )
+    scale.add_arguments(parser)  # --parked-workflows, --idle-seconds, --timer-counts, --ticks
     options = parser.parse_args(argv)
     options.weft = {}
     for item in options.weft_items:

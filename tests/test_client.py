@@ -300,9 +300,30 @@ def test_a_refused_start_leaves_the_callers_transaction_usable():
 @pytest.mark.django_db
 @pytest.mark.postgres
 def test_start_query_count(django_assert_num_queries):
-    # savepoint, now + epoch, workflow, claim, NOTIFY, release
-    with django_assert_num_queries(6):
+    # one statement: now + epoch, workflow, claim, NOTIFY (no savepoint: a taken id cannot raise)
+    with django_assert_num_queries(1):
         weft.start(simple, args=[1])
+    with django_assert_num_queries(1):
+        weft.start(simple, id="counted", start_after="1h", execution_timeout=60)
+    with django_assert_num_queries(1):
+        weft.start(simple, idempotency_key="counted-key")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres
+def test_start_in_autocommit_is_one_statement():
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        handle = weft.start(simple, args=[1], id="autocommit")
+    assert len(queries) == 1 and queries[0]["sql"].startswith("WITH ")
+    row = Workflow.objects.get(pk=handle.id)
+    assert row.status == "running" and row.created_at == row.started_at
+    assert claim(handle.id).engine_id is None
+    counts, epoch = row_counts(), claim(handle.id).epoch
+    with pytest.raises(WorkflowAlreadyExistsError, match='"autocommit" already exists'):
+        weft.start(simple, id="autocommit")
+    assert row_counts() == counts and claim(handle.id).epoch == epoch
 
 
 # ---------------------------------------------------------------------------------- idempotency keys

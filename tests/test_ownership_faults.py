@@ -145,6 +145,22 @@ def test_engines_of_another_mode_refuse_to_start_until_the_marker_is_reset():
     assert OwnershipMarker.objects.get().mode == "none"
 
 
+def test_the_mode_marker_is_not_reset_while_an_engine_heartbeats():
+    from django.core.management import CommandError, call_command
+
+    from weft_django.clock import db_now
+    from weft_django.models import Engine, OwnershipMarker
+
+    ownership.check_mode_marker("first", "workflow-lease", "default")
+    now = db_now()
+    Engine.objects.create(id="alive-1", host="h", pid=1, mode="workflow-lease", started_at=now, heartbeat_at=now)
+    with pytest.raises(CommandError, match=r"1 engine\(s\) still heartbeat \(alive-1\).*--force"):
+        call_command("weft_engine", "--reset-ownership-mode")
+    assert OwnershipMarker.objects.get().mode == "workflow-lease"
+    call_command("weft_engine", "--reset-ownership-mode", "--force")
+    assert not OwnershipMarker.objects.exists()
+
+
 @pytest.mark.subprocess
 def test_renewal_keeps_its_cadence_while_the_loop_is_blocked(weft_engines):
     handle = weft.start("tests.blocking_code", args=[6.0], id="blocked-loop")

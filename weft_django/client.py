@@ -28,6 +28,7 @@ from django.db.models.functions import Coalesce
 from . import codec, notify, transitions
 from .clock import db_now, workflow_now_sql
 from .durations import InvalidDuration, to_nonnegative_timedelta
+from .engine import observe
 from .epochs import next_epoch, next_epoch_sql
 from .exceptions import (
     IdempotencyKeyPurgedError,
@@ -216,6 +217,10 @@ def _insert_run(plan: _Plan, workflow_id: str, using: str) -> None:
     """Insert a new run with its claim (fresh epoch, no holder) and its idempotency key, if any.
 
     IntegrityError when the id or the key is taken."""
+    if _start_statement(plan, using) is not None:
+        if not _insert_run_sql(plan, workflow_id, using):
+            raise IntegrityError(f"workflow id {workflow_id!r} or idempotency key {plan.idempotency_key!r} is taken")
+        return
     now, epoch = _now_and_epoch(using)
     run, timer = plan.workflow(workflow_id, now)
     if plan.idempotency_key is not None:
@@ -228,6 +233,140 @@ def _insert_run(plan: _Plan, workflow_id: str, using: str) -> None:
     if timer is not None:
         timer.save(using=using, force_insert=True)
     notify.send("w", workflow_id, using)
+    observe.workflow_started(run, using)
+
+
+def _try_insert_run(plan: _Plan, workflow_id: str, using: str) -> bool:
+    """Insert a new run (as ``_insert_run``); False, with nothing written, when the id or key is taken.
+
+    On PostgreSQL one statement that cannot fail on a taken id or key (no savepoint needed); elsewhere
+    the ORM insert in a savepoint, so a taken id rolls back only that savepoint."""
+    if _start_statement(plan, using) is not None:
+        return _insert_run_sql(plan, workflow_id, using)
+    try:
+        with transaction.atomic(using=using):
+            _insert_run(plan, workflow_id, using)
+    except IntegrityError:
+        return False
+    return True
+
+
+# The one-statement start (PostgreSQL). One round trip, and in autocommit one transaction: the clock,
+# a fresh epoch, the idempotency key (if any), the run, its claim, its delayed-start timer (if any)
+# and the wake-up. A taken id or key makes the statement insert nothing and return no row (ON CONFLICT
+# DO NOTHING waits for a concurrent inserter's transaction, as a unique violation would), so it never
+# raises for a conflict and never breaks the caller's transaction. Every data-modifying CTE runs once;
+# the NOTIFY is delivered when the statement's (or the caller's) transaction commits.
+_RUN_GIVEN = {"id", "run_id", "workflow_type", "version", "input", "idempotency_key"}
+_CLAIM_COLUMNS = {"workflow_id", "epoch", "engine_id", "claimed_at", "expires_at"}
+_TIMER_COLUMNS = {"id", "workflow_id", "run_id", "kind", "seq", "attempt", "fire_at"}
+_KEY_COLUMNS = {"key", "workflow_id", "run_id", "created_at", "purged_at"}
+_start_statements: dict[tuple[str, bool, bool], tuple[str, dict[str, Any]] | None] = {}
+
+
+def _start_statement(plan: _Plan, using: str) -> tuple[str, dict[str, Any]] | None:
+    """The SQL and constant parameters of the one-statement start for this plan's shape, or None where
+    it does not apply (not PostgreSQL, or a model with a column this statement does not know how to fill)."""
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return None
+    delay = "none" if plan.delay is None else ("at" if isinstance(plan.delay, datetime) else "after")
+    shape = (delay, plan.execution_timeout is not None, plan.idempotency_key is not None)
+    if shape not in _start_statements:
+        _start_statements[shape] = _build_start_statement(connection, *shape)
+    return _start_statements[shape]
+
+
+def _build_start_statement(
+    connection: Any, delay: str, timeout: bool, keyed: bool
+) -> tuple[str, dict[str, Any]] | None:
+    def columns(model: Any) -> set[str]:
+        return {field.column for field in model._meta.concrete_fields}
+
+    if (
+        columns(WorkflowClaim) != _CLAIM_COLUMNS
+        or columns(Timer) != _TIMER_COLUMNS
+        or columns(IdempotencyKey) != _KEY_COLUMNS
+    ):
+        return None  # the models changed: the ORM path stays correct until this statement is updated
+    begins = {"none": "c.t", "after": "c.t + %(delay)s::interval", "at": "GREATEST(%(delay)s::timestamptz, c.t)"}
+    delayed = "n.b > n.t"
+    pending, running = f"'{WorkflowStatus.PENDING.value}'", f"'{WorkflowStatus.RUNNING.value}'"
+    expressions = {
+        "created_at": "n.t",
+        "updated_at": "n.t",
+        "status": running if delay == "none" else f"CASE WHEN {delayed} THEN {pending} ELSE {running} END",
+        "started_at": "n.t" if delay == "none" else f"CASE WHEN {delayed} THEN NULL ELSE n.t END",
+        "start_at": "NULL" if delay == "none" else f"CASE WHEN {delayed} THEN n.b END",
+        "execution_deadline": "n.b + %(timeout)s::interval" if timeout else "NULL",
+    }
+    constants: dict[str, Any] = {}
+    names: list[str] = []
+    values: list[str] = []
+    for field in Workflow._meta.concrete_fields:
+        names.append(connection.ops.quote_name(field.column))
+        if field.attname in expressions:
+            values.append(expressions[field.attname])
+        elif field.attname in _RUN_GIVEN:
+            values.append(f"%({field.attname})s")
+        elif field.has_default() and not callable(field.default):
+            if field.default is None:
+                values.append("NULL")
+            else:
+                constants[f"d_{field.attname}"] = field.get_db_prep_save(field.default, connection)
+                values.append(f"%(d_{field.attname})s")
+        elif field.null and not field.has_default():
+            values.append("NULL")
+        else:
+            return None  # a required column with no constant default: only the ORM knows how to fill it
+    key_cte = (
+        f"k AS (INSERT INTO {IdempotencyKey._meta.db_table} (key, workflow_id, run_id, created_at, purged_at) "
+        f"SELECT %(idempotency_key)s, %(id)s, %(run_id)s, n.t, NULL FROM n ON CONFLICT DO NOTHING RETURNING 1), "
+        if keyed
+        else ""
+    )
+    timer_cte = (
+        f", s AS (INSERT INTO {Timer._meta.db_table} (workflow_id, run_id, kind, seq, attempt, fire_at) "
+        f"SELECT w.id, %(run_id)s, '{TimerKind.DELAYED_START.value}', NULL, NULL, n.b FROM w, n WHERE {delayed})"
+        if delay != "none"
+        else ""
+    )
+    sql = (
+        f"WITH n AS (SELECT c.t, {next_epoch_sql('postgresql')} AS e, {begins[delay]} AS b "
+        f"FROM (SELECT {workflow_now_sql('postgresql')} AS t) AS c), "
+        f"{key_cte}"
+        f"w AS (INSERT INTO {Workflow._meta.db_table} ({', '.join(names)}) SELECT {', '.join(values)} FROM n"
+        f"{' WHERE EXISTS (SELECT 1 FROM k)' if keyed else ''} ON CONFLICT DO NOTHING RETURNING id), "
+        f"l AS (INSERT INTO {WorkflowClaim._meta.db_table} (workflow_id, epoch, engine_id, claimed_at, expires_at) "
+        f"SELECT w.id, n.e, NULL, NULL, NULL FROM w, n ON CONFLICT (workflow_id) DO UPDATE SET "
+        f"epoch = EXCLUDED.epoch, engine_id = NULL, claimed_at = NULL, expires_at = NULL)"
+        f"{timer_cte} "
+        f"SELECT pg_notify('{notify.CHANNEL}', %(payload)s) FROM w"
+    )
+    return sql, constants
+
+
+def _insert_run_sql(plan: _Plan, workflow_id: str, using: str) -> bool:
+    """The one-statement start; whether the run was inserted (False: the id or the key is taken)."""
+    statement = _start_statement(plan, using)
+    assert statement is not None
+    sql, constants = statement
+    definition = plan.definition
+    params = {
+        **constants,
+        "id": workflow_id,
+        "run_id": uuid.uuid4(),
+        "workflow_type": definition.name,
+        "version": definition.version,
+        "input": plan.input_text,
+        "idempotency_key": plan.idempotency_key,
+        "delay": plan.delay,
+        "timeout": plan.execution_timeout,
+        "payload": f"w:{workflow_id}",  # ids are at most 255 characters: always under notify.MAX_PAYLOAD
+    }
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        return observe.started_if(cursor.fetchone() is not None, workflow_id, using)
 
 
 def _replace_run(plan: _Plan, workflow_id: str, using: str) -> bool:
@@ -248,6 +387,7 @@ def _replace_run(plan: _Plan, workflow_id: str, using: str) -> bool:
     if timer is not None:
         timer.save(using=using, force_insert=True)
     notify.send("w", workflow_id, using)
+    observe.workflow_started(run, using)
     return True
 
 
@@ -278,14 +418,10 @@ def _resolve_conflict(plan: _Plan, workflow_id: str, on_conflict: str, using: st
 
 def _start_with_id(plan: _Plan, workflow_id: str, on_conflict: str, using: str) -> WorkflowHandle:
     for _ in range(transitions.MAX_ATTEMPTS):
-        try:
-            # The insert is the test for a taken id; when it fails, only this block rolls back (it is
-            # a savepoint inside the caller's transaction), so the caller's transaction stays usable.
-            with transaction.atomic(using=using):
-                _insert_run(plan, workflow_id, using)
-                return WorkflowHandle(workflow_id)
-        except IntegrityError:
-            pass
+        # The insert is the test for a taken id; a taken id writes nothing and leaves the caller's
+        # transaction usable (_try_insert_run).
+        if _try_insert_run(plan, workflow_id, using):
+            return WorkflowHandle(workflow_id)
         handle = transitions.run_in_transaction(using, lambda: _resolve_conflict(plan, workflow_id, on_conflict, using))
         if handle is not None:
             return handle
@@ -310,6 +446,15 @@ def _existing_for_key(key: str, definition: WorkflowDefinition, using: str) -> W
 
 
 def _start_with_key(plan: _Plan, key: str, using: str) -> WorkflowHandle:
+    if _start_statement(plan, using) is not None:
+        # PostgreSQL: insert first (one statement; a taken key inserts nothing), then look the key up.
+        for _ in range(transitions.MAX_ATTEMPTS):
+            workflow_id = str(uuid.uuid4())
+            if _insert_run_sql(plan, workflow_id, using):
+                return WorkflowHandle(workflow_id)
+            existing = _existing_for_key(key, plan.definition, using)
+            if existing is not None:
+                return existing
     for _ in range(transitions.MAX_ATTEMPTS):
         try:
             with transaction.atomic(using=using):
@@ -367,8 +512,11 @@ def start(
     if id is not None:
         return _start_with_id(plan, id, on_conflict, using)
     workflow_id = str(uuid.uuid4())
-    with transaction.atomic(using=using):
-        _insert_run(plan, workflow_id, using)
+    if _start_statement(plan, using) is not None:
+        _insert_run(plan, workflow_id, using)  # one statement: in autocommit, its own transaction
+    else:
+        with transaction.atomic(using=using):
+            _insert_run(plan, workflow_id, using)
     return WorkflowHandle(workflow_id)
 
 
@@ -549,11 +697,8 @@ def _with_run(plan: _Plan, workflow_id: str, using: str, deliver: Any) -> bool:
     Returns whether a run was started. ``deliver`` returns False when the run ended in between."""
     for _ in range(transitions.MAX_ATTEMPTS):
         with transaction.atomic(using=using):
-            try:
-                with transaction.atomic(using=using):
-                    _insert_run(plan, workflow_id, using)
-                started = True
-            except IntegrityError:
+            started = _try_insert_run(plan, workflow_id, using)
+            if not started:
                 existing = (
                     Workflow.objects.using(using).filter(pk=workflow_id).values("workflow_type", "status").first()
                 )
@@ -632,7 +777,7 @@ class _Wait:
         self.event = threading.Event()
         self.keys: list[str] = []
         self.delay = POLL_FIRST
-        close_old_connections()
+        _reuse_or_close(alias)
         _open_waits.add(abandoned)
 
     def __enter__(self) -> _Wait:
@@ -643,7 +788,7 @@ class _Wait:
         if self.listener is not None:
             for key in self.keys:
                 self.listener.unsubscribe(key, self.event)
-        close_old_connections()
+        _keep_or_close(self.alias)
 
     def subscribe(self, key: str) -> None:
         if self.listener is not None and key not in self.keys:
@@ -1013,14 +1158,18 @@ def _outcome(workflow_id: str, row: dict[str, Any]) -> Any:
 
 
 class _ResultListener:
-    """One LISTEN connection per database alias, shared by every result() waiting in this process.
+    """One LISTEN connection per database alias, shared by every wait in this process (``result()``,
+    ``query()``, ``update()``), plus one reader connection on which ``result()`` re-reads the row.
 
     Engines and transitions send ``r:<workflow_id>`` when a run ends; each notification wakes the
-    waiters of that id, which then re-read the row. Opened on the first waiter, closed soon after
-    the last one leaves (a lingering connection would, for one, block dropping a test database).
+    waiters of that id, which then re-read the row. Both connections are opened on the first waiter
+    and kept while waits keep coming: they close LINGER seconds after the last waiter left (or at
+    close_connections()), so back-to-back waits never pay a connection set-up, while an idle process
+    holds no connection (a lingering one would, for one, block dropping a test database).
     """
 
     POLL = 0.2  # how often the listening thread looks for departed waiters
+    LINGER = 1.0  # keep both connections this long after the last waiter left
 
     def __init__(self, alias: str) -> None:
         self.alias = alias
@@ -1028,13 +1177,19 @@ class _ResultListener:
         self._waiters: dict[str, set[threading.Event]] = {}
         self._thread: threading.Thread | None = None  # None once the thread has decided to stop
         self._last_thread: threading.Thread | None = None
+        self._idle_since: float | None = None
+        self._closing = False
+        self._read_lock = threading.Lock()
+        self._reader: Any = None
         self.listening = threading.Event()
 
     def subscribe(self, workflow_id: str, event: threading.Event | None = None) -> threading.Event:
         event = event or threading.Event()
         with self._lock:
             self._waiters.setdefault(workflow_id, set()).add(event)
+            self._idle_since = None
             if self._thread is None:
+                self._closing = False
                 self.listening.clear()
                 self._thread = threading.Thread(target=self._run, name=f"weft-wait-listen-{self.alias}", daemon=True)
                 self._last_thread = self._thread
@@ -1054,15 +1209,27 @@ class _ResultListener:
         thread = self._last_thread
         return thread is None or not thread.is_alive()
 
+    def close_soon(self) -> None:
+        """Close both connections as soon as nobody waits, without lingering."""
+        with self._lock:
+            self._closing = True
+        self.wake_all()
+
     def join(self, timeout: float) -> None:
         thread = self._last_thread
         if thread is not None:
             thread.join(timeout)
 
     def _idle(self) -> bool:
-        """True (and the thread is forgotten) when nobody waits any more."""
+        """True (and the thread is forgotten) once nobody has waited for LINGER seconds."""
         with self._lock:
             if self._waiters:
+                self._idle_since = None
+                return False
+            now = time.monotonic()
+            if self._idle_since is None:
+                self._idle_since = now
+            if not self._closing and now - self._idle_since < self.LINGER:
                 return False
             self._thread = None
             self.listening.clear()
@@ -1080,6 +1247,28 @@ class _ResultListener:
         for event in events:
             event.set()
 
+    def fetchone(self, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
+        """Run one read on the reader connection (opened on first use, kept like the LISTEN one).
+        Callers are subscribed waiters, so the listening thread does not close it under them."""
+        with self._read_lock:
+            try:
+                if self._reader is None or self._reader.closed:
+                    self._reader = self._connect()
+                    self._reader.execute("SET TIME ZONE 'UTC'")
+                row: tuple[Any, ...] | None = self._reader.execute(sql, params).fetchone()
+                return row
+            except Exception:
+                self._close_reader_locked()
+                raise
+
+    def _close_reader_locked(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            try:
+                reader.close()
+            except Exception:
+                logger.debug("weft result reader: close failed", exc_info=True)
+
     def _connect(self) -> Any:
         import psycopg
 
@@ -1090,30 +1279,34 @@ class _ResultListener:
 
     def _run(self) -> None:
         backoff = 0.1
-        while not self._idle():
-            try:
-                with self._connect() as conn:
-                    conn.execute(f"LISTEN {notify.CHANNEL}")
-                    self.listening.set()
-                    self._wake(None)  # a run may have ended before LISTEN took effect: re-check all
-                    backoff = 0.1
-                    while not self._idle():
-                        for note in conn.notifies(timeout=self.POLL):
-                            kind, _, ident = note.payload.partition(":")
-                            if kind == "r":
-                                self._wake(None if ident == "*" else ident)
-                            elif kind == "a":  # a query or update answered: "a:<request id>"
-                                self._wake(None if ident == "*" else note.payload)
-            except Exception:
-                logger.warning(
-                    "weft result listener lost its connection (alias=%s); polling meanwhile",
-                    self.alias,
-                    exc_info=True,
-                )
-                self.listening.clear()
-                self._wake(None)
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+        try:
+            while not self._idle():
+                try:
+                    with self._connect() as conn:
+                        conn.execute(f"LISTEN {notify.CHANNEL}")
+                        self.listening.set()
+                        self._wake(None)  # a run may have ended before LISTEN took effect: re-check all
+                        backoff = 0.1
+                        while not self._idle():
+                            for note in conn.notifies(timeout=self.POLL):
+                                kind, _, ident = note.payload.partition(":")
+                                if kind == "r":
+                                    self._wake(None if ident == "*" else ident)
+                                elif kind == "a":  # a query or update answered: "a:<request id>"
+                                    self._wake(None if ident == "*" else note.payload)
+                except Exception:
+                    logger.warning(
+                        "weft result listener lost its connection (alias=%s); polling meanwhile",
+                        self.alias,
+                        exc_info=True,
+                    )
+                    self.listening.clear()
+                    self._wake(None)
+                    time.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+        finally:
+            with self._read_lock:
+                self._close_reader_locked()
 
 
 _listeners: dict[str, _ResultListener] = {}
@@ -1135,6 +1328,39 @@ def _wait_executor() -> ThreadPoolExecutor:
 
 
 _open_waits: set[threading.Event] = set()  # the "abandoned" flags of the waits in progress
+_kept: set[Any] = set()  # weft-wait threads' Django connections kept between waits (PostgreSQL)
+_kept_lock = threading.Lock()
+
+
+def _keep_or_close(alias: str) -> None:
+    """After a query or update wait on a weft-wait thread: on PostgreSQL keep the thread's Django
+    connection for its next wait (a connection set-up per call otherwise, whatever CONN_MAX_AGE
+    says); close_connections() closes the kept ones. Elsewhere, or after an error, close it."""
+    wrapper = connections[alias]
+    if wrapper.vendor != "postgresql" or wrapper.connection is None or wrapper.errors_occurred:
+        close_old_connections()
+        return
+    if not wrapper.get_autocommit() or wrapper.in_atomic_block:
+        wrapper.close()
+        return
+    with _kept_lock:
+        if wrapper not in _kept:
+            wrapper.inc_thread_sharing()  # so that close_connections() may close it from its thread
+            _kept.add(wrapper)
+
+
+def _reuse_or_close(alias: str) -> None:
+    """Before a query or update wait: reuse a kept connection if it still works, else start clean."""
+    wrapper = connections[alias]
+    with _kept_lock:
+        kept = wrapper in _kept
+    if not kept:
+        close_old_connections()
+    elif not wrapper.is_usable():
+        with _kept_lock:
+            _kept.discard(wrapper)
+        wrapper.close()
+        wrapper.dec_thread_sharing()
 
 
 def close_connections(timeout: float = 5.0) -> None:
@@ -1149,18 +1375,26 @@ def close_connections(timeout: float = 5.0) -> None:
     with _listeners_lock:
         listeners = list(_listeners.values())
     for listener in listeners:
-        listener.wake_all()
+        listener.close_soon()
     if executor is not None:
         executor.shutdown(wait=True, cancel_futures=True)
+    with _kept_lock:
+        kept = list(_kept)
+        _kept.clear()
+    for wrapper in kept:  # the threads are gone: close what they kept
+        try:
+            wrapper.close()
+        except Exception:
+            logger.debug("weft wait connection: close failed", exc_info=True)
     for listener in listeners:
         listener.join(timeout)
 
 
 def _forget_threads_after_fork() -> None:
     """A forked child (a pre-fork server, Celery's prefork pool) has none of the parent's threads."""
-    global _executor, _listeners, _listeners_lock, _executor_lock, _open_waits
-    _executor, _listeners, _open_waits = None, {}, set()
-    _listeners_lock, _executor_lock = threading.Lock(), threading.Lock()
+    global _executor, _listeners, _listeners_lock, _executor_lock, _open_waits, _kept, _kept_lock
+    _executor, _listeners, _open_waits, _kept = None, {}, set(), set()
+    _listeners_lock, _executor_lock, _kept_lock = threading.Lock(), threading.Lock(), threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_threads_after_fork)
@@ -1176,6 +1410,21 @@ def _listener(alias: str) -> _ResultListener | None:
 
 
 _RESULT_FIELDS = ("status", "result", "error", "cancel_reason", "execution_deadline")
+_RESULT_SQL = f"SELECT {', '.join(_RESULT_FIELDS)} FROM {Workflow._meta.db_table} WHERE id = %s"
+
+
+def _read_end(workflow_id: str, alias: str, listener: _ResultListener | None) -> dict[str, Any] | None:
+    """The run's terminal fields: on the listener's reader connection when there is one (no
+    connection set-up per wait, whatever CONN_MAX_AGE says), else through Django."""
+    if listener is not None:
+        try:
+            row = listener.fetchone(_RESULT_SQL, [workflow_id])
+        except Exception:
+            logger.warning("weft result reader failed (alias=%s); reading through Django", alias, exc_info=True)
+        else:
+            return None if row is None else dict(zip(_RESULT_FIELDS, row, strict=True))
+    found: dict[str, Any] | None = Workflow.objects.using(alias).filter(pk=workflow_id).values(*_RESULT_FIELDS).first()
+    return found
 
 
 def _wait_for_end(workflow_id: str, alias: str, deadline: float | None, abandoned: threading.Event) -> dict[str, Any]:
@@ -1190,7 +1439,7 @@ def _wait_for_end(workflow_id: str, alias: str, deadline: float | None, abandone
         delay = POLL_FIRST
         while True:
             event.clear()
-            row = Workflow.objects.using(alias).filter(pk=workflow_id).values(*_RESULT_FIELDS).first()
+            row = _read_end(workflow_id, alias, listener)
             if row is None:
                 raise WorkflowNotFoundError(
                     f'No workflow "{workflow_id}" exists (never started, purged, or started in a transaction '

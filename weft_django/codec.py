@@ -34,13 +34,15 @@ from __future__ import annotations
 import base64
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
 from enum import Enum
 from typing import Any
 from uuid import UUID
 from zoneinfo import ZoneInfo
+
+from django.conf import settings
 
 from weft_django.exceptions import PayloadNotSerializableError, PayloadSizeExceededError
 
@@ -278,9 +280,27 @@ def encode(value: Any, *, path: str = "value", max_bytes: int | None = None) -> 
 
 def encode_payload(value: Any, *, path: str = "value") -> str:
     """``encode`` with the WEFT["PAYLOAD_MAX_BYTES"] limit."""
+    return encode(value, path=path, max_bytes=_payload_limit())
+
+
+# (settings.WEFT, its PAYLOAD_MAX_BYTES, the validated limit): validating the setting on every encode
+# cost about as much as encoding a small payload. override_settings swaps the WEFT dict, and a changed
+# value is seen too, so the cache is re-validated whenever either differs.
+_limit: tuple[object, object, int] | None = None
+
+
+def _payload_limit() -> int:
+    global _limit
+    raw = getattr(settings, "WEFT", None)
+    given = raw.get("PAYLOAD_MAX_BYTES") if isinstance(raw, Mapping) else None
+    cached = _limit
+    if cached is not None and cached[0] is raw and cached[1] == given:
+        return cached[2]
     from weft_django.conf import payload_max_bytes
 
-    return encode(value, path=path, max_bytes=payload_max_bytes())
+    value = payload_max_bytes()
+    _limit = (raw, given, value)
+    return value
 
 
 def _expect(value: Any, kind: type) -> Any:

@@ -29,6 +29,7 @@ from django.db.models import QuerySet
 
 from . import notify
 from .clock import db_now
+from .engine import observe
 from .epochs import next_epoch, next_epoch_sql
 from .exceptions import WorkflowNotFoundError, WorkflowStateError, WorkflowTerminalError
 from .models import (
@@ -183,6 +184,7 @@ def _end_run(row: dict[str, Any], status: WorkflowStatus, using: str, *, reason:
     _close_mailbox(workflow_id, status, now, using)
     Timer.objects.using(using).filter(workflow_id=workflow_id).delete()
     _close_children(row, status, using)
+    observe.workflow_ended(row, status, reason, using)  # the signal waits for this transaction's commit
     if row["parent_id"] and row["parent_seq"] is not None:
         from .engine.children import report_child_end
 

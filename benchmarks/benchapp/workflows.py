@@ -23,3 +23,10 @@ def parked(ctx: weft.WorkflowContext, n: int):  # type: ignore[no-untyped-def]
     """Parks until signal "go" (the takeover scenario: its engine holds the claim while it waits)."""
     payload = yield ctx.wait_for_signal("go")
     return [n, payload]
+
+
+@weft.workflow(name="bench.sleeper")
+def sleeper(ctx: weft.WorkflowContext, n: int, seconds: int):  # type: ignore[no-untyped-def]
+    """Sleeps ``seconds`` on a durable timer (the parked and timers scenarios of benchmarks/scale.py)."""
+    yield ctx.sleep(seconds)
+    return n

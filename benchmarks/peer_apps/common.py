@@ -14,13 +14,9 @@ PG_PORT = os.environ.get("WEFT_BENCH_PG_PORT", "5432")
 PG_USER = os.environ.get("WEFT_BENCH_PG_USER", "postgres")
 REDIS_URL = os.environ.get("WEFT_BENCH_REDIS_URL", "redis://127.0.0.1:6379/11")
 
-# One database per system, dropped and re-created by each run.
-DATABASES = {
-    "weft": "weft_peer_weft",
-    "dbos": "weft_peer_dbos",
-    "procrastinate": "weft_peer_procrastinate",
-    "raw": "weft_peer_raw",
-}
+# One database per system, dropped and re-created by each run (WEFT_BENCH_PEER_PREFIX: runs side by side).
+_PREFIX = os.environ.get("WEFT_BENCH_PEER_PREFIX", "weft_peer_")
+DATABASES = {name: f"{_PREFIX}{name}" for name in ("weft", "dbos", "procrastinate", "raw")}
 
 
 def conninfo(dbname: str) -> str:

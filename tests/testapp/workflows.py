@@ -552,3 +552,62 @@ def celery_gated_then_wait(ctx, key: str, gate: str):
     result = yield ctx.run(celery_gated, key, gate)
     yield ctx.wait_for_signal("finish")  # keeps the claim held while the test looks
     return result
+
+
+# -- chaos suite (tests/chaos/) ------------------------------------------------------------------
+
+
+# The timeout is generous because an attempt's clock starts before it leaves the engine's queue (see
+# tests/chaos/test_engine_findings.py): under a burst, quick attempts time out waiting for a thread.
+@weft.activity(timeout="2s", retry=weft.RetryPolicy(max_attempts=6, initial_backoff="20ms", max_backoff="200ms"))
+def chaos_io(key: str, slow_first: bool = False, fail_first: bool = False) -> str:
+    """Its first attempt fails, or sleeps past the 2 s timeout, when asked; later attempts are quick."""
+    attempt = weft.activity_info().attempt
+    _count("chaos_io", f"{key}@{attempt}")
+    if attempt == 1 and fail_first:
+        raise ConnectionError(f"{key}: the first attempt fails")
+    time.sleep(2.5 if attempt == 1 and slow_first else 0.01)
+    return key
+
+
+@weft.workflow(name="tests.chaos_leaf")
+def chaos_leaf(ctx, key: str):
+    return (yield ctx.run(chaos_io, key))
+
+
+@weft.workflow(name="tests.chaos_mixed")
+def chaos_mixed(ctx, key: str, slow: bool = False, fail: bool = False, child: bool = False):
+    """Every kind of step: an activity (slowed or failing first), a sleep, a signal, updates with a
+    validator (a wait_until on their effect), a child workflow, and a last activity. The result is
+    fixed by the arguments and by what the test sends (signal "go" = key, updates "add" 1 and 2)."""
+    state = {"total": 0, "adds": 0}
+
+    def add(amount):
+        state["total"] += amount
+        state["adds"] += 1
+        return state["total"]
+
+    ctx.on_update("add", add, validator=_positive_int)
+    ctx.expose(total=lambda: state["total"])
+    first = yield ctx.run(chaos_io, f"{key}:first", slow, fail)
+    yield ctx.sleep(0.2)
+    go = yield ctx.wait_for_signal("go", timeout="10m")
+    reached = yield ctx.wait_until(lambda: state["total"] >= 3, timeout="10m")
+    kid = (yield ctx.start_child("tests.chaos_leaf", args=[f"{key}/kid"], id=f"{key}/kid")) if child else None
+    last = yield ctx.run(chaos_io, f"{key}:last")
+    return {
+        "first": first,
+        "go": go,
+        "reached": reached,
+        "total": state["total"],
+        "adds": state["adds"],
+        "kid": kid,
+        "last": last,
+    }
+
+
+@weft.workflow(name="tests.queued_timeouts")
+def queued_timeouts(ctx, n: int, seconds: float, timeout: float):
+    """n quick activities at once, each well within its timeout (tests/chaos/test_engine_findings.py)."""
+    slow = slow_step.options(timeout=timeout)
+    return (yield ctx.all([ctx.run(slow, f"queued-{i}", seconds) for i in range(n)]))

@@ -20,7 +20,6 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -30,6 +29,7 @@ from ..activity_runtime import ActivityInfo, AttemptControl, bind
 from ..codec import decode, encode_payload
 from ..exceptions import ActivityTimeoutError
 from ..registry import ActivityDefinition
+from . import observe
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +114,12 @@ class ThreadExecutor:
         commit_atomic: Callable[[AttemptTask, str], None],
         using: str,
     ) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="weft-activity")
+        # Plain worker threads on a SimpleQueue rather than a ThreadPoolExecutor: a hand-off is one
+        # put(), with no Future, work item or pool bookkeeping per attempt (the loop's hot path).
+        self._concurrency = concurrency
+        self._queue: queue.SimpleQueue[AttemptTask | None] = queue.SimpleQueue()
+        self._workers: list[threading.Thread] = []
+        self._closed = False
         self.outcomes: queue.SimpleQueue[AttemptOutcome] = queue.SimpleQueue()
         self._on_done = on_done
         self._commit_atomic = commit_atomic
@@ -125,7 +130,22 @@ class ThreadExecutor:
     def submit(self, task: AttemptTask) -> None:
         with self._lock:
             self._running[task.key] = task
-        self._pool.submit(self._run, task)
+            # One more thread while every thread may be busy, up to the concurrency.
+            if len(self._workers) < min(self._concurrency, len(self._running)):
+                worker = threading.Thread(target=self._work, name=f"weft-activity_{len(self._workers)}", daemon=True)
+                self._workers.append(worker)
+                worker.start()
+        self._queue.put(task)
+
+    def _work(self) -> None:
+        while True:
+            task = self._queue.get()
+            if task is None or self._closed:
+                return  # shut down: attempts still queued are not started (the next owner runs them)
+            try:
+                self._run(task)
+            except BaseException:  # a SystemExit from user code must not kill the thread
+                logger.exception("activity thread failed workflow=%s seq=%s", task.workflow_id, task.seq)
 
     @property
     def running(self) -> list[AttemptTask]:
@@ -139,7 +159,7 @@ class ThreadExecutor:
         close_old_connections()
         bind(task.control)
         try:
-            outcome = self._attempt(task)
+            outcome = observe.timed_attempt(self._attempt, task)
         finally:
             bind(None)
             close_old_connections()
@@ -161,11 +181,12 @@ class ThreadExecutor:
             return AttemptOutcome(task, ok=False, refused=True)
         except Exception as exc:
             logger.info(
-                "activity failed workflow=%s activity=%s seq=%s attempt=%s error=%s",
+                "activity failed workflow=%s activity=%s seq=%s attempt=%s epoch=%s error=%s",
                 task.workflow_id,
                 definition.name,
                 task.seq,
                 task.attempt,
+                task.epoch,
                 type(exc).__name__,
             )
             return AttemptOutcome(
@@ -205,4 +226,6 @@ class ThreadExecutor:
         deadline = time.monotonic() + wait_seconds
         while self.running and time.monotonic() < deadline:
             time.sleep(0.02)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._closed = True
+        for _ in self._workers:
+            self._queue.put(None)

@@ -17,6 +17,7 @@ from ..codec import decode, encode
 from ..epochs import next_epoch
 from ..models import BufferedSignal, Workflow, WorkflowClaim
 from ..notify import send_many
+from . import observe
 from .driver import Outcome
 
 MAILBOX_PREFIX = "__weft_child__:"
@@ -73,6 +74,7 @@ def start_children(
                 epoch = next_epoch(using)
                 WorkflowClaim.objects.using(using).create(workflow_id=child.child_id, epoch=epoch)
                 claimed[child.child_id] = epoch
+                observe.child_started(child, using)  # the signal waits for the parent's commit
         except IntegrityError:
             report_child_end(
                 child.child_id,

@@ -32,22 +32,24 @@ from ..exceptions import (
     WorkflowNotLocallyOwnedError,
     WorkflowNotRegisteredError,
 )
-from ..models import BufferedSignal, Step, Timer, Workflow, WorkflowClaim
+from ..models import BufferedSignal, Timer, Workflow, WorkflowClaim
 from ..operations import StartChild, WaitForSignal
 from ..registry import registry
 from ..status import OwnershipMode, TimerKind, WorkflowStatus
-from . import ownership
+from . import observe, ownership
 from .driver import AppliedRecord, StepRecord, WorkflowRun
 from .executors import ActivityExecutors
 from .fencing import WorkflowWrites, fenced_commit
+from .messages import _state as mailbox_state
 from .messages import deliver_messages, load_applied
 from .periodic import builtin_tasks
-from .progress import Owned, Progress, mailbox_of
+from .progress import Owned, Progress, RunRow, load_runs, load_steps, mailbox_of
 from .timers import TimerHeap
 from .wakeups import Listener
 
 logger = logging.getLogger(__name__)
 STUCK_MAX_BACKOFF = timedelta(minutes=5)
+MAINTENANCE_DEFER = 3  # poll intervals a stream of wake-ups may hold back the maintenance scans
 
 
 class Engine(Progress):
@@ -77,7 +79,8 @@ class Engine(Progress):
         self._reload: dict[str, int] = {}
         self._last_claim_scan = 0.0
         self._last_takeover_scan = 0.0
-        self._last_signal_poll = 0.0
+        self._last_maintenance = 0.0
+        self._clock: tuple[datetime, float] | None = None  # the last db_now() and time.monotonic() then
         self.refused_commits = 0
         self.mode = self.settings.ownership
         self._lease_epoch: int | None = None
@@ -240,6 +243,7 @@ class Engine(Progress):
         self.executor.shutdown(0)
         try:
             ownership.release(self.engine_id, {wid: o.epoch for wid, o in self.owned.items()}, self.using)
+            observe.claims_released(self, len(self.owned))
             if self._lease_epoch is not None:
                 ownership.release_store_lease(self.engine_id, self._lease_epoch, self.using)
             ownership.stop_engine(self.engine_id, self.using)
@@ -294,13 +298,16 @@ class Engine(Progress):
             return False
 
     def _tick(self, claim: bool) -> bool:
-        now = db_now(self.using)
-        busy = False
         with self._lock:
             lost, self._lost = self._lost, set()
             notified, self._notified = self._notified, set()
             rescan, self._rescan = self._rescan, False
-        lost |= self._claims_changed([wid for wid in notified if wid in self.owned])
+        if not (lost or notified or rescan) and self._quiet(claim):
+            return False
+        now = db_now(self.using)
+        self._clock = (now, time.monotonic())
+        busy = False
+        notified_owned = [wid for wid in notified if wid in self.owned]
         if lost:
             busy = True
             self._depose(lost)
@@ -316,10 +323,18 @@ class Engine(Progress):
             busy = True
             self._on_timer(wid, kind, seq, now, writes, changed)
 
-        poll_due = time.monotonic() - self._last_signal_poll >= self.settings.poll_interval.total_seconds()
+        # Wake-ups first. The maintenance scans (signals and messages of every owned workflow, the
+        # acquire scan, the periodic chores) are the safety net behind LISTEN: they run once per
+        # POLL_INTERVAL on a tick with no wake-up to serve, or on any tick once MAINTENANCE_DEFER
+        # intervals have passed, so a NOTIFY naming one workflow never waits behind them.
+        poll = self.settings.poll_interval.total_seconds()
+        since = time.monotonic() - self._last_maintenance
+        overdue = since >= poll * MAINTENANCE_DEFER
+        poll_due = since >= poll and (not (notified or busy) or overdue)
+        if poll_due:
+            self._last_maintenance = time.monotonic()
         signal_check = {wid for wid in self.owned if poll_due or wid in notified or rescan}
         if signal_check:
-            self._last_signal_poll = time.monotonic() if poll_due else self._last_signal_poll
             busy |= self._deliver_signals(signal_check, now, writes, changed)
 
         message_check = {wid for wid in self.owned if poll_due or wid in notified or rescan}
@@ -328,8 +343,10 @@ class Engine(Progress):
 
         if claim and not self.stopping.is_set() and self._check_store_lease():
             unknown = {wid for wid in notified if wid not in self.owned}
-            busy |= self._claim(now, writes, changed, force=bool(unknown) or rescan)
-            for task in self.periodic:
+            busy |= self._claim(now, writes, changed, force=bool(unknown) or rescan, scan=poll_due)
+            for task in self.periodic if poll_due else ():
+                if self._wake.is_set() and not overdue:
+                    break  # a wake-up arrived: serve it first, the rest stay due for the next tick
                 if task.due(self):
                     task.last_run = time.monotonic()
                     busy |= task.run(self, now)
@@ -340,11 +357,60 @@ class Engine(Progress):
             pending, changed = changed, set()
             for wid in pending:
                 self._advance_effects(wid, now, writes, changed)
+        # A wake-up for a workflow we hold may be a transition that deposed us (cancel, suspend). For
+        # one with writes the fenced commit finds that out; re-read the claims of the others only.
+        unfenced = [wid for wid in notified_owned if wid in self.owned and (wid not in writes or writes[wid].empty)]
+        deposed = self._claims_changed(unfenced)
+        if deposed:
+            busy = True
+            for wid in deposed:
+                writes.pop(wid, None)
+            self._depose(deposed)
         if writes:
             busy = True
             self._commit(list(writes.values()), now)
         self._dispatch()
         return busy
+
+    def _quiet(self, claim: bool) -> bool:
+        """Whether a pass with no wake-up would find nothing to do: no outcome, no scan due, no timer
+        or attempt deadline near, no mailbox to look at. Such a pass (as after every commit) skips
+        even its clock read; deadlines are judged by the last database clock reading plus the local
+        time since, and a maintenance pass (every POLL_INTERVAL) reads the clock in any case."""
+        clock = time.monotonic()
+        poll = self.settings.poll_interval.total_seconds()
+        if (
+            self._clock is None
+            or clock - self._last_maintenance >= poll
+            or self._last_claim_scan == 0.0
+            or self._reload
+            or self._take_over_now
+            or self._queries_waiting
+            or self._lease_lost
+            or (self.mode == OwnershipMode.LEASE and self._lease_epoch is None)
+            or not self.executor.outcomes.empty()
+            or self.executor._celery is not None  # remote outcomes are found by polling
+        ):
+            return False
+        renew = self.settings.workflow_claim_renew_interval.total_seconds()
+        takeover_every = poll if self.mode == OwnershipMode.LEASE else renew
+        if claim and clock - self._last_takeover_scan >= takeover_every:
+            return False
+        for owned in self.owned.values():
+            if any(task.deadline is not None and clock >= task.deadline for task in owned.inflight.values()):
+                return False
+        next_fire = self.timers.next_fire_at()
+        estimate = self._clock[0] + timedelta(seconds=clock - self._clock[1] + 0.01)
+        if next_fire is not None and next_fire <= estimate:
+            return False
+        mailboxes = mailbox_state(self)  # deliver_messages looks at new contexts and moved frontiers
+        if any(mailboxes.checked.get(wid) is not owned for wid, owned in self.owned.items()):
+            return False
+        for wid, seq in mailboxes.parked.items():
+            parked = self.owned.get(wid)
+            if parked is None or (parked.run.frontier is not None and parked.run.frontier.seq != seq):
+                return False
+        return True
 
     # -- claiming and loading ------------------------------------------------------------------
     def _claimable(self) -> bool:
@@ -360,11 +426,17 @@ class Engine(Progress):
     def _capacity(self) -> int:
         return self.settings.claim_batch_size
 
-    def _claim(self, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str], force: bool) -> bool:
+    def _claim(
+        self, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str], force: bool, scan: bool = True
+    ) -> bool:
+        """``force``: a wake-up named a workflow we do not hold (acquire now); ``scan``: a maintenance
+        tick (acquire if POLL_INTERVAL passed, fire due delayed starts)."""
         poll = self.settings.poll_interval.total_seconds()
         clock = time.monotonic()
         claimed: dict[str, int] = {}
-        if force or clock - self._last_claim_scan >= poll:
+        requested = self._last_claim_scan == 0.0  # a full batch or new children: look again now
+        scan_due = requested or (scan and clock - self._last_claim_scan >= poll)
+        if force or scan_due:
             self._last_claim_scan = clock
             got = ownership.acquire(
                 self.engine_id,
@@ -373,17 +445,19 @@ class Engine(Progress):
                 renew_interval=self.settings.workflow_claim_renew_interval,
                 using=self.using,
             )
+            observe.claims_acquired(self.engine_id, got, self.using)
             claimed.update({wid: epoch for wid, (epoch, _) in got.items()})
             if len(got) >= self._capacity():
                 self._last_claim_scan = 0.0  # a full batch: more may be waiting, scan again next tick
-            claimed.update(
-                ownership.fire_delayed_starts(
-                    self.engine_id,
-                    limit=self._capacity(),
-                    ttl=self.settings.workflow_claim_ttl,
-                    using=self.using,
+            if scan_due:  # delayed starts send no wake-up: found by the scan alone
+                claimed.update(
+                    ownership.fire_delayed_starts(
+                        self.engine_id,
+                        limit=self._capacity(),
+                        ttl=self.settings.workflow_claim_ttl,
+                        using=self.using,
+                    )
                 )
-            )
         if self._take_over_now or (self.mode == OwnershipMode.LEASE and clock - self._last_takeover_scan >= poll):
             got = ownership.take_over_from_others(
                 self.engine_id, limit=self._capacity(), ttl=self.settings.workflow_claim_ttl, using=self.using
@@ -391,8 +465,14 @@ class Engine(Progress):
             self._take_over_now = len(got) >= self._capacity()  # more left: take them on the next pass
             for wid, (epoch, previous) in got.items():
                 logger.warning(
-                    "took over workflow=%s from engine=%s epoch=%s (mode %s)", wid, previous, epoch, self.mode
+                    "took over workflow=%s engine=%s epoch=%s previous=%s mode=%s",
+                    wid,
+                    self.engine_id,
+                    epoch,
+                    previous,
+                    self.mode,
                 )
+                observe.claim_taken_over(self, wid, epoch, previous)
             claimed.update({wid: epoch for wid, (epoch, _) in got.items()})
         if clock - self._last_takeover_scan >= self.settings.workflow_claim_renew_interval.total_seconds():
             self._last_takeover_scan = clock
@@ -406,7 +486,10 @@ class Engine(Progress):
                 takeover=True,
             )
             for wid, (epoch, previous) in got.items():
-                logger.warning("took over workflow=%s from engine=%s epoch=%s", wid, previous, epoch)
+                logger.warning(
+                    "took over workflow=%s engine=%s epoch=%s previous=%s", wid, self.engine_id, epoch, previous
+                )
+                observe.claim_taken_over(self, wid, epoch, previous)
             claimed.update({wid: epoch for wid, (epoch, _) in got.items()})
             if len(got) >= self._capacity():
                 self._last_takeover_scan = 0.0  # a full pass: start the next one at once
@@ -420,21 +503,9 @@ class Engine(Progress):
     def _load(
         self, claimed: dict[str, int], now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]
     ) -> None:
-        rows = {row.id: row for row in Workflow.objects.using(self.using).filter(id__in=list(claimed))}
+        rows = load_runs(list(claimed), self.using)  # raw columns, no model instances (engine/progress.py)
         run_ids = [row.run_id for row in rows.values()]
-        steps: dict[str, dict[int, StepRecord]] = {str(r): {} for r in run_ids}
-        for step in Step.objects.using(self.using).filter(run_id__in=run_ids):
-            steps[str(step.run_id)][step.seq] = StepRecord(
-                step.seq,
-                step.kind,
-                step.name,
-                step.status,
-                step.result,
-                step.error,
-                step.attempts,
-                step.started_at,
-                step.completed_at,
-            )
+        steps = load_steps(run_ids, self.using)
         applied = load_applied(run_ids, self.using)  # updates replay re-applies (engine/messages.py)
         timers: dict[str, list[Timer]] = {}
         for timer in Timer.objects.using(self.using).filter(workflow_id__in=list(claimed)):
@@ -456,7 +527,7 @@ class Engine(Progress):
 
     def _start_run(
         self,
-        row: Workflow,
+        row: RunRow,
         epoch: int,
         steps: dict[int, StepRecord],
         timers: list[Timer],
@@ -518,7 +589,14 @@ class Engine(Progress):
         writes: dict[str, WorkflowWrites],
     ) -> None:
         backoff = min(timedelta(seconds=2 ** min(attempts, 12)), STUCK_MAX_BACKOFF)
-        logger.error("workflow stuck workflow=%s error=%s retry_in=%s", wid, error, backoff)
+        logger.error(
+            "workflow stuck workflow=%s engine=%s epoch=%s error=%s retry_in=%s",
+            wid,
+            self.engine_id,
+            epoch,
+            error,
+            backoff,
+        )
         w = writes.setdefault(wid, WorkflowWrites(wid, run_id, epoch))
         w.stuck = {
             "error": {"type": type(error).__name__, "message": str(error)},
@@ -538,6 +616,7 @@ class Engine(Progress):
                     self._reload[owned.workflow_id] = owned.epoch
                     self._drop(owned.workflow_id, reason=None)
             return
+        observe.committed(self, batch, result)  # after the commit: signals, metrics, status counts
         if result.children:
             self._last_claim_scan = 0.0  # children were started: look for claimable work on the next tick
         self.refused_commits += len(result.lost)
@@ -592,7 +671,7 @@ class Engine(Progress):
                     try:
                         handler()
                     except Exception:
-                        logger.exception("on_cancel handler failed workflow=%s", wid)
+                        logger.exception("on_cancel handler failed workflow=%s engine=%s", wid, self.engine_id)
             self._drop(wid, reason="cancelled" if wid in cancelled else reason)
 
     def _drop(self, wid: str, reason: str | None) -> None:
@@ -600,7 +679,10 @@ class Engine(Progress):
         if owned is None:
             return
         if reason:
-            logger.warning("stopped driving workflow=%s engine=%s reason=%s", wid, self.engine_id, reason)
+            logger.warning(
+                "stopped driving workflow=%s engine=%s epoch=%s reason=%s", wid, self.engine_id, owned.epoch, reason
+            )
+        observe.claim_lost(self, owned, reason)
         for task in owned.inflight.values():
             task.control.request_stop(reason or "the engine reloads the workflow")
         owned.run.close()
@@ -646,6 +728,7 @@ class Engine(Progress):
                     lost = ownership.renew(self.engine_id, epochs, self.settings.workflow_claim_ttl, self.using)
                     ownership.heartbeat_engine(self.engine_id, self.using)
                 except DatabaseError as exc:  # a storage error is not a loss: try again next tick
+                    observe.renewal_failed(self, exc)
                     logger.warning("claim renewal failed engine=%s error=%s", self.engine_id, exc)
                     close_old_connections()
                     continue

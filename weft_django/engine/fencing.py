@@ -12,6 +12,7 @@ On SQLite, IMMEDIATE transactions take the write lock at BEGIN, so the plain rea
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -20,7 +21,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from ..models import BufferedSignal, PendingUpdate, Step, Timer, Workflow
-from ..notify import send_many
+from ..notify import CHANNEL, MAX_PAYLOAD, send_many
 from ..status import ACTIVE_STATUSES, SignalState, UpdateStatus
 from ..transitions import close_children
 from .children import ChildStart, report_child_end, start_children
@@ -132,13 +133,17 @@ def fenced_commit(
     lost_ids = sorted(set(epochs) - held)
     lost = why_lost(engine_id, lost_ids, using) if lost_ids else {}
     for wid, reason in lost.items():
-        logger.warning("fenced commit refused workflow=%s engine=%s reason=%s", wid, engine_id, reason)
+        logger.warning(
+            "fenced commit refused workflow=%s engine=%s epoch=%s reason=%s", wid, engine_id, epochs[wid], reason
+        )
     return FenceResult(held, lost, children)
 
 
 def _apply(
     engine_id: str, batch: list[WorkflowWrites], now: datetime, using: str, claim_ttl: timedelta
 ) -> dict[str, int]:
+    if connections[using].vendor == "postgresql" and _step_columns_known():
+        return _apply_postgresql(engine_id, batch, now, using, claim_ttl)
     write_steps(batch, now, using)
     apply_messages(batch, now, using)  # before the mailbox closes: a respond() in a terminal commit answers
     timers = [t for w in batch for t in w.timers_add]
@@ -188,6 +193,185 @@ def _apply(
         release_locked_claims(engine_id, released, using)
         send_many("r", [w.workflow_id for w in finished], using)
     with_children = _with_active_children([w.workflow_id for w in finished], using) if finished else set()
+    for w in finished:
+        assert w.finish is not None
+        if w.workflow_id in with_children:
+            close_children(w.workflow_id, w.run_id, w.finish.status, using)
+        if w.parent is not None:
+            report_child_end(w.workflow_id, *w.parent, w.finish.status, w.finish.result, w.finish.error, now, using)
+    starts = [child for w in batch if w.finish is None for child in w.children]
+    return start_children(engine_id, starts, now, claim_ttl, using) if starts else {}
+
+
+# -- PostgreSQL: the writes of a commit in one statement -------------------------------------------
+STEP_TABLE = Step._meta.db_table
+WORKFLOW_TABLE = Workflow._meta.db_table
+SIGNAL_TABLE = BufferedSignal._meta.db_table
+UPDATE_TABLE = PendingUpdate._meta.db_table
+TIMER_TABLE = Timer._meta.db_table
+_STEP_COLUMNS = (
+    "workflow_id",
+    "run_id",
+    "seq",
+    "kind",
+    "name",
+    "status",
+    "result",
+    "error",
+    "attempts",
+    "epoch",
+    "started_at",
+    "completed_at",
+)
+_STEP_TYPES = (
+    "text",
+    "uuid",
+    "int",
+    "text",
+    "text",
+    "text",
+    "text",
+    "jsonb",
+    "int",
+    "bigint",
+    "timestamptz",
+    "timestamptz",
+)
+_STEP_KEPT = ("workflow_id", "run_id", "seq", "started_at")  # an upsert keeps the key and when the step began
+_MAILBOX_ERROR = json.dumps(
+    {"type": "WorkflowTerminalError", "message": "The workflow ended before the update was applied."}
+)
+
+
+def _step_columns_known() -> bool:
+    """The raw step upsert names every column but the key: a new column falls back to the ORM path."""
+    return {f.column for f in Step._meta.concrete_fields} == {"id", *_STEP_COLUMNS}
+
+
+def _apply_postgresql(
+    engine_id: str, batch: list[WorkflowWrites], now: datetime, using: str, claim_ttl: timedelta
+) -> dict[str, int]:
+    """As ``_apply``, with the common writes (steps, consumed signals, finished runs, their mailboxes,
+    timers and claims, the ``r:`` wake-ups) in ONE statement of data-modifying CTEs over unnest()ed
+    arrays, instead of one ORM statement each. The rare parts (updates, whose settlement must check
+    its row count; timers; stuck runs; children) keep their own statements, before it or after it.
+
+    All CTEs of one statement see the same snapshot and no row may be modified twice in it, so: the
+    signals a finishing run consumes are excluded from the drop of its mailbox; everything the rare
+    parts write first (timers added or deleted, stuck flags, update settlements) is visible to it."""
+    apply_messages(batch, now, using)  # before the mailbox closes: a respond() in a terminal commit answers
+    timers = [t for w in batch for t in w.timers_add]
+    if timers:
+        Timer.objects.using(using).bulk_create(timers)  # their pks are needed (a later delete by pk)
+    doomed = [pk for w in batch for pk in w.timers_delete]
+    if doomed:
+        Timer.objects.using(using).filter(pk__in=doomed).delete()
+    for w in batch:
+        if w.stuck is not None:
+            Workflow.objects.using(using).filter(pk=w.workflow_id).update(
+                stuck_error=w.stuck["error"],
+                stuck_retry_at=w.stuck["retry_at"],
+                stuck_attempts=w.stuck["attempts"],
+                updated_at=now,
+            )
+        elif w.clear_stuck:
+            Workflow.objects.using(using).filter(pk=w.workflow_id).update(
+                stuck_error=None, stuck_retry_at=None, stuck_attempts=0
+            )
+    finished = [w for w in batch if w.finish is not None]
+    consumed = [[pk, seq] for w in batch for pk, seq in w.signals_consumed]
+    released = sorted(w.workflow_id for w in batch if w.finish is not None or w.stuck is not None)
+    steps = [
+        [
+            w.workflow_id,
+            w.run_id,
+            s.seq,
+            s.kind,
+            s.name,
+            s.status,
+            s.result,
+            s.error,
+            s.attempts,
+            w.epoch,
+            (s.started_at or now).isoformat(),
+            (s.completed_at or now).isoformat() if s.completed_at or s.settled else None,
+        ]
+        for w in batch
+        for s in _latest_per_seq(w.steps)
+    ]
+    # Every row of the statement travels in ONE jsonb parameter (json.dumps is C; quoting a few
+    # hundred array elements one by one in the client-side binding is not), unpacked by position.
+    document = {
+        "s": steps,
+        "c": consumed,
+        "e": [[w.workflow_id, w.finish.status, w.finish.result, w.finish.error] for w in finished if w.finish],
+        "r": released,
+    }
+    ids = "ARRAY(SELECT jsonb_array_elements_text(d.j->'{key}') FROM d)"
+    ended_ids = "ARRAY(SELECT x->>0 FROM d, jsonb_array_elements(d.j->'e') AS x)"
+    consumed_ids = "ARRAY(SELECT (x->>0)::bigint FROM d, jsonb_array_elements(d.j->'c') AS x)"
+    ctes = ["d AS (SELECT %s::jsonb AS j)"]
+    params: list[Any] = [json.dumps(document)]
+    if steps:
+        updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in _STEP_COLUMNS if c not in _STEP_KEPT)
+        values = ", ".join(
+            f"NULLIF(x->{i}, 'null')" if kind == "jsonb" else f"(x->>{i})::{kind}" for i, kind in enumerate(_STEP_TYPES)
+        )
+        ctes.append(
+            f"steps AS (INSERT INTO {STEP_TABLE} ({', '.join(_STEP_COLUMNS)}) "
+            f"SELECT {values} FROM d, jsonb_array_elements(d.j->'s') AS x "
+            f"ON CONFLICT (run_id, seq) DO UPDATE SET {updates})"
+        )
+    if consumed:
+        ctes.append(
+            f"consumed AS (UPDATE {SIGNAL_TABLE} AS s SET state = %s, consumed_seq = (x->>1)::int "
+            f"FROM d, jsonb_array_elements(d.j->'c') AS x WHERE s.id = (x->>0)::bigint)"
+        )
+        params.append(SignalState.CONSUMED)
+    if finished:
+        ctes.append(
+            f"ended AS (UPDATE {WORKFLOW_TABLE} AS w SET status = x->>1, result = x->>2, "
+            f"error = NULLIF(x->3, 'null'), finished_at = %s, updated_at = %s, current_step = '' "
+            f"FROM d, jsonb_array_elements(d.j->'e') AS x WHERE w.id = x->>0)"
+        )
+        params.extend([now, now])
+        # The terminal commit closes the mailbox: unconsumed signals are dropped (not those this very
+        # commit consumes), admitted updates fail, timers go.
+        ctes.append(
+            f"dropped AS (UPDATE {SIGNAL_TABLE} SET state = %s WHERE workflow_id = ANY({ended_ids}) "
+            f"AND state = %s AND NOT (id = ANY({consumed_ids})))"
+        )
+        params.extend([SignalState.DROPPED, SignalState.BUFFERED])
+        ctes.append(
+            f"failed AS (UPDATE {UPDATE_TABLE} SET status = %s, completed_at = %s, error = %s::jsonb "
+            f"WHERE workflow_id = ANY({ended_ids}) AND status IN (%s, %s))"
+        )
+        params.extend([UpdateStatus.FAILED, now, _MAILBOX_ERROR, UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED])
+        ctes.append(f"timers AS (DELETE FROM {TIMER_TABLE} WHERE workflow_id = ANY({ended_ids}))")
+    if released:
+        # The fence locked these claims at our epochs in this transaction: clear the holder, keep the epoch.
+        ctes.append(
+            f"released AS (UPDATE {CLAIM_TABLE} SET engine_id = NULL, claimed_at = NULL, expires_at = NULL "
+            f"WHERE engine_id = %s AND workflow_id = ANY({ids.format(key='r')}))"
+        )
+        params.append(engine_id)
+    with_children: set[str] = set()
+    if len(ctes) > 1:
+        # The main query sends the r: wake-ups (delivered at commit) and finds the finished runs with
+        # active children. It reads the snapshot from before this statement: a child ending in this
+        # very commit still looks active, and close_children re-reads it (a false positive is harmless).
+        main = "SELECT NULL"
+        if finished:
+            main = (
+                f"SELECT pg_notify(%s, 'r:' || id)::text, NULL FROM unnest({ended_ids}) AS id "
+                f"WHERE octet_length(id) < %s UNION ALL SELECT NULL, parent_id FROM {WORKFLOW_TABLE} "
+                f"WHERE parent_id = ANY({ended_ids}) AND status IN ({', '.join(['%s'] * len(ACTIVE_STATUSES))})"
+            )
+            params.extend([CHANNEL, MAX_PAYLOAD - 2, *sorted(ACTIVE_STATUSES)])
+        with connections[using].cursor() as cursor:
+            cursor.execute(f"WITH {', '.join(ctes)} {main}", params)
+            if finished:
+                with_children = {parent for _, parent in cursor.fetchall() if parent is not None}
     for w in finished:
         assert w.finish is not None
         if w.workflow_id in with_children:

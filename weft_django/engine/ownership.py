@@ -22,6 +22,7 @@ from ..clock import _python_now, workflow_now_sql
 from ..epochs import next_epoch, next_epoch_sql
 from ..models import Engine
 from ..notify import send
+from . import observe
 from .fencing import CLAIM_TABLE
 
 logger = logging.getLogger(__name__)
@@ -75,7 +76,8 @@ def acquire(
               AND claim.engine_id IS NOT DISTINCT FROM candidates.engine_id
             RETURNING claim.workflow_id, claim.epoch, candidates.engine_id
         """
-        with transaction.atomic(using=using), connection.cursor() as cursor:
+        # One statement: in autocommit it is its own transaction (no BEGIN/COMMIT round trips).
+        with connection.cursor() as cursor:
             cursor.execute(sql, [*grace, limit, engine_id, _ms(ttl)])
             return {wid: (epoch, previous) for wid, epoch, previous in cursor.fetchall()}
     return _acquire_sqlite(engine_id, holder, limit, ttl, renew_interval, takeover, using)
@@ -266,6 +268,7 @@ def fire_delayed_starts(engine_id: str, *, limit: int, ttl: timedelta, using: st
                 )
             started[wid] = epoch
         Timer.objects.using(using).filter(workflow_id__in=locked, kind=TimerKind.DELAYED_START).delete()
+    observe.claims_acquired(engine_id, started, using)
     return started
 
 

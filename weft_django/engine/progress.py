@@ -5,16 +5,20 @@ turning each settlement into writes for the next fenced commit. Mixed into Engin
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import threading
 import time
+import uuid
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
+
+from django.db import connections
 
 from ..clock import db_now
 from ..codec import encode
 from ..exceptions import ActivityTimeoutError, WeftError
-from ..models import BufferedSignal, Step, Timer
+from ..models import BufferedSignal, Step, Timer, Workflow
 from ..operations import RunActivity, Sleep, StartChild, WaitForSignal, WaitForUpdate, WaitUntil
 from ..status import StepStatus, TimerKind, WorkflowStatus
 from .activities import AttemptOutcome, AttemptTask, FenceRefused
@@ -535,6 +539,97 @@ class Progress:
         )
         if waiting != 1:
             raise FenceRefused("attempt")
+
+
+class RunRow(NamedTuple):
+    """The columns of a claimed run the engine reads to start driving it (a Workflow row, without
+    building a model instance per run: loading runs is on the claim path of every tick)."""
+
+    id: str
+    run_id: str
+    workflow_type: str
+    version: str
+    status: str
+    input: str
+    started_at: datetime | None
+    execution_deadline: datetime | None
+    stuck_error: Any
+    stuck_attempts: int
+    parent_id: str | None
+    parent_run_id: str | None
+    parent_seq: int | None
+    depth: int
+
+
+_RUN_COLUMNS = ", ".join(RunRow._fields)
+_STEP_COLUMNS = "run_id, seq, kind, name, status, result, error, attempts, started_at, completed_at"
+
+
+def load_runs(workflow_ids: list[str], using: str) -> dict[str, RunRow]:
+    """The current run of each of these workflows, by id (one query, no ORM compile)."""
+    if not workflow_ids:
+        return {}
+    connection = connections[using]
+    table = Workflow._meta.db_table
+    rows: dict[str, RunRow] = {}
+    with connection.cursor() as cursor:
+        for chunk in _chunks(workflow_ids):
+            marks = ", ".join(["%s"] * len(chunk))
+            cursor.execute(f"SELECT {_RUN_COLUMNS} FROM {table} WHERE id IN ({marks})", chunk)
+            for values in cursor.fetchall():
+                row = RunRow(*values)
+                rows[row.id] = row._replace(
+                    run_id=str(uuid.UUID(str(row.run_id))),  # uuid on PostgreSQL, hex text on SQLite
+                    parent_run_id=str(uuid.UUID(str(row.parent_run_id))) if row.parent_run_id else None,
+                    started_at=_aware(row.started_at, connection),
+                    execution_deadline=_aware(row.execution_deadline, connection),
+                    stuck_error=_json_value(row.stuck_error),
+                )
+    return rows
+
+
+def load_steps(run_ids: list[str], using: str) -> dict[str, dict[int, StepRecord]]:
+    """The step log of each of these runs: {run id: {seq: step}} (one query, no ORM compile)."""
+    steps: dict[str, dict[int, StepRecord]] = {run_id: {} for run_id in run_ids}
+    if not run_ids:
+        return steps
+    connection = connections[using]
+    field = Step._meta.get_field("run_id")
+    keys = [field.get_db_prep_value(uuid.UUID(run_id), connection) for run_id in run_ids]  # uuid or hex text
+    with connection.cursor() as cursor:
+        for chunk in _chunks(keys):
+            marks = ", ".join(["%s"] * len(chunk))
+            cursor.execute(f"SELECT {_STEP_COLUMNS} FROM {Step._meta.db_table} WHERE run_id IN ({marks})", chunk)
+            for run_id, seq, kind, name, status, result, error, attempts, started, completed in cursor.fetchall():
+                steps[str(uuid.UUID(str(run_id)))][seq] = StepRecord(
+                    seq,
+                    kind,
+                    name,
+                    status,
+                    result,
+                    _json_value(error),
+                    attempts,
+                    _aware(started, connection),
+                    _aware(completed, connection),
+                )
+    return steps
+
+
+def _aware(value: Any, connection: Any) -> datetime | None:
+    """A datetime column as the ORM returns it: SQLite gives naive UTC datetimes (or text)."""
+    if value is None or connection.vendor == "postgresql":
+        return value
+    converted: datetime = connection.ops.convert_datetimefield_value(value, None, connection)
+    return converted
+
+
+def _json_value(value: Any) -> Any:
+    """A JSONField column as the ORM returns it (Django has psycopg return jsonb as text, like SQLite)."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _chunks(items: list[Any], size: int = 500) -> list[list[Any]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def mailbox_of(leaf: Leaf) -> str:

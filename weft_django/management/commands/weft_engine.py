@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sys
+import threading
 from types import FrameType
 from typing import Any
 
@@ -16,6 +18,7 @@ from django.db.migrations.executor import MigrationExecutor
 from ...exceptions import ConfigurationError, EngineLeaseAcquisitionTimeoutError, OwnershipModeMismatchError
 
 VERBOSITY_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
+status_logger = logging.getLogger("weft_django.engine.status")
 
 
 def _positive_int(value: str) -> int:
@@ -28,6 +31,20 @@ def _positive_int(value: str) -> int:
 def _non_negative_float(value: str) -> float:
     number = float(value)
     if number < 0:
+        raise ValueError(value)
+    return number
+
+
+def _port(value: str) -> int:
+    number = int(value)
+    if not 0 <= number <= 65535:
+        raise ValueError(value)
+    return number
+
+
+def _positive_float(value: str) -> float:
+    number = float(value)
+    if number <= 0:
         raise ValueError(value)
     return number
 
@@ -48,13 +65,36 @@ class Command(BaseCommand):
         parser.add_argument(
             "--reset-ownership-mode",
             action="store_true",
-            help="Forget the ownership mode recorded by earlier engines (stop every engine first), then exit.",
+            help="Forget the ownership mode recorded by earlier engines (stop every engine first), then exit. "
+            "Refused while an engine still heartbeats, unless --force.",
+        )
+        parser.add_argument(
+            "--force",
+            action="store_true",
+            help="With --reset-ownership-mode: reset even though engines look alive (only if you know they are not).",
         )
         parser.add_argument(
             "--drain-timeout",
             type=_non_negative_float,
             default=10.0,
             help="Seconds running activities may finish after the first SIGTERM/SIGINT (default 10).",
+        )
+        parser.add_argument(
+            "--metrics-port",
+            type=_port,
+            help="Serve Prometheus metrics on http://ADDR:PORT/metrics (needs prometheus-client; 0 picks a "
+            "free port, printed in the banner).",
+        )
+        parser.add_argument(
+            "--metrics-addr",
+            default="127.0.0.1",
+            help="Address the metrics server binds (default 127.0.0.1; 0.0.0.0 for all).",
+        )
+        parser.add_argument(
+            "--status-interval",
+            type=_positive_float,
+            default=30.0,
+            help="Seconds between the one-line status reports logged at -v 2 and above (default 30).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -72,8 +112,15 @@ class Command(BaseCommand):
             raise CommandError("\n".join(f"{p.id}: {p.message} HINT: {p.hint}" for p in errors))
         self._refuse_unapplied_migrations(settings.database)
         if options["reset_ownership_mode"]:
-            from ...engine.ownership import reset_mode_marker
+            from ...engine.ownership import other_live_engines, reset_mode_marker
 
+            # Two modes owning work at once breaks the ownership rules: refuse while engines still run.
+            alive = other_live_engines("", within=settings.workflow_claim_ttl, using=settings.database)
+            if alive and not options["force"]:
+                raise CommandError(
+                    f"{len(alive)} engine(s) still heartbeat ({', '.join(sorted(alive)[:5])}): stop every engine "
+                    "before resetting the ownership mode (or pass --force if they are gone)."
+                )
             reset_mode_marker(settings.database)
             self.stdout.write("Ownership mode marker cleared; the next engine to start records its mode.")
             return
@@ -89,21 +136,50 @@ class Command(BaseCommand):
             )
         except ConfigurationError as exc:  # e.g. ACTIVITY_EXECUTOR="celery" without Celery installed
             raise CommandError(str(exc)) from None
+        metrics_url = self._start_metrics(engine, options["metrics_port"], options["metrics_addr"])
+        if options["verbosity"] >= 1:
+            self.stdout.write(banner(engine, metrics_url))
+            self.stdout.flush()
         self._install_signal_handlers(engine)
+        reporter = StatusReporter(engine, options["status_interval"]) if options["verbosity"] >= 2 else None
+        if reporter is not None:
+            reporter.start()
         try:
             engine.run(once=options["once"])
         except (OwnershipModeMismatchError, EngineLeaseAcquisitionTimeoutError) as exc:
             raise CommandError(str(exc)) from None
+        finally:
+            if reporter is not None:
+                reporter.stop()
         if engine.executor.running:
             # Activities still running after the drain are abandoned (their late results are fenced
             # out); Python would otherwise wait for their threads at exit.
             logging.getLogger("weft_django").warning(
-                "exiting with %d abandoned activity attempt(s)", len(engine.executor.running)
+                "exiting with abandoned activity attempts engine=%s attempts=%d",
+                engine.engine_id,
+                len(engine.executor.running),
             )
             logging.shutdown()
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)
+
+    def _start_metrics(self, engine: Any, port: int | None, addr: str) -> str | None:
+        """Start prometheus_client's HTTP server on a daemon thread; None when not asked for."""
+        if port is None:
+            return None
+        from ... import metrics
+
+        if not metrics.AVAILABLE:
+            raise CommandError(f"--metrics-port: {metrics.INSTALL_HINT}")
+        metrics.track_engine(engine)
+        try:
+            bound = metrics.serve(port, addr)
+        except OSError as exc:
+            raise CommandError(
+                f"--metrics-port {port}: cannot listen on {addr}:{port} ({exc}). Pick a free port, or 0 for any."
+            ) from None
+        return f"http://{addr}:{bound}/metrics"
 
     def _refuse_unapplied_migrations(self, alias: str) -> None:
         connection = connections[alias or DEFAULT_DB_ALIAS]
@@ -123,7 +199,9 @@ class Command(BaseCommand):
             state["signals"] += 1
             if state["signals"] == 1:
                 logging.getLogger("weft_django").warning(
-                    "received %s: draining (send it again to force exit)", signal.Signals(signum).name
+                    "draining engine=%s signal=%s (send it again to force exit)",
+                    engine.engine_id,
+                    signal.Signals(signum).name,
                 )
                 engine.request_stop()
             else:
@@ -140,3 +218,97 @@ class Command(BaseCommand):
             handler = logging.StreamHandler()
             handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
             log.addHandler(handler)
+
+
+def banner(engine: Any, metrics_url: str | None) -> str:
+    """The start-up banner: who this engine is and what it runs against, before it claims anything."""
+    from ... import __version__
+    from ...registry import registry
+
+    connection = connections[engine.using]
+    settings = engine.settings
+    database = connection.settings_dict.get("NAME")
+    host = connection.settings_dict.get("HOST")
+    where = f"{connection.vendor} {database}" + (f" on {host}" if host else "")
+    if engine.mode == "workflow-lease":
+        claim = settings.workflow_claim_ttl, settings.workflow_claim_renew_interval
+        ttl = f"claim ttl={_seconds(claim[0])} renew={_seconds(claim[1])}"
+    elif engine.mode == "lease":
+        ttl = f"store lease ttl={_seconds(settings.lease_ttl)} renew={_seconds(settings.lease_renew_interval)}"
+    else:
+        ttl = "no lease (single engine)"
+    lines = [
+        f"weft_engine {__version__}",
+        f"  engine       {engine.engine_id} (host {socket.gethostname()}, pid {os.getpid()})",
+        f"  ownership    {engine.mode}: {ttl}",
+        f"  concurrency  {engine.concurrency} activity threads ({settings.activity_executor}), "
+        f"claim batch {settings.claim_batch_size}, poll {_seconds(settings.poll_interval)}",
+        f"  database     {where} (alias {engine.using!r})",
+        f"  workflows    {len(registry.latest)} registered type(s), {len(registry.workflows)} version(s)",
+    ]
+    if metrics_url:
+        lines.append(f"  metrics      {metrics_url}")
+    return "\n".join(lines)
+
+
+def _seconds(delta: Any) -> str:
+    return f"{delta.total_seconds():g}s"
+
+
+class StatusReporter:
+    """Logs one line every ``interval`` seconds (logger weft_django.engine.status, INFO): claims held,
+    running activity attempts, what was committed since the last line, timers due and how late."""
+
+    def __init__(self, engine: Any, interval: float) -> None:
+        from ...engine import observe
+
+        self.engine = engine
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="weft-status", daemon=True)
+        self._previous = observe.stats(engine.engine_id).snapshot()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(self.interval):
+                try:
+                    status_logger.info(self.line())
+                except Exception as exc:  # the status line must never take the engine down
+                    status_logger.warning("status line failed engine=%s error=%s", self.engine.engine_id, exc)
+                    connections[self.engine.using].close()
+        finally:
+            connections[self.engine.using].close()
+
+    def line(self) -> str:
+        from django.db.models import Count, Min
+
+        from ...clock import db_now
+        from ...engine import observe
+        from ...models import Timer
+
+        engine = self.engine
+        now = db_now(engine.using)
+        due = Timer.objects.using(engine.using).filter(fire_at__lte=now).aggregate(n=Count("id"), oldest=Min("fire_at"))
+        lag = (now - due["oldest"]).total_seconds() if due["oldest"] is not None else 0.0
+        current = observe.stats(engine.engine_id).snapshot()
+        before, self._previous = self._previous, current
+        return (
+            f"status engine={engine.engine_id} claims={len(engine.owned)} "
+            f"activities={len(engine.executor.running)} "
+            f"steps=+{current.steps_committed - before.steps_committed} "
+            f"failed=+{current.steps_failed - before.steps_failed} "
+            f"finished=+{current.workflows_finished - before.workflows_finished} "
+            f"acquired=+{current.claims_acquired - before.claims_acquired} "
+            f"takeovers=+{current.claims_taken_over - before.claims_taken_over} "
+            f"lost=+{current.claims_lost - before.claims_lost} "
+            f"refused=+{current.commits_refused - before.commits_refused} "
+            f"renew_failures=+{current.renewal_failures - before.renewal_failures} "
+            f"timers_due={due['n']} lag={lag:.1f}s"
+        )

@@ -1,0 +1,133 @@
+"""The fenced commit's one-statement write path (PostgreSQL): every part of a batch lands as the ORM
+path wrote it, for many workflows at once, and a refused workflow's writes are dropped."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+import weft_django as weft
+from weft_django.clock import db_now
+from weft_django.engine import fencing, ownership
+from weft_django.engine.driver import StepRecord
+from weft_django.models import BufferedSignal, PendingUpdate, Step, Timer, Workflow, WorkflowClaim
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+ENGINE = "batch-engine"
+
+
+@pytest.fixture(autouse=True)
+def _postgres_only() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("the one-statement commit is PostgreSQL's")
+
+
+def _claimed(*ids: str) -> dict[str, tuple[str, int]]:
+    for wid in ids:
+        weft.start("tests.sum", args=[1, 2], id=wid)
+    got = ownership.acquire(
+        ENGINE, limit=len(ids), ttl=timedelta(seconds=30), renew_interval=timedelta(seconds=5), using="default"
+    )
+    assert set(got) == set(ids)
+    runs = dict(Workflow.objects.filter(pk__in=ids).values_list("pk", "run_id"))
+    return {wid: (str(runs[wid]), epoch) for wid, (epoch, _) in got.items()}
+
+
+def test_a_batch_of_finishing_and_running_workflows_in_one_statement():
+    runs = _claimed("ends-ok", "ends-failed", "goes-on", "deposed")
+    now = db_now()
+    (ok_run, ok_epoch), (bad_run, bad_epoch) = runs["ends-ok"], runs["ends-failed"]
+    go_run, go_epoch = runs["goes-on"]
+    # ends-ok consumes one signal and finishes in the same commit: the other signal is dropped, its
+    # admitted update fails, its timer goes.
+    weft.signal("ends-ok", "taken", {"n": 1})
+    weft.signal("ends-ok", "left", 2)
+    taken = BufferedSignal.objects.get(workflow_id="ends-ok", name="taken").pk
+    update = PendingUpdate.objects.create(
+        workflow_id="ends-ok", run_id=ok_run, name="u", payload="null", created_at=now
+    )
+    Timer.objects.create(workflow_id="ends-ok", run_id=ok_run, kind="sleep", seq=9, fire_at=now + timedelta(hours=1))
+    error = {"exc": "ActivityError", "message": 'bad "quote" \\ and ünïcode', "attempts": 2}
+    batch = [
+        fencing.WorkflowWrites(
+            "ends-ok",
+            ok_run,
+            ok_epoch,
+            steps=[
+                StepRecord(0, "activity", "add", "running", attempts=1),
+                StepRecord(0, "activity", "add", "completed", "3", attempts=1),  # the last state wins
+                StepRecord(1, "signal", "taken", "completed", '{"n":1}'),
+            ],
+            signals_consumed=[(taken, 1)],
+            finish=fencing.Finish("completed", result="3"),
+        ),
+        fencing.WorkflowWrites(
+            "ends-failed",
+            bad_run,
+            bad_epoch,
+            steps=[StepRecord(0, "activity", "add", "failed", error=error, attempts=2)],
+            finish=fencing.Finish("failed", error={"type": "ActivityError", "message": "bad"}),
+        ),
+        fencing.WorkflowWrites(
+            "goes-on", go_run, go_epoch, steps=[StepRecord(0, "activity", "add", "running", attempts=1)]
+        ),
+        fencing.WorkflowWrites(
+            "deposed", runs["deposed"][0], runs["deposed"][1] - 1, steps=[StepRecord(0, "activity", "add", "running")]
+        ),
+    ]
+    with CaptureQueriesContext(connection) as queries:
+        result = fencing.fenced_commit(ENGINE, batch, now, "default")
+    assert result.committed == {"ends-ok", "ends-failed", "goes-on"}
+    assert result.lost == {"deposed": "deposed"}
+    writes = [q["sql"] for q in queries if q["sql"].startswith("WITH d AS")]
+    assert len(writes) == 1  # the whole batch's writes in one statement
+
+    ok = Workflow.objects.get(pk="ends-ok")
+    assert (ok.status, ok.result, ok.error, ok.finished_at, ok.current_step) == ("completed", "3", None, now, "")
+    bad = Workflow.objects.get(pk="ends-failed")
+    assert (bad.status, bad.result, bad.error) == ("failed", None, {"type": "ActivityError", "message": "bad"})
+    assert Workflow.objects.get(pk="goes-on").status == "running"
+
+    steps = {(s.workflow_id, s.seq): s for s in Step.objects.all()}
+    assert set(steps) == {("ends-ok", 0), ("ends-ok", 1), ("ends-failed", 0), ("goes-on", 0)}
+    assert (steps["ends-ok", 0].status, steps["ends-ok", 0].result, steps["ends-ok", 0].completed_at) == (
+        "completed",
+        "3",
+        now,
+    )
+    assert steps["ends-ok", 0].epoch == ok_epoch and steps["ends-ok", 0].started_at == now
+    assert steps["ends-failed", 0].error == error and steps["ends-failed", 0].attempts == 2
+    assert steps["goes-on", 0].status == "running" and steps["goes-on", 0].completed_at is None
+
+    signals = dict(BufferedSignal.objects.filter(workflow_id="ends-ok").values_list("name", "state"))
+    assert signals == {"taken": "consumed", "left": "dropped"}
+    assert BufferedSignal.objects.get(pk=taken).consumed_seq == 1
+    failed = PendingUpdate.objects.get(pk=update.pk)
+    assert failed.status == "failed" and failed.error["type"] == "WorkflowTerminalError"
+    assert not Timer.objects.filter(workflow_id="ends-ok").exists()
+
+    claims = dict(WorkflowClaim.objects.values_list("workflow_id", "engine_id"))
+    assert claims["ends-ok"] is None and claims["ends-failed"] is None  # released, epochs kept
+    assert claims["goes-on"] == ENGINE and claims["deposed"] == ENGINE
+    assert WorkflowClaim.objects.get(pk="ends-ok").epoch == ok_epoch
+
+
+def test_a_second_commit_updates_the_step_and_keeps_when_it_began():
+    runs = _claimed("twice")
+    run_id, epoch = runs["twice"]
+    began = db_now()
+    fencing.fenced_commit(
+        ENGINE,
+        [fencing.WorkflowWrites("twice", run_id, epoch, steps=[StepRecord(0, "activity", "add", "running")])],
+        began,
+        "default",
+    )
+    later = began + timedelta(seconds=5)
+    done = StepRecord(0, "activity", "add", "completed", "3", attempts=1, started_at=None)
+    fencing.fenced_commit(ENGINE, [fencing.WorkflowWrites("twice", run_id, epoch, steps=[done])], later, "default")
+    step = Step.objects.get(workflow_id="twice")
+    assert (step.status, step.result, step.started_at, step.completed_at) == ("completed", "3", began, later)
