@@ -1,8 +1,9 @@
 """The Celery executor end to end: real ``celery worker`` subprocesses over the machine's Redis and
 real engine subprocesses, on the test database. No task_always_eager anywhere.
 
-Workers run tests/celery_app.py with tests/celery_settings.py (a dedicated Redis database, emptied
-before each test). Skipped when Celery or redis-py is missing or Redis does not answer.
+Workers run tests/celery_app.py with tests/celery_settings.py (a Redis database; this run's keys carry
+a prefix and are emptied before each test, so concurrent runs do not interfere). Skipped when Celery
+or redis-py is missing or Redis does not answer.
 """
 
 from __future__ import annotations
@@ -118,9 +119,15 @@ class Worker:
 @pytest.fixture(autouse=True)
 def empty_broker() -> Iterator[None]:
     broker = redis.Redis.from_url(BROKER)
-    broker.flushdb()
+
+    def empty() -> None:  # only this run's keys: another suite may share the Redis database
+        keys = list(broker.scan_iter(match=f"{celery_settings.BROKER_KEY_PREFIX}*", count=1000))
+        if keys:
+            broker.delete(*keys)
+
+    empty()
     yield
-    broker.flushdb()
+    empty()
 
 
 @pytest.fixture
