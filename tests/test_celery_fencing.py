@@ -170,6 +170,24 @@ def test_a_delivery_naming_another_activity_than_the_step_is_not_run():
     assert not RemoteAttempt.objects.filter(run_id=key.run_id, state=RemoteAttemptState.FAILED).exists()
 
 
+def test_a_message_from_an_engine_on_another_database_is_skipped_and_says_so():
+    """Two deployments (or two test runs) sharing a broker's queues deliver each other's messages: the
+    workflow id and a small epoch may match by chance, the run never does. The worker runs nothing,
+    records nothing, and its log names the misrouting (the sending engine only sees a timeout)."""
+    key = running_attempt(activity=testflows.celery_echo.name)
+    foreign = key._replace(run_id=str(uuid.uuid4()))
+    reason = remote.why_stale(foreign, USING, testflows.celery_echo.name) or ""
+    assert "another database" in reason and foreign.run_id in reason
+    args = encode_payload({"args": ["k", 1], "kwargs": {}})
+    before = ActivityCall.objects.count()
+    assert remote.run_attempt(foreign, testflows.celery_echo.name, args) == "skipped"
+    assert remote.complete(foreign, '"x"', USING) is remote.Disposition.NOT_WAITING
+    assert ActivityCall.objects.count() == before
+    assert (step(key).status, step(key).result) == ("running", None)
+    # The step's own attempt is still wanted: the stranger changed nothing.
+    assert remote.why_stale(key, USING, testflows.celery_echo.name) is None
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_refused_atomic_attempt_rolls_its_writes_back():
     key = running_attempt("tests.celery_echo", ["k"], activity=testflows.celery_reserve.name)

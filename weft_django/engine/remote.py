@@ -207,7 +207,15 @@ def why_stale(key: AttemptKey, using: str, activity: str | None = None) -> str |
         .values_list("status", "attempts", "name")
         .first()
     )
-    if step is None or step[:2] != (StepStatus.RUNNING, key.attempt):
+    if step is None:
+        # The engine commits a step before it sends the attempt, and its steps outlive the claim: a
+        # claimed workflow without the run's step never sent this message (the id and a small epoch
+        # matched by chance). Name the misrouting: the sending engine only sees its attempt time out.
+        return (
+            f"run {key.run_id} has no step {key.seq} in this database: the message was sent by an engine on "
+            "another database; give each deployment its own broker (or Redis database or key prefix)"
+        )
+    if step[:2] != (StepStatus.RUNNING, key.attempt):
         return "the step no longer waits for this attempt"
     if activity is not None and step[2] != activity:
         return f"the step runs activity {step[2]!r}, not {activity!r} (a message the engine did not send)"
