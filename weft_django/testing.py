@@ -224,6 +224,26 @@ class EngineProcess:
         renew = to_timedelta(merged["WORKFLOW_CLAIM_RENEW_INTERVAL"], "WORKFLOW_CLAIM_RENEW_INTERVAL")
         return ttl, renew * TAKEOVER_GRACE_MULTIPLIER
 
+    def _settle_in_flight_statements(self, timeout: float = 5.0) -> None:
+        """After SIGSTOP, a statement (a COMMIT) the engine sent just before may still be running on the
+        server: wait until none of its sessions is active, so the step snapshot taken next includes it."""
+        from django.db import connections
+
+        connection = connections[self.alias]
+        if connection.vendor != "postgresql":
+            time.sleep(0.3)  # SQLite: a write in flight holds the file lock for at most this long
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND state = 'active'",
+                    [f"weft-{self.engine_id}"[:63]],
+                )
+                if cursor.fetchone()[0] == 0:
+                    return
+            time.sleep(0.02)
+
     def freeze_past_claim(self, *, timeout: float = 120.0, expire: bool = False) -> FrozenEngine:
         """SIGSTOP the engine and return once every claim it held can be taken over: after their expiry
         plus the takeover grace on the database clock, or at once with ``expire=True`` (the claims'
@@ -232,6 +252,7 @@ class EngineProcess:
 
         The engine must hold at least one claim (wait for it to pick the workflow up first)."""
         self.freeze()
+        self._settle_in_flight_statements()
         claims = self.claims()
         if not claims:
             self.thaw()

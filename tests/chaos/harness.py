@@ -57,10 +57,10 @@ class Plan:
     child_every: int = 3  # every 3rd one starts a child
     schedule_every: int = 1  # seconds
     slack_s: float = 20.0  # extra allowance (loaded machine) for liveness waits
-    # When a SIGSTOP may land: "idle" (the default) retries until the engine has no open transaction,
-    # around a known engine finding (test_engine_findings.py); "in_transaction" retries until it has
-    # one (reproduces the finding); "any" takes the first moment. Env: WEFT_CHAOS_FREEZE_WHEN.
-    freeze_when: str = field(default_factory=lambda: os.environ.get("WEFT_CHAOS_FREEZE_WHEN", "idle"))
+    # When a SIGSTOP may land: "any" (the default) takes the first moment; "in_transaction" retries
+    # until the engine has an open transaction (test_engine_findings.py, finding 2, now fixed); "idle"
+    # until it has none. Env: WEFT_CHAOS_FREEZE_WHEN.
+    freeze_when: str = field(default_factory=lambda: os.environ.get("WEFT_CHAOS_FREEZE_WHEN", "any"))
     deadline_s: float = 600.0  # the whole run
 
 
@@ -209,8 +209,7 @@ class Run:
                 inside = _tolerant(lambda: open_transactions(victim.engine_id), 0) > 0
                 if plan.freeze_when == "any" or inside == (plan.freeze_when == "in_transaction"):
                     break
-                # Frozen inside a transaction, its row locks keep every peer's SKIP LOCKED takeover
-                # away for as long as it stays frozen (a finding: test_engine_findings.py).
+                # Not the moment asked for (freeze_when): let it run a little and try again.
                 victim.signal(signal.SIGCONT)
                 self.notes["freeze_retried"] = self.notes.get("freeze_retried", 0) + 1
                 time.sleep(0.05)

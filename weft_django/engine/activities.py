@@ -48,7 +48,10 @@ class AttemptTask:
     definition: ActivityDefinition
     args_text: str
     started_at: datetime
-    deadline: float | None  # time.monotonic() after which the attempt has timed out
+    # time.monotonic() after which the attempt has timed out. The timeout is the attempt's own run
+    # time: the thread pool clears it while the attempt waits for a free thread and sets it when a
+    # thread starts running it (start_clock). The engine loop reads it; a float store is atomic.
+    deadline: float | None
     control: AttemptControl = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
@@ -67,6 +70,11 @@ class AttemptTask:
     @property
     def key(self) -> tuple[str, int, int, int]:
         return (self.run_id, self.seq, self.attempt, self.epoch)
+
+    def start_clock(self) -> None:
+        """Start the per-attempt timeout now (the attempt starts running)."""
+        timeout = self.definition.timeout
+        self.deadline = time.monotonic() + timeout.total_seconds() if timeout is not None else None
 
 
 @dataclasses.dataclass
@@ -135,6 +143,9 @@ class ThreadExecutor:
                 worker = threading.Thread(target=self._work, name=f"weft-activity_{len(self._workers)}", daemon=True)
                 self._workers.append(worker)
                 worker.start()
+        # A queued attempt has no deadline: waiting for a free thread does not count against its
+        # timeout (schedule_to_close_timeout, counted from the step's start, still covers it).
+        task.deadline = None
         self._queue.put(task)
 
     def _work(self) -> None:
@@ -156,6 +167,15 @@ class ThreadExecutor:
         """Outcomes arrive on the queue as threads finish: nothing to look up."""
 
     def _run(self, task: AttemptTask) -> None:
+        if task.control.stop_reason is not None:
+            # Stopped while queued (its workflow finished, was deposed or reloaded): the engine no
+            # longer waits for it, so do not run the user's code at all.
+            with self._lock:
+                if self._running.get(task.key) is task:
+                    del self._running[task.key]
+            self._on_done()
+            return
+        task.start_clock()
         close_old_connections()
         bind(task.control)
         try:

@@ -36,7 +36,7 @@ from ..models import BufferedSignal, Timer, Workflow, WorkflowClaim
 from ..operations import StartChild, WaitForSignal
 from ..registry import registry
 from ..status import OwnershipMode, TimerKind, WorkflowStatus
-from . import observe, ownership
+from . import observe, ownership, sessions
 from .driver import AppliedRecord, StepRecord, WorkflowRun
 from .executors import ActivityExecutors
 from .fencing import WorkflowWrites, fenced_commit
@@ -89,13 +89,16 @@ class Engine(Progress):
         self._warned_engines: set[str] = set()
         self.periodic = builtin_tasks()
         self._queries_waiting = True  # a "q:<engine id>" wake-up: query requests addressed to us
+        self._session_limit = sessions.session_limit(self.settings)  # a frozen engine's locks end then
+        commit_atomic = sessions.bounded_commit(self._commit_atomic_step, self.using, self._session_limit)
         self.executor = ActivityExecutors(
-            self.engine_id, self.concurrency, self._wake.set, self._commit_atomic_step, self.using, self.settings
+            self.engine_id, self.concurrency, self._wake.set, commit_atomic, self.using, self.settings
         )
         self._threads: list[threading.Thread] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
+        sessions.bind(self.using, self._session_limit)  # the loop's thread; unbound in shutdown()
         ownership.check_mode_marker(self.engine_id, self.settings.ownership, self.using)
         ownership.register_engine(self.engine_id, self.settings.ownership, self.using)
         if self.mode == OwnershipMode.LEASE:
@@ -255,6 +258,7 @@ class Engine(Progress):
         self._publish_epochs()
         for thread in self._threads:
             thread.join(timeout=2)
+        sessions.unbind(self.using)
         logger.info("engine stopped engine=%s", self.engine_id)
 
     def _drain(self) -> None:
@@ -714,6 +718,7 @@ class Engine(Progress):
 
     def _renew_loop(self) -> None:
         interval = self.settings.workflow_claim_renew_interval.total_seconds()
+        sessions.bind(self.using, self._session_limit)
         try:
             while not self._threads_stop.wait(interval):
                 with self._lock:

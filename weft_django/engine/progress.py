@@ -219,6 +219,8 @@ class Progress:
             definition=op.activity,
             args_text=op.args_text,
             started_at=started_at,
+            # Provisional: the executor restarts it when the attempt really starts (the thread pool
+            # when a thread picks it up, Celery when the message is sent).
             deadline=time.monotonic() + timeout.total_seconds() if timeout else None,
         )
 
