@@ -77,16 +77,38 @@ class Workflow(models.Model):
 class WorkflowClaim(models.Model):
     """Ownership of one workflow. The epoch never goes down for an id (drawn from a global sequence);
     a null engine_id means released or never claimed. Renewal rewrites expires_at only (narrow row,
-    expiry unindexed, pages half empty on PostgreSQL (migration 0008), so renewals stay HOT updates)."""
+    expiry unindexed, pages half empty on PostgreSQL (migration 0008), so renewals stay HOT updates).
+
+    ``runnable`` is False while the run is terminal or suspended (no engine should take it), so the
+    claims an engine may acquire are the few rows of the partial index weft_claim_free, not every
+    unheld claim: finished runs' claims are unheld too and stay until retention purges them. Every
+    transition that ends or suspends a run clears it in the same transaction; every one that makes a
+    run active again (start, id reuse, retry, resume) sets it. The engine index covers held claims
+    only, and PostgreSQL keeps joint statistics of (engine_id, runnable) (migration 0009): the two
+    are strongly correlated, and estimated independently the planner expects a quarter of the table
+    to be claimable and reads the unheld claims (finished runs included) instead of weft_claim_free."""
 
     workflow_id = models.CharField(primary_key=True, max_length=255)
     epoch = models.BigIntegerField(default=0)
     engine_id = models.CharField(max_length=255, null=True, blank=True)
     claimed_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
+    # db_default too: a raw INSERT that does not name the column still makes a claimable row.
+    runnable = models.BooleanField(default=True, db_default=True)
+    # The run's created_at (acquire's FIFO order), copied so weft_claim_free can hand out the oldest
+    # claimable runs in index order and stop at the batch size. Null only if a writer forgot it: the
+    # run is still acquired (sorted apart), never stranded.
+    run_created_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["engine_id"], name="weft_claim_engine")]
+        indexes = [
+            models.Index(fields=["engine_id"], name="weft_claim_holder", condition=Q(engine_id__isnull=False)),
+            models.Index(
+                fields=["run_created_at"],
+                name="weft_claim_free",
+                condition=Q(engine_id__isnull=True, runnable=True),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.workflow_id}@{self.epoch} by {self.engine_id or '-'}"

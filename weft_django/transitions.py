@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, connections, transaction
-from django.db.models import QuerySet
+from django.db.models import QuerySet, Subquery
 
 from . import notify
 from .clock import db_now
@@ -112,16 +112,18 @@ def _lock(workflow_id: str, using: str) -> dict[str, Any]:
     return row
 
 
-def rotate_epoch(workflow_id: str, using: str) -> int:
-    """Give the claim a new epoch and no holder; return the epoch. Lock the claim row first."""
+def rotate_epoch(workflow_id: str, using: str, *, runnable: bool = True) -> int:
+    """Give the claim a new epoch and no holder; return the epoch. Lock the claim row first.
+    ``runnable``: False when the run just ended or was suspended (no engine should acquire it)."""
     connection = connections[using]
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(
                 f"UPDATE {WorkflowClaim._meta.db_table} SET epoch = {next_epoch_sql('postgresql')}, "
-                "engine_id = NULL, claimed_at = NULL, expires_at = NULL "
+                "engine_id = NULL, claimed_at = NULL, expires_at = NULL, runnable = %s, "
+                f"run_created_at = (SELECT created_at FROM {Workflow._meta.db_table} WHERE id = %s) "
                 "WHERE workflow_id = %s RETURNING epoch",
-                [workflow_id],
+                [runnable, workflow_id, workflow_id],
             )
             row = cursor.fetchone()
         if row is not None:
@@ -132,20 +134,29 @@ def rotate_epoch(workflow_id: str, using: str) -> int:
         if (
             WorkflowClaim.objects.using(using)
             .filter(pk=workflow_id)
-            .update(epoch=epoch, engine_id=None, claimed_at=None, expires_at=None)
+            .update(
+                epoch=epoch,
+                engine_id=None,
+                claimed_at=None,
+                expires_at=None,
+                runnable=runnable,
+                run_created_at=Subquery(Workflow.objects.filter(pk=workflow_id).values("created_at")[:1]),
+            )
         ):
             return epoch
-    write_claim(workflow_id, epoch, using)
+    write_claim(workflow_id, epoch, using, runnable=runnable)
     return epoch
 
 
-def write_claim(workflow_id: str, epoch: int, using: str) -> None:
-    """Insert the claim of a new run with ``epoch`` and no holder (replacing a leftover row)."""
+def write_claim(workflow_id: str, epoch: int, using: str, *, runnable: bool = True) -> None:
+    """Insert the claim of a new run with ``epoch`` and no holder (replacing a leftover row); the
+    run's row is written first (its created_at is acquire's order)."""
+    created = Workflow.objects.using(using).filter(pk=workflow_id).values_list("created_at", flat=True).first()
     WorkflowClaim.objects.using(using).bulk_create(
-        [WorkflowClaim(workflow_id=workflow_id, epoch=epoch)],
+        [WorkflowClaim(workflow_id=workflow_id, epoch=epoch, runnable=runnable, run_created_at=created)],
         update_conflicts=True,
         unique_fields=["workflow_id"],
-        update_fields=["epoch", "engine_id", "claimed_at", "expires_at"],
+        update_fields=["epoch", "engine_id", "claimed_at", "expires_at", "runnable", "run_created_at"],
     )
 
 
@@ -180,7 +191,7 @@ def _end_run(row: dict[str, Any], status: WorkflowStatus, using: str, *, reason:
     if status == WorkflowStatus.CANCELLED:
         fields["cancel_reason"] = reason
     Workflow.objects.using(using).filter(pk=workflow_id).update(**fields)
-    epoch = rotate_epoch(workflow_id, using)
+    epoch = rotate_epoch(workflow_id, using, runnable=False)
     _close_mailbox(workflow_id, status, now, using)
     Timer.objects.using(using).filter(workflow_id=workflow_id).delete()
     _close_children(row, status, using)
@@ -299,7 +310,8 @@ def _set_running_status(
         if extra is not None:
             fields.update(extra(row, alias))
         Workflow.objects.using(alias).filter(pk=workflow_id).update(**fields)
-        epoch = rotate_epoch(workflow_id, alias)
+        # suspend: no engine may take it; resume and retry: claimable again at once.
+        epoch = rotate_epoch(workflow_id, alias, runnable=new_status == WorkflowStatus.RUNNING)
         notify.send("w", workflow_id, alias)
         return epoch
 

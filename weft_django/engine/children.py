@@ -72,7 +72,7 @@ def start_children(
                     started_at=now,
                 )
                 epoch = next_epoch(using)
-                WorkflowClaim.objects.using(using).create(workflow_id=child.child_id, epoch=epoch)
+                WorkflowClaim.objects.using(using).create(workflow_id=child.child_id, epoch=epoch, run_created_at=now)
                 claimed[child.child_id] = epoch
                 observe.child_started(child, using)  # the signal waits for the parent's commit
         except IntegrityError:

@@ -748,7 +748,8 @@ class Engine(Progress):
 def _unheld_claims(using: str) -> Any:
     from ..models import WorkflowClaim
 
-    return WorkflowClaim.objects.using(using).filter(engine_id__isnull=True).values("workflow_id")
+    # runnable: the partial index weft_claim_free holds exactly these rows (no finished runs).
+    return WorkflowClaim.objects.using(using).filter(engine_id__isnull=True, runnable=True).values("workflow_id")
 
 
 def _parent_of(row: Workflow) -> tuple[str, str, int] | None:

@@ -190,7 +190,7 @@ def _apply(
     if finished:
         _close_mailboxes([w.workflow_id for w in finished], now, using)
     if released:
-        release_locked_claims(engine_id, released, using)
+        release_locked_claims(engine_id, released, using, ended=[w.workflow_id for w in finished])
         send_many("r", [w.workflow_id for w in finished], using)
     with_children = _with_active_children([w.workflow_id for w in finished], using) if finished else set()
     for w in finished:
@@ -349,10 +349,12 @@ def _apply_postgresql(
         params.extend([UpdateStatus.FAILED, now, _MAILBOX_ERROR, UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED])
         ctes.append(f"timers AS (DELETE FROM {TIMER_TABLE} WHERE workflow_id = ANY({ended_ids}))")
     if released:
-        # The fence locked these claims at our epochs in this transaction: clear the holder, keep the epoch.
+        # The fence locked these claims at our epochs in this transaction: clear the holder, keep the
+        # epoch; a run that ends is no longer runnable (out of acquire's partial index).
+        runnable = f"NOT (workflow_id = ANY({ended_ids}))" if finished else "TRUE"
         ctes.append(
-            f"released AS (UPDATE {CLAIM_TABLE} SET engine_id = NULL, claimed_at = NULL, expires_at = NULL "
-            f"WHERE engine_id = %s AND workflow_id = ANY({ids.format(key='r')}))"
+            f"released AS (UPDATE {CLAIM_TABLE} SET engine_id = NULL, claimed_at = NULL, expires_at = NULL, "
+            f"runnable = {runnable} WHERE engine_id = %s AND workflow_id = ANY({ids.format(key='r')}))"
         )
         params.append(engine_id)
     with_children: set[str] = set()
@@ -400,17 +402,21 @@ def _close_mailboxes(workflow_ids: list[str], now: datetime, using: str) -> None
     Timer.objects.using(using).filter(workflow_id__in=workflow_ids).delete()
 
 
-def release_locked_claims(engine_id: str, workflow_ids: list[str], using: str) -> None:
+def release_locked_claims(engine_id: str, workflow_ids: list[str], using: str, *, ended: list[str]) -> None:
     """Clear the holder, keep the epoch, for claims this transaction has locked at our epochs (the
-    fence already proved them ours): one statement for the whole batch."""
+    fence already proved them ours): one statement per chunk. The ``ended`` runs' claims are no
+    longer runnable (out of acquire's partial index)."""
+    done = set(ended)
     with connections[using].cursor() as cursor:
-        for chunk in _chunks(sorted(workflow_ids), 500):
-            marks = ", ".join(["%s"] * len(chunk))
-            cursor.execute(
-                f"UPDATE {CLAIM_TABLE} SET engine_id = NULL, claimed_at = NULL, expires_at = NULL "
-                f"WHERE engine_id = %s AND workflow_id IN ({marks})",
-                [engine_id, *chunk],
-            )
+        for runnable in (True, False):
+            chosen = sorted(wid for wid in workflow_ids if (wid not in done) == runnable)
+            for chunk in _chunks(chosen, 500):
+                marks = ", ".join(["%s"] * len(chunk))
+                cursor.execute(
+                    f"UPDATE {CLAIM_TABLE} SET engine_id = NULL, claimed_at = NULL, expires_at = NULL, "
+                    f"runnable = %s WHERE engine_id = %s AND workflow_id IN ({marks})",
+                    [runnable, engine_id, *chunk],
+                )
 
 
 def release_claims(engine_id: str, epochs: dict[str, int], using: str) -> None:

@@ -34,6 +34,56 @@ def _ms(delta: timedelta) -> int:
     return round(delta.total_seconds() * 1000)
 
 
+# The claimable runs, oldest first: unheld claims of running workflows. They are read in order from
+# the partial index weft_claim_free on run_created_at (unheld AND runnable: not held elsewhere, not
+# the released claims of finished runs, which stay until retention), each one's workflow row probed
+# by key, until the batch is full: the work is bounded by the batch, not by the running or finished
+# workflows, whatever the planner's statistics. (The probe's LIMIT keeps it a parameterised lookup
+# by key: filters on status inside it would let the planner pick a status index and loop over it.)
+_FREE_PG = f"""
+    SELECT c.workflow_id, c.epoch, c.engine_id
+    FROM {CLAIM_TABLE} c CROSS JOIN LATERAL (
+        SELECT w.status, w.stuck_retry_at FROM {WORKFLOW_TABLE} w WHERE w.id = c.workflow_id LIMIT 1) w
+    WHERE c.engine_id IS NULL AND c.runnable AND w.status = 'running'
+      AND (w.stuck_retry_at IS NULL OR w.stuck_retry_at <= {workflow_now_sql("postgresql")})
+    ORDER BY c.run_created_at
+    LIMIT %s
+    FOR NO KEY UPDATE OF c SKIP LOCKED"""
+
+
+def _held_pg(holder: str) -> str:
+    """Candidates among held claims (takeover): every running workflow's claim is looked at."""
+    return f"""
+    SELECT c.workflow_id, c.epoch, c.engine_id
+    FROM {CLAIM_TABLE} c JOIN {WORKFLOW_TABLE} w ON w.id = c.workflow_id
+    WHERE w.status = 'running' AND {holder}
+      AND (w.stuck_retry_at IS NULL OR w.stuck_retry_at <= {workflow_now_sql("postgresql")})
+    ORDER BY w.created_at
+    LIMIT %s
+    FOR NO KEY UPDATE OF c SKIP LOCKED"""
+
+
+def _claim_pg(
+    candidates: str, params: list[Any], engine_id: str, ttl: timedelta, using: str
+) -> dict[str, tuple[int, str | None]]:
+    """Lock the candidates (SKIP LOCKED) and give each a fresh epoch and this holder, only if it still
+    has the holder and epoch seen: one row back means it is ours. One statement: in autocommit it is
+    its own transaction (no BEGIN/COMMIT round trips)."""
+    sql = f"""
+        WITH candidates AS ({candidates})
+        UPDATE {CLAIM_TABLE} AS claim
+        SET epoch = {next_epoch_sql("postgresql")}, engine_id = %s, claimed_at = clock_timestamp(),
+            expires_at = clock_timestamp() + %s * interval '1 millisecond'
+        FROM candidates
+        WHERE claim.workflow_id = candidates.workflow_id AND claim.epoch = candidates.epoch
+          AND claim.engine_id IS NOT DISTINCT FROM candidates.engine_id
+        RETURNING claim.workflow_id, claim.epoch, candidates.engine_id
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, [*params, engine_id, _ms(ttl)])
+        return {wid: (epoch, previous) for wid, epoch, previous in cursor.fetchall()}
+
+
 def acquire(
     engine_id: str,
     *,
@@ -47,66 +97,41 @@ def acquire(
     claim expired more than the grace ago). Returns {workflow_id: (new epoch, previous holder)}."""
     if limit <= 0:
         return {}
-    connection = connections[using]
+    if connections[using].vendor == "postgresql":
+        if not takeover:
+            return _claim_pg(_FREE_PG, [limit], engine_id, ttl, using)
+        expired = "c.engine_id IS NOT NULL AND c.expires_at + %s * interval '1 millisecond' < clock_timestamp()"
+        grace = _ms(renew_interval) * TAKEOVER_GRACE_MULTIPLIER
+        return _claim_pg(_held_pg(expired), [grace, limit], engine_id, ttl, using)
     if takeover:
-        holder = (
-            "c.engine_id IS NOT NULL AND c.expires_at + %s * interval '1 millisecond' < clock_timestamp()"
-            if connection.vendor == "postgresql"
-            else "c.engine_id IS NOT NULL AND c.expires_at < %s"
-        )
-    else:
-        holder = "c.engine_id IS NULL"
-    if connection.vendor == "postgresql":
-        grace = [_ms(renew_interval) * TAKEOVER_GRACE_MULTIPLIER] if takeover else []
-        sql = f"""
-            WITH candidates AS (
-                SELECT c.workflow_id, c.epoch, c.engine_id
-                FROM {CLAIM_TABLE} c JOIN {WORKFLOW_TABLE} w ON w.id = c.workflow_id
-                WHERE w.status = 'running' AND {holder}
-                  AND (w.stuck_retry_at IS NULL OR w.stuck_retry_at <= {workflow_now_sql("postgresql")})
-                ORDER BY w.created_at
-                LIMIT %s
-                FOR NO KEY UPDATE OF c SKIP LOCKED
-            )
-            UPDATE {CLAIM_TABLE} AS claim
-            SET epoch = {next_epoch_sql("postgresql")}, engine_id = %s, claimed_at = clock_timestamp(),
-                expires_at = clock_timestamp() + %s * interval '1 millisecond'
-            FROM candidates
-            WHERE claim.workflow_id = candidates.workflow_id AND claim.epoch = candidates.epoch
-              AND claim.engine_id IS NOT DISTINCT FROM candidates.engine_id
-            RETURNING claim.workflow_id, claim.epoch, candidates.engine_id
-        """
-        # One statement: in autocommit it is its own transaction (no BEGIN/COMMIT round trips).
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [*grace, limit, engine_id, _ms(ttl)])
-            return {wid: (epoch, previous) for wid, epoch, previous in cursor.fetchall()}
-    return _acquire_sqlite(engine_id, holder, limit, ttl, renew_interval, takeover, using)
+        params: list[Any] = [_python_now() - renew_interval * TAKEOVER_GRACE_MULTIPLIER]
+        return _acquire_sqlite(engine_id, "c.engine_id IS NOT NULL AND c.expires_at < %s", params, limit, ttl, using)
+    return _acquire_sqlite(engine_id, None, [], limit, ttl, using)
 
 
 def _acquire_sqlite(
-    engine_id: str,
-    holder: str,
-    limit: int,
-    ttl: timedelta,
-    renew: timedelta,
-    takeover: bool,
-    using: str,
-    holder_params: list[Any] | None = None,
+    engine_id: str, holder: str | None, params: list[Any], limit: int, ttl: timedelta, using: str
 ) -> dict[str, tuple[int, str | None]]:
+    """``holder``: the condition on held claims (takeover), or None for the unheld runnable ones,
+    read in order from the partial index weft_claim_free (CROSS JOIN keeps SQLite's join order:
+    claims first, each workflow looked up by key)."""
     # One writer at a time (IMMEDIATE): what we read inside the transaction stays true until commit.
     from ..clock import offset
 
     now = _python_now()
     wf_now = now + offset(using)
-    params: list[Any] = [now - renew * TAKEOVER_GRACE_MULTIPLIER] if takeover else list(holder_params or [])
+    if holder is None:
+        source = f"{CLAIM_TABLE} c CROSS JOIN {WORKFLOW_TABLE} w ON w.id = c.workflow_id"
+        holder, order = "c.engine_id IS NULL AND c.runnable", "c.run_created_at"
+    else:
+        source, order = f"{CLAIM_TABLE} c JOIN {WORKFLOW_TABLE} w ON w.id = c.workflow_id", "w.created_at"
     claimed: dict[str, tuple[int, str | None]] = {}
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         cursor.execute(
-            f"""SELECT c.workflow_id, c.epoch, c.engine_id FROM {CLAIM_TABLE} c
-                JOIN {WORKFLOW_TABLE} w ON w.id = c.workflow_id
+            f"""SELECT c.workflow_id, c.epoch, c.engine_id FROM {source}
                 WHERE w.status = 'running' AND {holder}
                   AND (w.stuck_retry_at IS NULL OR w.stuck_retry_at <= %s)
-                ORDER BY w.created_at LIMIT %s""",
+                ORDER BY {order} LIMIT %s""",
             [*params, wf_now, limit],
         )
         for wid, seen_epoch, seen_holder in cursor.fetchall():
@@ -372,38 +397,11 @@ def take_over_from_others(
     """Take running workflows held by any other engine at once, without waiting for their claims to
     expire. Only for an engine that is the single legitimate owner: the store-lease holder, or a
     "none"-mode engine at start-up (its predecessor is presumed gone)."""
-    connection = connections[using]
-    if connection.vendor != "postgresql":
-        return _acquire_sqlite(
-            engine_id,
-            "c.engine_id IS NOT NULL AND c.engine_id <> %s",
-            limit,
-            ttl,
-            timedelta(0),
-            False,
-            using,
-            holder_params=[engine_id],
-        )
-    sql = f"""
-        WITH candidates AS (
-            SELECT c.workflow_id, c.epoch, c.engine_id
-            FROM {CLAIM_TABLE} c JOIN {WORKFLOW_TABLE} w ON w.id = c.workflow_id
-            WHERE w.status = 'running' AND c.engine_id IS NOT NULL AND c.engine_id <> %s
-            ORDER BY w.created_at
-            LIMIT %s
-            FOR NO KEY UPDATE OF c SKIP LOCKED
-        )
-        UPDATE {CLAIM_TABLE} AS claim
-        SET epoch = {next_epoch_sql("postgresql")}, engine_id = %s, claimed_at = clock_timestamp(),
-            expires_at = clock_timestamp() + %s * interval '1 millisecond'
-        FROM candidates
-        WHERE claim.workflow_id = candidates.workflow_id AND claim.epoch = candidates.epoch
-          AND claim.engine_id IS NOT DISTINCT FROM candidates.engine_id
-        RETURNING claim.workflow_id, claim.epoch, candidates.engine_id
-    """
-    with transaction.atomic(using=using), connection.cursor() as cursor:
-        cursor.execute(sql, [engine_id, limit, engine_id, _ms(ttl)])
-        return {wid: (epoch, previous) for wid, epoch, previous in cursor.fetchall()}
+    others = "c.engine_id IS NOT NULL AND c.engine_id <> %s"
+    if connections[using].vendor != "postgresql":
+        return _acquire_sqlite(engine_id, others, [engine_id], limit, ttl, using)
+    with transaction.atomic(using=using):
+        return _claim_pg(_held_pg(others), [engine_id, limit], engine_id, ttl, using)
 
 
 def other_live_engines(engine_id: str, *, within: timedelta, using: str) -> list[str]:
