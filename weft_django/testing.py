@@ -230,8 +230,10 @@ class EngineProcess:
         from django.db import connections
 
         connection = connections[self.alias]
+        if connection.vendor == "sqlite":
+            self._freeze_outside_a_write(str(connection.settings_dict["NAME"]), timeout)
+            return
         if connection.vendor != "postgresql":
-            time.sleep(0.3)  # SQLite: a write in flight holds the file lock for at most this long
             return
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -243,6 +245,28 @@ class EngineProcess:
                 if cursor.fetchone()[0] == 0:
                     return
             time.sleep(0.02)
+
+    def _freeze_outside_a_write(self, path: str, timeout: float) -> None:
+        """SQLite has one write lock for the whole file: an engine frozen while it holds it would stop
+        every other engine (no takeover could ever be written). Thaw and freeze again until it is
+        stopped outside a write transaction."""
+        import sqlite3
+
+        deadline = time.monotonic() + timeout
+        while True:
+            probe = sqlite3.connect(path, timeout=0.2, isolation_level=None)
+            try:
+                probe.execute("BEGIN IMMEDIATE")
+                probe.execute("ROLLBACK")
+                return
+            except sqlite3.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+            finally:
+                probe.close()
+            self.thaw()
+            time.sleep(0.05)
+            self.freeze()
 
     def freeze_past_claim(self, *, timeout: float = 120.0, expire: bool = False) -> FrozenEngine:
         """SIGSTOP the engine and return once every claim it held can be taken over: after their expiry

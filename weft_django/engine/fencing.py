@@ -24,6 +24,7 @@ from ..models import BufferedSignal, PendingUpdate, Step, Timer, Workflow
 from ..notify import CHANNEL, MAX_PAYLOAD, send_many
 from ..status import ACTIVE_STATUSES, SignalState, UpdateStatus
 from ..transitions import close_children
+from . import sessions
 from .children import ChildStart, report_child_end, start_children
 from .driver import AppliedRecord, StepRecord
 
@@ -564,6 +565,7 @@ def fenced_messages(
     message parts only). engine/messages.py locks the admitted updates and runs their handlers there,
     so a handler runs only where its outcome can commit, and a takeover waits for the commit."""
     with transaction.atomic(using=using):
+        sessions.allow_user_code(using)  # build() runs update handlers
         held = lock_claims(engine_id, epochs, using)
         batch = [w for w in build(held) if w.workflow_id in held and not w.empty] if held else []
         write_steps(batch, now, using)

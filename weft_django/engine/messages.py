@@ -51,6 +51,7 @@ from ..operations import WaitForUpdate
 from ..status import ACTIVE_STATUSES, QueryStatus, UpdateStatus
 from .driver import AppliedRecord, Leaf, StepRecord, describe_exception
 from .fencing import UpdateDone, UpdateRaceLost, WorkflowWrites, fenced_messages
+from .sessions import allow_user_code
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -403,6 +404,7 @@ def answer_queries(engine: Engine, now: datetime) -> bool:
         rows = pending.order_by("created_at")
         if connections[using].vendor == "postgresql":
             relax_commit(using)
+            allow_user_code(using)  # query handlers are workflow code
             rows = rows.select_for_update(skip_locked=True)
         taken = list(rows.values_list("id", "workflow_id", "name", "arg", "has_arg")[:QUERY_BATCH])
         claims = {

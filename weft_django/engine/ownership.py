@@ -63,6 +63,12 @@ def _held_pg(holder: str) -> str:
     FOR NO KEY UPDATE OF c SKIP LOCKED"""
 
 
+# Takeover candidates (constant SQL: the conditions take their values as parameters).
+_HELD_BY_OTHERS = "c.engine_id IS NOT NULL AND c.engine_id <> %s"
+_EXPIRED_PG = _held_pg("c.engine_id IS NOT NULL AND c.expires_at + %s * interval '1 millisecond' < clock_timestamp()")
+_OTHERS_PG = _held_pg(_HELD_BY_OTHERS)
+
+
 def _claim_pg(
     candidates: str, params: list[Any], engine_id: str, ttl: timedelta, using: str
 ) -> dict[str, tuple[int, str | None]]:
@@ -100,9 +106,8 @@ def acquire(
     if connections[using].vendor == "postgresql":
         if not takeover:
             return _claim_pg(_FREE_PG, [limit], engine_id, ttl, using)
-        expired = "c.engine_id IS NOT NULL AND c.expires_at + %s * interval '1 millisecond' < clock_timestamp()"
         grace = _ms(renew_interval) * TAKEOVER_GRACE_MULTIPLIER
-        return _claim_pg(_held_pg(expired), [grace, limit], engine_id, ttl, using)
+        return _claim_pg(_EXPIRED_PG, [grace, limit], engine_id, ttl, using)
     if takeover:
         params: list[Any] = [_python_now() - renew_interval * TAKEOVER_GRACE_MULTIPLIER]
         return _acquire_sqlite(engine_id, "c.engine_id IS NOT NULL AND c.expires_at < %s", params, limit, ttl, using)
@@ -397,11 +402,10 @@ def take_over_from_others(
     """Take running workflows held by any other engine at once, without waiting for their claims to
     expire. Only for an engine that is the single legitimate owner: the store-lease holder, or a
     "none"-mode engine at start-up (its predecessor is presumed gone)."""
-    others = "c.engine_id IS NOT NULL AND c.engine_id <> %s"
     if connections[using].vendor != "postgresql":
-        return _acquire_sqlite(engine_id, others, [engine_id], limit, ttl, using)
+        return _acquire_sqlite(engine_id, _HELD_BY_OTHERS, [engine_id], limit, ttl, using)
     with transaction.atomic(using=using):
-        return _claim_pg(_held_pg(others), [engine_id, limit], engine_id, ttl, using)
+        return _claim_pg(_OTHERS_PG, [engine_id, limit], engine_id, ttl, using)
 
 
 def other_live_engines(engine_id: str, *, within: timedelta, using: str) -> list[str]:

@@ -121,3 +121,14 @@ def bounded_commit(commit: Callable[P, R], using: str, limit: timedelta) -> Call
         return commit(*args, **kwargs)
 
     return commit_bounded
+
+
+def allow_user_code(using: str) -> None:
+    """Inside an engine transaction that runs workflow code (update handlers and queries run under the
+    fence, ADR 0009): no idle limit for this transaction only, since a handler may legitimately take
+    longer than the bound between two statements. A frozen engine caught inside one still holds that
+    workflow's claim until it thaws or dies (the others' are unaffected)."""
+    connection = connections[using]
+    if connection.vendor == "postgresql" and getattr(_bound, "limits", {}).get(using) is not None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('idle_in_transaction_session_timeout', '0', true)")
