@@ -80,6 +80,7 @@ class Engine(Progress):
         self._last_claim_scan = 0.0
         self._last_takeover_scan = 0.0
         self._last_maintenance = 0.0
+        self._last_mailbox_sweep = 0.0
         self._clock: tuple[datetime, float] | None = None  # the last db_now() and time.monotonic() then
         self.refused_commits = 0
         self.mode = self.settings.ownership
@@ -337,11 +338,12 @@ class Engine(Progress):
         poll_due = since >= poll and (not (notified or busy) or overdue)
         if poll_due:
             self._last_maintenance = time.monotonic()
-        signal_check = {wid for wid in self.owned if poll_due or wid in notified or rescan}
+        sweep = poll_due and self._mailbox_sweep_due()
+        signal_check = {wid for wid in self.owned if sweep or wid in notified or rescan}
         if signal_check:
             busy |= self._deliver_signals(signal_check, now, writes, changed)
 
-        message_check = {wid for wid in self.owned if poll_due or wid in notified or rescan}
+        message_check = {wid for wid in self.owned if sweep or wid in notified or rescan}
         queries, self._queries_waiting = self._queries_waiting or poll_due or rescan, False
         busy |= deliver_messages(self, message_check, queries, now, writes, changed)
 
@@ -375,6 +377,20 @@ class Engine(Progress):
             self._commit(list(writes.values()), now)
         self._dispatch()
         return busy
+
+    def _mailbox_sweep_due(self) -> bool:
+        """Whether this maintenance pass reads the signals and updates of EVERY owned workflow. Without
+        LISTEN (SQLite) that is how they are found: every POLL_INTERVAL. With LISTEN every signal and
+        update comes with a wake-up naming its workflow, and a lost listener connection triggers a full
+        rescan, so the sweep is only a safety net: once per renew interval, not per POLL_INTERVAL (with
+        10,000 parked workflows the per-poll sweep was most of an idle engine's CPU)."""
+        clock = time.monotonic()
+        if connections[self.using].vendor == "postgresql":
+            every = max(self.settings.poll_interval, self.settings.workflow_claim_renew_interval).total_seconds()
+            if clock - self._last_mailbox_sweep < every:
+                return False
+        self._last_mailbox_sweep = clock
+        return True
 
     def _quiet(self, claim: bool) -> bool:
         """Whether a pass with no wake-up would find nothing to do: no outcome, no scan due, no timer
