@@ -318,6 +318,13 @@ def run_input(args_text: str, kwargs_text: str) -> str:
     return codec.encode_payload({"args": codec.decode(args_text), "kwargs": codec.decode(kwargs_text)}, path="input")
 
 
+def validate_schedule(schedule_id: str, values: Mapping[str, Any]) -> None:
+    """Check what ``weft.schedule(id=schedule_id, **values)`` checks before it writes, without writing
+    (the admin's schedule form uses it). ``values`` holds every argument of weft.schedule() but ``id``.
+    Raises InvalidScheduleError, WorkflowNotRegisteredError or a payload error, as weft.schedule would."""
+    _fields(validate_schedule_id(schedule_id), values)
+
+
 def _fields(schedule_id: str, values: Mapping[str, Any]) -> dict[str, Any]:
     """Validate the arguments of weft.schedule() into Schedule column values (nothing is written)."""
     cron, every = values["cron"], values["every"]
@@ -694,4 +701,5 @@ __all__ = [
     "get_schedule",
     "occurrence_id",
     "schedule",
+    "validate_schedule",
 ]

@@ -82,8 +82,7 @@ def _error_field(exc: Exception, fields: Any) -> str | None:
 
 def validate(schedule_id: str, values: dict[str, Any]) -> None:
     """What ``weft.schedule(id=schedule_id, **values)`` checks before writing, run without writing."""
-    schedules.validate_schedule_id(schedule_id)
-    schedules._fields(schedule_id, values)
+    schedules.validate_schedule(schedule_id, values)
 
 
 class WorkflowTypeInput(forms.TextInput):

@@ -140,24 +140,15 @@ def fenced_commit(
     return FenceResult(held, lost, children)
 
 
-def _apply(
-    engine_id: str, batch: list[WorkflowWrites], now: datetime, using: str, claim_ttl: timedelta
-) -> dict[str, int]:
-    if connections[using].vendor == "postgresql" and _step_columns_known():
-        return _apply_postgresql(engine_id, batch, now, using, claim_ttl)
-    write_steps(batch, now, using)
-    apply_messages(batch, now, using)  # before the mailbox closes: a respond() in a terminal commit answers
+def _write_timers_and_stuck(batch: list[WorkflowWrites], now: datetime, using: str) -> None:
+    """The rare parts both commit paths write with the ORM: timers added or deleted, stuck flags."""
     timers = [t for w in batch for t in w.timers_add]
     if timers:
-        Timer.objects.using(using).bulk_create(timers)
+        Timer.objects.using(using).bulk_create(timers)  # their pks are needed (a later delete by pk)
     doomed = [pk for w in batch for pk in w.timers_delete]
     if doomed:
         Timer.objects.using(using).filter(pk__in=doomed).delete()
     for w in batch:
-        for signal_pk, seq in w.signals_consumed:
-            BufferedSignal.objects.using(using).filter(pk=signal_pk).update(
-                state=SignalState.CONSUMED, consumed_seq=seq
-            )
         if w.stuck is not None:
             Workflow.objects.using(using).filter(pk=w.workflow_id).update(
                 stuck_error=w.stuck["error"],
@@ -168,6 +159,21 @@ def _apply(
         elif w.clear_stuck:
             Workflow.objects.using(using).filter(pk=w.workflow_id).update(
                 stuck_error=None, stuck_retry_at=None, stuck_attempts=0
+            )
+
+
+def _apply(
+    engine_id: str, batch: list[WorkflowWrites], now: datetime, using: str, claim_ttl: timedelta
+) -> dict[str, int]:
+    if connections[using].vendor == "postgresql" and _step_columns_known():
+        return _apply_postgresql(engine_id, batch, now, using, claim_ttl)
+    write_steps(batch, now, using)
+    apply_messages(batch, now, using)  # before the mailbox closes: a respond() in a terminal commit answers
+    _write_timers_and_stuck(batch, now, using)
+    for w in batch:
+        for signal_pk, seq in w.signals_consumed:
+            BufferedSignal.objects.using(using).filter(pk=signal_pk).update(
+                state=SignalState.CONSUMED, consumed_seq=seq
             )
     finished = [w for w in batch if w.finish is not None]
     if finished:  # one UPDATE for every run this commit ends
@@ -261,24 +267,7 @@ def _apply_postgresql(
     signals a finishing run consumes are excluded from the drop of its mailbox; everything the rare
     parts write first (timers added or deleted, stuck flags, update settlements) is visible to it."""
     apply_messages(batch, now, using)  # before the mailbox closes: a respond() in a terminal commit answers
-    timers = [t for w in batch for t in w.timers_add]
-    if timers:
-        Timer.objects.using(using).bulk_create(timers)  # their pks are needed (a later delete by pk)
-    doomed = [pk for w in batch for pk in w.timers_delete]
-    if doomed:
-        Timer.objects.using(using).filter(pk__in=doomed).delete()
-    for w in batch:
-        if w.stuck is not None:
-            Workflow.objects.using(using).filter(pk=w.workflow_id).update(
-                stuck_error=w.stuck["error"],
-                stuck_retry_at=w.stuck["retry_at"],
-                stuck_attempts=w.stuck["attempts"],
-                updated_at=now,
-            )
-        elif w.clear_stuck:
-            Workflow.objects.using(using).filter(pk=w.workflow_id).update(
-                stuck_error=None, stuck_retry_at=None, stuck_attempts=0
-            )
+    _write_timers_and_stuck(batch, now, using)
     finished = [w for w in batch if w.finish is not None]
     consumed = [[pk, seq] for w in batch for pk, seq in w.signals_consumed]
     released = sorted(w.workflow_id for w in batch if w.finish is not None or w.stuck is not None)
