@@ -63,6 +63,23 @@ from .status import TERMINAL_STATUSES, QueryStatus, SignalState, TimerKind, Upda
 
 logger = logging.getLogger(__name__)
 
+# The summary fields of describe(), in order (manage.py weft prints them in this order too).
+SUMMARY_FIELDS = (
+    "id",
+    "status",
+    "workflow_type",
+    "version",
+    "run_id",
+    "owner_engine",
+    "epoch",
+    "claim_expires_at",
+    "created_at",
+    "started_at",
+    "finished_at",
+    "current_step",
+    "pending_timers",
+)
+
 MAX_ID_LENGTH = 255
 MAX_KEY_LENGTH = 320  # signal ids and idempotency keys; an activity_info().idempotency_key fits
 MAX_NAME_LENGTH = 255
@@ -1533,19 +1550,7 @@ class WorkflowHandle:
                 last_name=Subquery(last_step.values("name")[:1]),
             )
             .values(
-                "id",
-                "status",
-                "workflow_type",
-                "version",
-                "run_id",
-                "owner_engine",
-                "epoch",
-                "claim_expires_at",
-                "created_at",
-                "started_at",
-                "finished_at",
-                "current_step",
-                "pending_timers",
+                *SUMMARY_FIELDS,
                 "last_seq",
                 "last_kind",
                 "last_name",

@@ -140,6 +140,27 @@ def fenced_commit(
     return FenceResult(held, lost, children)
 
 
+def _close_families(
+    engine_id: str,
+    batch: list[WorkflowWrites],
+    finished: list[WorkflowWrites],
+    with_children: set[str],
+    now: datetime,
+    claim_ttl: timedelta,
+    using: str,
+) -> dict[str, int]:
+    """After both commit paths' writes: close the children of finished runs, tell their parents, and
+    start the children the batch asked for. Returns the started children's claims."""
+    for w in finished:
+        assert w.finish is not None
+        if w.workflow_id in with_children:
+            close_children(w.workflow_id, w.run_id, w.finish.status, using)
+        if w.parent is not None:
+            report_child_end(w.workflow_id, *w.parent, w.finish.status, w.finish.result, w.finish.error, now, using)
+    starts = [child for w in batch if w.finish is None for child in w.children]
+    return start_children(engine_id, starts, now, claim_ttl, using) if starts else {}
+
+
 def _write_timers_and_stuck(batch: list[WorkflowWrites], now: datetime, using: str) -> None:
     """The rare parts both commit paths write with the ORM: timers added or deleted, stuck flags."""
     timers = [t for w in batch for t in w.timers_add]
@@ -200,14 +221,7 @@ def _apply(
         release_locked_claims(engine_id, released, using, ended=[w.workflow_id for w in finished])
         send_many("r", [w.workflow_id for w in finished], using)
     with_children = _with_active_children([w.workflow_id for w in finished], using) if finished else set()
-    for w in finished:
-        assert w.finish is not None
-        if w.workflow_id in with_children:
-            close_children(w.workflow_id, w.run_id, w.finish.status, using)
-        if w.parent is not None:
-            report_child_end(w.workflow_id, *w.parent, w.finish.status, w.finish.result, w.finish.error, now, using)
-    starts = [child for w in batch if w.finish is None for child in w.children]
-    return start_children(engine_id, starts, now, claim_ttl, using) if starts else {}
+    return _close_families(engine_id, batch, finished, with_children, now, claim_ttl, using)
 
 
 # -- PostgreSQL: the writes of a commit in one statement -------------------------------------------
@@ -364,14 +378,7 @@ def _apply_postgresql(
             cursor.execute(f"WITH {', '.join(ctes)} {main}", params)
             if finished:
                 with_children = {parent for _, parent in cursor.fetchall() if parent is not None}
-    for w in finished:
-        assert w.finish is not None
-        if w.workflow_id in with_children:
-            close_children(w.workflow_id, w.run_id, w.finish.status, using)
-        if w.parent is not None:
-            report_child_end(w.workflow_id, *w.parent, w.finish.status, w.finish.result, w.finish.error, now, using)
-    starts = [child for w in batch if w.finish is None for child in w.children]
-    return start_children(engine_id, starts, now, claim_ttl, using) if starts else {}
+    return _close_families(engine_id, batch, finished, with_children, now, claim_ttl, using)
 
 
 def _close_mailboxes(workflow_ids: list[str], now: datetime, using: str) -> None:

@@ -24,25 +24,12 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import Count
 from django.utils import timezone
 
+from ...client import SUMMARY_FIELDS
 from ...durations import InvalidDuration, to_nonnegative_timedelta
 from ...exceptions import InvalidArgumentError, WeftError
 from ...status import TERMINAL_STATUSES, WorkflowStatus
 
-DESCRIBE_KEYS = (
-    "id",
-    "status",
-    "workflow_type",
-    "version",
-    "run_id",
-    "owner_engine",
-    "epoch",
-    "claim_expires_at",
-    "created_at",
-    "started_at",
-    "finished_at",
-    "current_step",
-    "pending_timers",
-)
+DESCRIBE_KEYS = SUMMARY_FIELDS
 TERMINAL = sorted(str(status) for status in TERMINAL_STATUSES)
 
 
