@@ -127,7 +127,7 @@ def test_freeze_past_claim_with_expire_does_not_wait_a_ttl(weft_engines):
     wait_for(zombie.claims, 30, message="claim")
     frozen = zombie.freeze_past_claim(expire=True)
     weft_engines("kit-rescuer-2")
-    frozen.wait_for_takeover()
+    assert frozen.wait_for_takeover() == {handle.id: "kit-rescuer-2"}
     weft.get_handle(handle.id).signal("go", "payload")
     assert handle.result(timeout=30) == "payload"
     frozen.assert_writes_refused()

@@ -275,7 +275,16 @@ def _try_insert_run(plan: _Plan, workflow_id: str, using: str) -> bool:
 # raises for a conflict and never breaks the caller's transaction. Every data-modifying CTE runs once;
 # the NOTIFY is delivered when the statement's (or the caller's) transaction commits.
 _RUN_GIVEN = {"id", "run_id", "workflow_type", "version", "input", "idempotency_key"}
-_CLAIM_COLUMNS = {"workflow_id", "epoch", "engine_id", "claimed_at", "expires_at", "runnable", "run_created_at"}
+_CLAIM_COLUMNS = {
+    "workflow_id",
+    "epoch",
+    "engine_id",
+    "last_engine_id",
+    "claimed_at",
+    "expires_at",
+    "runnable",
+    "run_created_at",
+}
 _TIMER_COLUMNS = {"id", "workflow_id", "run_id", "kind", "seq", "attempt", "fire_at"}
 _KEY_COLUMNS = {"key", "workflow_id", "run_id", "created_at", "purged_at"}
 _start_statements: dict[tuple[str, bool, bool], tuple[str, dict[str, Any]] | None] = {}
@@ -355,10 +364,10 @@ def _build_start_statement(
         f"w AS (INSERT INTO {Workflow._meta.db_table} ({', '.join(names)}) SELECT {', '.join(values)} FROM n"
         f"{' WHERE EXISTS (SELECT 1 FROM k)' if keyed else ''} ON CONFLICT DO NOTHING RETURNING id), "
         f"l AS (INSERT INTO {WorkflowClaim._meta.db_table} "
-        f"(workflow_id, epoch, engine_id, claimed_at, expires_at, runnable, run_created_at) "
-        f"SELECT w.id, n.e, NULL, NULL, NULL, TRUE, n.t FROM w, n ON CONFLICT (workflow_id) DO UPDATE SET "
-        f"epoch = EXCLUDED.epoch, engine_id = NULL, claimed_at = NULL, expires_at = NULL, runnable = TRUE, "
-        f"run_created_at = EXCLUDED.run_created_at)"
+        f"(workflow_id, epoch, engine_id, last_engine_id, claimed_at, expires_at, runnable, run_created_at) "
+        f"SELECT w.id, n.e, NULL, NULL, NULL, NULL, TRUE, n.t FROM w, n ON CONFLICT (workflow_id) DO UPDATE SET "
+        f"epoch = EXCLUDED.epoch, engine_id = NULL, last_engine_id = NULL, claimed_at = NULL, expires_at = NULL, "
+        f"runnable = TRUE, run_created_at = EXCLUDED.run_created_at)"
         f"{timer_cte} "
         f"SELECT pg_notify('{notify.CHANNEL}', %(payload)s) FROM w"
     )

@@ -93,6 +93,12 @@ class WorkflowClaim(models.Model):
     engine_id = models.CharField(max_length=255, null=True, blank=True)
     claimed_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
+    # The engine that last took the claim: written by the same statement that makes an engine the
+    # holder, never cleared by a release, so it still names the engine that ran a run to its end after
+    # the terminal commit cleared engine_id. Epoch changes with no holder (a transition from outside:
+    # cancel, terminate, suspend, resume, retry, a new run under the id) leave it as it was, so it may
+    # name the holder of an earlier epoch. Not indexed: renewals stay HOT updates.
+    last_engine_id = models.CharField(max_length=255, null=True, blank=True)
     # db_default too: a raw INSERT that does not name the column still makes a claimable row.
     runnable = models.BooleanField(default=True, db_default=True)
     # The run's created_at (acquire's FIFO order), copied so weft_claim_free can hand out the oldest

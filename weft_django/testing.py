@@ -335,14 +335,33 @@ class FrozenEngine:
 
     def wait_for_takeover(self, timeout: float = 60.0) -> dict[str, str | None]:
         """Wait until no frozen claim is at its frozen epoch any more (another engine took it over, or
-        a transition rotated it); return {workflow id: current holder}. A frozen engine that was mid-commit
-        still holds its row locks, and takeover skips locked rows: that shows up here as a timeout."""
+        a transition rotated it); return {workflow id: the engine that took it over}.
+
+        That is the claim's holder now or, if there is none, its ``last_engine_id``: the engine that
+        last took the claim, which a release does not clear. So a rescuer that took the claim over and
+        already ran the workflow to its end (the terminal commit releases the claim) is still reported,
+        however late this is called. None when no engine took the claim after the freeze: the epoch
+        moved by a transition from outside (cancel, terminate, suspend...), which sets no holder and
+        leaves ``last_engine_id`` naming the frozen engine itself, or the claim is gone (purged). If an
+        engine took the claim and a transition rotated it afterwards, that engine is still reported.
+        Call it before ``thaw()``: a thawed engine may take its workflows back.
+
+        A frozen engine that was mid-commit still holds its row locks, and takeover skips locked rows:
+        that shows up here as a timeout."""
         from .models import WorkflowClaim
+
+        frozen_id = self.engine.engine_id
+
+        def taken_by(holder: str | None, last: str | None) -> str | None:
+            if holder is not None:
+                return holder
+            return None if last == frozen_id else last
 
         def moved() -> dict[str, str | None] | None:
             rows = WorkflowClaim.objects.using(self.engine.alias).filter(workflow_id__in=list(self.claims))
             current = {
-                wid: (epoch, holder) for wid, epoch, holder in rows.values_list("workflow_id", "epoch", "engine_id")
+                wid: (epoch, taken_by(holder, last))
+                for wid, epoch, holder, last in rows.values_list("workflow_id", "epoch", "engine_id", "last_engine_id")
             }
             if any(current.get(wid, (None, None))[0] == epoch for wid, epoch in self.claims.items()):
                 return None

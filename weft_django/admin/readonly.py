@@ -58,11 +58,27 @@ def _pre(text: str) -> SafeString:
 
 @admin.register(WorkflowClaim)
 class WorkflowClaimAdmin(ReadOnlyAdmin):
-    list_display = ("workflow_link", "engine_id", "epoch", "claimed_at", "expires_at", "expiry_display")
+    list_display = (
+        "workflow_link",
+        "engine_id",
+        "epoch",
+        "claimed_at",
+        "expires_at",
+        "expiry_display",
+        "last_holder_display",
+    )
     list_filter = (ClaimStateFilter,)
     search_fields = ("workflow_id", "engine_id")
     ordering = ("expires_at",)
-    fields = ("workflow_link", "engine_id", "epoch", "claimed_at", "expires_at", "expiry_display")
+    fields = (
+        "workflow_link",
+        "engine_id",
+        "epoch",
+        "claimed_at",
+        "expires_at",
+        "expiry_display",
+        "last_holder_display",
+    )
     readonly_fields = fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
@@ -78,6 +94,13 @@ class WorkflowClaimAdmin(ReadOnlyAdmin):
         if obj.expires_at < now:
             return format_html('<span class="weft-lapsed">lapsed {}</span>', relative(obj.expires_at, now))
         return relative(obj.expires_at, now)
+
+    @admin.display(description="last held by", ordering="last_engine_id")
+    def last_holder_display(self, obj: WorkflowClaim) -> str:
+        """For a released claim, the engine that last took it (e.g. the one that ran it to its end)."""
+        if obj.engine_id is not None:
+            return "-"  # held: the engine column names the holder
+        return obj.last_engine_id or "-"
 
 
 @admin.register(Engine)

@@ -1,5 +1,7 @@
 """Claims: acquire, renew, release, takeover. Together with transitions.py, the only writer of
 claim rows. Every statement uses the database clock (clock_timestamp()), never the engine's.
+Every statement here that makes an engine the holder sets last_engine_id to it too (a release keeps
+it), so a claim still names the engine that last took it after the run ended.
 
 acquire / takeover: candidates are locked with SKIP LOCKED and rewritten with a fresh epoch only if
 they still have the exact holder and epoch that were seen: one row back means it is ours.
@@ -72,21 +74,21 @@ _OTHERS_PG = _held_pg(_HELD_BY_OTHERS)
 def _claim_pg(
     candidates: str, params: list[Any], engine_id: str, ttl: timedelta, using: str
 ) -> dict[str, tuple[int, str | None]]:
-    """Lock the candidates (SKIP LOCKED) and give each a fresh epoch and this holder, only if it still
-    has the holder and epoch seen: one row back means it is ours. One statement: in autocommit it is
-    its own transaction (no BEGIN/COMMIT round trips)."""
+    """Lock the candidates (SKIP LOCKED) and give each a fresh epoch and this holder (also recorded as
+    the claim's last holder), only if it still has the holder and epoch seen: one row back means it is
+    ours. One statement: in autocommit it is its own transaction (no BEGIN/COMMIT round trips)."""
     sql = f"""
         WITH candidates AS ({candidates})
         UPDATE {CLAIM_TABLE} AS claim
-        SET epoch = {next_epoch_sql("postgresql")}, engine_id = %s, claimed_at = clock_timestamp(),
-            expires_at = clock_timestamp() + %s * interval '1 millisecond'
+        SET epoch = {next_epoch_sql("postgresql")}, engine_id = %s, last_engine_id = %s,
+            claimed_at = clock_timestamp(), expires_at = clock_timestamp() + %s * interval '1 millisecond'
         FROM candidates
         WHERE claim.workflow_id = candidates.workflow_id AND claim.epoch = candidates.epoch
           AND claim.engine_id IS NOT DISTINCT FROM candidates.engine_id
         RETURNING claim.workflow_id, claim.epoch, candidates.engine_id
     """
     with connections[using].cursor() as cursor:
-        cursor.execute(sql, [*params, engine_id, _ms(ttl)])
+        cursor.execute(sql, [*params, engine_id, engine_id, _ms(ttl)])
         return {wid: (epoch, previous) for wid, epoch, previous in cursor.fetchall()}
 
 
@@ -142,9 +144,10 @@ def _acquire_sqlite(
         for wid, seen_epoch, seen_holder in cursor.fetchall():
             epoch = next_epoch(using)
             cursor.execute(
-                f"""UPDATE {CLAIM_TABLE} SET epoch = %s, engine_id = %s, claimed_at = %s, expires_at = %s
+                f"""UPDATE {CLAIM_TABLE} SET epoch = %s, engine_id = %s, last_engine_id = %s, claimed_at = %s,
+                        expires_at = %s
                     WHERE workflow_id = %s AND epoch = %s AND engine_id IS %s""",
-                [epoch, engine_id, now, now + ttl, wid, seen_epoch, seen_holder],
+                [epoch, engine_id, engine_id, now, now + ttl, wid, seen_epoch, seen_holder],
             )
             if cursor.rowcount == 1:
                 claimed[wid] = (epoch, seen_holder)
@@ -286,15 +289,16 @@ def fire_delayed_starts(engine_id: str, *, limit: int, ttl: timedelta, using: st
             epoch = next_epoch(using)
             if clock is None:
                 cursor.execute(
-                    f"UPDATE {CLAIM_TABLE} SET epoch = %s, engine_id = %s, claimed_at = clock_timestamp(), "
-                    f"expires_at = clock_timestamp() + %s * interval '1 millisecond' WHERE workflow_id = %s",
-                    [epoch, engine_id, _ms(ttl), wid],
+                    f"UPDATE {CLAIM_TABLE} SET epoch = %s, engine_id = %s, last_engine_id = %s, "
+                    f"claimed_at = clock_timestamp(), expires_at = clock_timestamp() + %s * interval '1 millisecond' "
+                    f"WHERE workflow_id = %s",
+                    [epoch, engine_id, engine_id, _ms(ttl), wid],
                 )
             else:
                 cursor.execute(
-                    f"UPDATE {CLAIM_TABLE} SET epoch = %s, engine_id = %s, claimed_at = %s, expires_at = %s "
-                    f"WHERE workflow_id = %s",
-                    [epoch, engine_id, clock, clock + ttl, wid],
+                    f"UPDATE {CLAIM_TABLE} SET epoch = %s, engine_id = %s, last_engine_id = %s, claimed_at = %s, "
+                    f"expires_at = %s WHERE workflow_id = %s",
+                    [epoch, engine_id, engine_id, clock, clock + ttl, wid],
                 )
             started[wid] = epoch
         Timer.objects.using(using).filter(workflow_id__in=locked, kind=TimerKind.DELAYED_START).delete()
