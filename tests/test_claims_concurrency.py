@@ -128,9 +128,11 @@ def wait_for_lock_waiter(query_prefix: str, timeout: float = 10.0) -> None:
 @contextlib.contextmanager
 def commit_held_before_writes() -> Iterator[tuple[threading.Event, threading.Event]]:
     """Hold every fenced commit after its claim rows are locked and before it writes (the test-kit
-    "engine held just before its commit"): yields (locked, proceed) events."""
+    "engine held just before its commit"): yields (locked, proceed) events. Forces the general path
+    (lock, then write, in one transaction); ``statement_held_at_its_writes`` holds the other one."""
     locked, proceed = threading.Event(), threading.Event()
-    original = fencing._apply
+    original, fits = fencing._apply, fencing._fits_one_statement
+    fencing._fits_one_statement = lambda batch, using: False  # type: ignore[assignment]
 
     def held(*args: Any, **kwargs: Any) -> Any:
         locked.set()
@@ -143,6 +145,42 @@ def commit_held_before_writes() -> Iterator[tuple[threading.Event, threading.Eve
     finally:
         proceed.set()
         fencing._apply = original  # type: ignore[assignment]
+        fencing._fits_one_statement = fits  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def statement_held_at_its_writes(wid: str, run_id: str, seq: int = 0) -> Iterator[threading.Event]:
+    """Hold a one-statement fenced commit (the fence and the writes are one statement: there is no
+    Python between them to pause) inside the database, after its fence CTE locked the claim: another
+    transaction inserts the step row it will write and stays open, so the commit's upsert waits for
+    it. Yields the event that lets it proceed (the blocker rolls back)."""
+    proceed = threading.Event()
+    ready = threading.Event()
+
+    def blocker() -> None:
+        blocking = connections.create_connection(USING)
+        try:
+            with blocking.cursor() as cursor:
+                blocking.set_autocommit(False)
+                cursor.execute(
+                    "INSERT INTO weft_django_step (workflow_id, run_id, seq, kind, name, status, result, attempts, "
+                    "epoch, started_at) VALUES (%s, %s, %s, 'activity', 'blocker', 'running', NULL, 0, 0, now())",
+                    [wid, run_id, seq],
+                )
+                ready.set()
+                assert proceed.wait(30), "the test never let the commit proceed"
+                blocking.rollback()
+        finally:
+            blocking.close()
+
+    thread = threading.Thread(target=blocker, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    try:
+        yield proceed
+    finally:
+        proceed.set()
+        thread.join(10)
 
 
 def start_and_claim(wid: str, engine: str = "engine-a") -> tuple[str, int]:
@@ -247,6 +285,87 @@ def test_a_commit_in_flight_blocks_the_release_until_it_is_done():
     assert result.committed == {"rel-2"} and result.lost == {}
     assert list(Step.objects.filter(workflow_id="rel-2").values_list("seq", "epoch")) == [(0, epoch)]
     assert claim_of("rel-2") == (epoch, None)  # released after the commit, epoch kept
+
+
+def test_a_one_statement_commit_holds_its_fence_until_its_writes_are_done():
+    """The one-statement path: its fence CTE locks the claim, then its upsert waits behind another
+    transaction; a release meanwhile waits for the claim lock, and runs only after the commit."""
+    run_id, epoch = start_and_claim("rel-3")
+    writes = step_writes("rel-3", run_id, epoch)
+    assert fencing._fits_one_statement([writes], USING)
+    with statement_held_at_its_writes("rel-3", run_id) as proceed:
+        committing = Background(lambda: commit("engine-a", [writes]))
+        wait_for_lock_waiter("WITH raw AS")  # the upsert waits for the blocker's uncommitted step row
+        releasing = Background(lambda: ownership.release("engine-a", {"rel-3": epoch}, USING))
+        wait_for_lock_waiter(CLAIM_UPDATE)  # ... and the release waits for the commit's claim lock
+        assert not releasing.done.is_set() and not committing.done.is_set()
+        assert claim_of("rel-3") == (epoch, "engine-a")
+        proceed.set()
+        result = committing.join()
+        releasing.join()
+    assert result.committed == {"rel-3"} and result.lost == {}
+    assert list(Step.objects.filter(workflow_id="rel-3").values_list("seq", "epoch", "name")) == [(0, epoch, "add")]
+    assert claim_of("rel-3") == (epoch, None)
+
+
+def test_a_takeover_waits_for_a_one_statement_commit_and_a_late_one_is_refused():
+    run_id, epoch = start_and_claim("tk-1")
+    expire("tk-1")
+    writes = step_writes("tk-1", run_id, epoch)
+    with statement_held_at_its_writes("tk-1", run_id) as proceed:
+        committing = Background(lambda: commit("engine-a", [writes]))
+        wait_for_lock_waiter("WITH raw AS")
+        # The takeover skips the locked row (SKIP LOCKED): nothing to take while the commit is in flight.
+        taken = ownership.acquire("engine-b", limit=10, ttl=TTL, renew_interval=RENEW, using=USING, takeover=True)
+        assert taken == {}
+        proceed.set()
+        assert committing.join().committed == {"tk-1"}
+    taken = ownership.acquire("engine-b", limit=10, ttl=TTL, renew_interval=RENEW, using=USING, takeover=True)
+    assert set(taken) == {"tk-1"}
+    late = commit("engine-a", [step_writes("tk-1", run_id, epoch, seq=1)])
+    assert late.committed == set() and late.lost == {"tk-1": "deposed"}
+    assert list(Step.objects.filter(workflow_id="tk-1").values_list("seq", "epoch")) == [(0, epoch)]
+
+
+def test_cancel_racing_a_one_statement_commit():
+    """Writes the one-statement path takes (a step, a consumed signal, the run's end) raced against
+    cancel: either all of them land before the cancel, or none."""
+    rng = random.Random(13)
+    outcomes: collections.Counter[str] = collections.Counter()
+    for round_ in range(60):
+        wid = f"cx1-{round_}"
+        run_id, epoch = start_and_claim(wid)
+        weft.signal(wid, "go", 1)
+        signal_pk = BufferedSignal.objects.get(workflow_id=wid).pk
+        writes = step_writes(wid, run_id, epoch, signals_consumed=[(signal_pk, 0)])
+        writes.finish = fencing.Finish("completed", result="3")
+        assert fencing._fits_one_statement([writes], USING)
+        now = db_now(USING)
+        result, cancel = race(
+            lambda writes=writes, now=now: commit("engine-a", [writes], now),
+            lambda wid=wid: _cancel_or_ended(wid),
+            rng=rng,
+            jitter=0.02,
+        )
+        status = Workflow.objects.get(pk=wid).status
+        steps = list(Step.objects.filter(workflow_id=wid).values_list("epoch", flat=True))
+        signal_state = BufferedSignal.objects.get(workflow_id=wid).state
+        if result.committed:
+            assert cancel is None and status == "completed" and steps == [epoch] and signal_state == "consumed"
+            outcomes["commit, then the cancel found it ended"] += 1
+        else:
+            assert cancel is not None and cancel > epoch and result.lost == {wid: "released"}
+            assert status == "cancelled" and steps == [] and signal_state == "dropped"
+            outcomes["cancel, then the commit was refused"] += 1
+    print("cancel vs one-statement commit:", dict(outcomes))
+    assert len(outcomes) == 2, outcomes
+
+
+def _cancel_or_ended(wid: str) -> int | None:
+    try:
+        return transitions.cancel(wid, "race")
+    except weft.WorkflowTerminalError:
+        return None
 
 
 def test_release_racing_a_fenced_commit():

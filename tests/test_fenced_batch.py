@@ -83,8 +83,9 @@ def test_a_batch_of_finishing_and_running_workflows_in_one_statement():
         result = fencing.fenced_commit(ENGINE, batch, now, "default")
     assert result.committed == {"ends-ok", "ends-failed", "goes-on"}
     assert result.lost == {"deposed": "deposed"}
-    writes = [q["sql"] for q in queries if q["sql"].startswith("WITH d AS")]
-    assert len(writes) == 1  # the whole batch's writes in one statement
+    writes = [q["sql"] for q in queries if q["sql"].startswith("WITH ")]
+    assert len(writes) == 1  # the fence and the whole batch's writes in one statement
+    assert len(queries) == 2  # ... and the read that says why "deposed" was refused
 
     ok = Workflow.objects.get(pk="ends-ok")
     assert (ok.status, ok.result, ok.error, ok.finished_at, ok.current_step) == ("completed", "3", None, now, "")

@@ -5,7 +5,8 @@
 
 Database ``weft_peer_weft`` (dropped, re-created, migrated). ONE engine subprocess, exactly as
 benchmarks/run.py starts it: ``python -m django weft_engine --engine-id peer-1 --concurrency 8`` with
-DJANGO_SETTINGS_MODULE=benchmarks.settings (WEFT POLL_INTERVAL 100ms, everything else default).
+DJANGO_SETTINGS_MODULE=benchmarks.settings and every WEFT setting at its shipped default (``--poll-interval``
+overrides POLL_INTERVAL, the fallback behind LISTEN: the peers run with their defaults too).
 Workloads: ``bench.three_noop`` and ``bench.parked`` (benchmarks/benchapp/workflows.py).
 
 (a) throughput: the engine is registered; one client calls ``weft.start(three_noop)`` N times,
@@ -177,10 +178,13 @@ def main() -> None:
     parser.add_argument("--signals", type=int, default=200)
     parser.add_argument("--trace-workflows", type=int, default=1000, help="0: no traced run")
     parser.add_argument("--engine-concurrency", type=int, default=8)
+    parser.add_argument("--poll-interval", default="1s", help="WEFT POLL_INTERVAL (default: the shipped 1s)")
     parser.add_argument("--stamp", default=time.strftime("%Y%m%d-%H%M%S"))
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args()
     progress = not args.no_progress
+    overrides = json.loads(os.environ.get("WEFT_BENCH_OVERRIDES") or "{}")
+    os.environ["WEFT_BENCH_OVERRIDES"] = json.dumps({**overrides, "POLL_INTERVAL": args.poll_interval})
 
     import django
 

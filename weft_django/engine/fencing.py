@@ -6,6 +6,10 @@ transition lock the same row, so they wait for us or we for them: a write lands 
 current epoch. Workflows whose row did not come back are re-read (another epoch = deposed, no holder =
 released) and their writes dropped; the rest commit together (one fsync for many workflows' steps).
 
+On PostgreSQL the common commit (steps, consumed signals, runs ending) is ONE autocommit statement
+whose first CTE takes that same lock and whose writes read their rows through it (one round trip
+instead of four); everything else takes the general path (ADR 0003).
+
 On SQLite, IMMEDIATE transactions take the write lock at BEGIN, so the plain read is the fence.
 """
 
@@ -125,12 +129,20 @@ def fenced_commit(
     if not batch:
         return FenceResult(set(), {})
     epochs = {writes.workflow_id: writes.epoch for writes in batch}
-    with transaction.atomic(using=using):
-        held = lock_claims(engine_id, epochs, using)
-        kept = [writes for writes in batch if writes.workflow_id in held]
-        children: dict[str, int] = {}
-        if kept:
-            children = _apply(engine_id, kept, now, using, claim_ttl or timedelta(seconds=30))
+    ttl = claim_ttl or timedelta(seconds=30)
+    held: set[str] = set()
+    children: dict[str, int] = {}
+    if _fits_one_statement(batch, using):
+        held, deferred = _commit_in_one_statement(engine_id, batch, now, using)
+        batch = [writes for writes in batch if writes.workflow_id in deferred]
+        held -= deferred
+    if batch:  # the general path: lock, then write, in one transaction
+        with transaction.atomic(using=using):
+            locked = lock_claims(engine_id, {w.workflow_id: w.epoch for w in batch}, using)
+            kept = [writes for writes in batch if writes.workflow_id in locked]
+            if kept:
+                children = _apply(engine_id, kept, now, using, ttl)
+        held |= locked
     lost_ids = sorted(set(epochs) - held)
     lost = why_lost(engine_id, lost_ids, using) if lost_ids else {}
     for wid, reason in lost.items():
@@ -273,9 +285,9 @@ def _apply_postgresql(
     engine_id: str, batch: list[WorkflowWrites], now: datetime, using: str, claim_ttl: timedelta
 ) -> dict[str, int]:
     """As ``_apply``, with the common writes (steps, consumed signals, finished runs, their mailboxes,
-    timers and claims, the ``r:`` wake-ups) in ONE statement of data-modifying CTEs over unnest()ed
-    arrays, instead of one ORM statement each. The rare parts (updates, whose settlement must check
-    its row count; timers; stuck runs; children) keep their own statements, before it or after it.
+    timers and claims, the ``r:`` wake-ups) in ONE statement of data-modifying CTEs, instead of one
+    ORM statement each. The rare parts (updates, whose settlement must check its row count; timers;
+    stuck runs; children) keep their own statements, before it or after it.
 
     All CTEs of one statement see the same snapshot and no row may be modified twice in it, so: the
     signals a finishing run consumes are excluded from the drop of its mailbox; everything the rare
@@ -283,7 +295,79 @@ def _apply_postgresql(
     apply_messages(batch, now, using)  # before the mailbox closes: a respond() in a terminal commit answers
     _write_timers_and_stuck(batch, now, using)
     finished = [w for w in batch if w.finish is not None]
-    consumed = [[pk, seq] for w in batch for pk, seq in w.signals_consumed]
+    rows = _run_write_statement(engine_id, batch, now, using, fence=False)
+    with_children = {value for kind, value in rows if kind == "p"}
+    return _close_families(engine_id, batch, finished, with_children, now, claim_ttl, using)
+
+
+# The fence of the one-statement commit: lock our claims at our epochs first (``f``), find the runs
+# ending with active children (``k``: left to the general path), then rebuild the document ``d`` with
+# only the rows of workflows the fence locked and ``k`` does not name. Every write CTE reads ``d``.
+_FENCED_ROWS = (("s", "x->>0"), ("c", "x->>2"), ("e", "x->>0"), ("r", "x #>> '{}'"))  # key, its workflow id
+_FENCE_CTES = (
+    "raw AS (SELECT %s::jsonb AS j), "
+    f"f AS MATERIALIZED (SELECT c.workflow_id FROM {CLAIM_TABLE} c WHERE c.engine_id = %s AND "
+    "(c.workflow_id, c.epoch) IN (SELECT x->>0, (x->>1)::bigint FROM raw, jsonb_array_elements(raw.j->'f') x) "
+    "ORDER BY c.workflow_id FOR NO KEY UPDATE), "
+    f"k AS MATERIALIZED (SELECT DISTINCT parent_id AS workflow_id FROM {WORKFLOW_TABLE} WHERE parent_id = "
+    "ANY(ARRAY(SELECT x->>0 FROM raw, jsonb_array_elements(raw.j->'e') x)) "
+    f"AND status IN ({', '.join(['%s'] * len(ACTIVE_STATUSES))})), "
+    "ok AS MATERIALIZED (SELECT ARRAY(SELECT workflow_id FROM f EXCEPT SELECT workflow_id FROM k) AS ids), "
+    "d AS MATERIALIZED (SELECT jsonb_build_object("
+    + ", ".join(
+        f"'{key}', (SELECT COALESCE(jsonb_agg(x), '[]'::jsonb) FROM jsonb_array_elements(raw.j->'{key}') x "
+        f"WHERE {column} = ANY(ok.ids))"
+        for key, column in _FENCED_ROWS
+    )
+    + ") AS j FROM raw, ok)"
+)
+
+
+def _fits_one_statement(batch: list[WorkflowWrites], using: str) -> bool:
+    """Whether this commit can be ONE autocommit statement that takes the fence itself (PostgreSQL,
+    outside any transaction): it writes only steps, consumed signals and terminal states of runs
+    that are nobody's child. Updates, timers, stuck flags and children keep the general path."""
+    connection = connections[using]
+    if connection.vendor != "postgresql" or connection.in_atomic_block or not _step_columns_known():
+        return False
+    return all(
+        not (
+            w.updates_done
+            or w.applied
+            or w.update_responses
+            or w.timers_add
+            or w.timers_delete
+            or w.stuck
+            or w.clear_stuck
+            or w.children
+            or w.parent
+        )
+        for w in batch
+    )
+
+
+def _commit_in_one_statement(
+    engine_id: str, batch: list[WorkflowWrites], now: datetime, using: str
+) -> tuple[set[str], set[str]]:
+    """The fenced commit as one autocommit statement: its first CTE locks the claims still held at
+    these epochs (FOR NO KEY UPDATE, in workflow_id order, re-checked against the newest row version
+    as any READ COMMITTED lock is) and every write reads its rows through that CTE, so nothing lands
+    for a claim that is not ours; the locks last until the statement's own commit. One round trip
+    instead of four (BEGIN, lock, write, COMMIT). Returns (claims held, held runs deferred to the
+    general path: finishing runs with active children, whose closing needs more statements)."""
+    rows = _run_write_statement(engine_id, batch, now, using, fence=True)
+    held = {value for kind, value in rows if kind == "f"}
+    return held, held & {value for kind, value in rows if kind == "k"}
+
+
+def _run_write_statement(
+    engine_id: str, batch: list[WorkflowWrites], now: datetime, using: str, *, fence: bool
+) -> list[tuple[str, str]]:
+    """Build and run the write statement; returns its (kind, value) rows: ``p`` a finished run with
+    active children; with ``fence`` also ``f`` a claim locked at our epoch and ``k`` a finished run
+    with active children whose writes were left out."""
+    finished = [w for w in batch if w.finish is not None]
+    consumed = [[pk, seq, w.workflow_id] for w in batch for pk, seq in w.signals_consumed]
     released = sorted(w.workflow_id for w in batch if w.finish is not None or w.stuck is not None)
     steps = [
         [
@@ -310,12 +394,18 @@ def _apply_postgresql(
         "c": consumed,
         "e": [[w.workflow_id, w.finish.status, w.finish.result, w.finish.error] for w in finished if w.finish],
         "r": released,
+        "f": [[w.workflow_id, w.epoch] for w in batch],
     }
     ids = "ARRAY(SELECT jsonb_array_elements_text(d.j->'{key}') FROM d)"
     ended_ids = "ARRAY(SELECT x->>0 FROM d, jsonb_array_elements(d.j->'e') AS x)"
     consumed_ids = "ARRAY(SELECT (x->>0)::bigint FROM d, jsonb_array_elements(d.j->'c') AS x)"
-    ctes = ["d AS (SELECT %s::jsonb AS j)"]
+    active = ", ".join(["%s"] * len(ACTIVE_STATUSES))
     params: list[Any] = [json.dumps(document)]
+    if fence:
+        ctes = [_FENCE_CTES]
+        params.extend([engine_id, *sorted(ACTIVE_STATUSES)])
+    else:
+        ctes = ["d AS (SELECT %s::jsonb AS j)"]
     if steps:
         updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in _STEP_COLUMNS if c not in _STEP_KEPT)
         values = ", ".join(
@@ -361,24 +451,29 @@ def _apply_postgresql(
             f"runnable = {runnable} WHERE engine_id = %s AND workflow_id = ANY({ids.format(key='r')}))"
         )
         params.append(engine_id)
-    with_children: set[str] = set()
-    if len(ctes) > 1:
-        # The main query sends the r: wake-ups (delivered at commit) and finds the finished runs with
-        # active children. It reads the snapshot from before this statement: a child ending in this
-        # very commit still looks active, and close_children re-reads it (a false positive is harmless).
-        main = "SELECT NULL"
-        if finished:
-            main = (
-                f"SELECT pg_notify(%s, 'r:' || id)::text, NULL FROM unnest({ended_ids}) AS id "
-                f"WHERE octet_length(id) < %s UNION ALL SELECT NULL, parent_id FROM {WORKFLOW_TABLE} "
-                f"WHERE parent_id = ANY({ended_ids}) AND status IN ({', '.join(['%s'] * len(ACTIVE_STATUSES))})"
+    # The main query sends the r: wake-ups (delivered at commit) and finds the finished runs with
+    # active children. It reads the snapshot from before this statement: a child ending in this
+    # very commit still looks active, and close_children re-reads it (a false positive is harmless).
+    parts = []
+    if finished:
+        parts.append(
+            f"SELECT 'n', pg_notify(%s, 'r:' || id)::text FROM unnest({ended_ids}) AS id WHERE octet_length(id) < %s"
+        )
+        params.extend([CHANNEL, MAX_PAYLOAD - 2])
+        if not fence:
+            parts.append(
+                f"SELECT 'p', parent_id FROM {WORKFLOW_TABLE} WHERE parent_id = ANY({ended_ids}) "
+                f"AND status IN ({active})"
             )
-            params.extend([CHANNEL, MAX_PAYLOAD - 2, *sorted(ACTIVE_STATUSES)])
-        with connections[using].cursor() as cursor:
-            cursor.execute(f"WITH {', '.join(ctes)} {main}", params)
-            if finished:
-                with_children = {parent for _, parent in cursor.fetchall() if parent is not None}
-    return _close_families(engine_id, batch, finished, with_children, now, claim_ttl, using)
+            params.extend(sorted(ACTIVE_STATUSES))
+    if fence:
+        parts.extend(["SELECT 'f', workflow_id FROM f", "SELECT 'k', workflow_id FROM k"])
+    if len(ctes) == 1 and not parts:
+        return []
+    main = " UNION ALL ".join(parts) if parts else "SELECT NULL, NULL"
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"WITH {', '.join(ctes)} {main}", params)
+        return [(kind, value) for kind, value in cursor.fetchall() if kind is not None]
 
 
 def _close_mailboxes(workflow_ids: list[str], now: datetime, using: str) -> None:
