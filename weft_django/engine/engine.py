@@ -41,9 +41,9 @@ from .driver import AppliedRecord, StepRecord, WorkflowRun
 from .executors import ActivityExecutors
 from .fencing import WorkflowWrites, fenced_commit
 from .messages import _state as mailbox_state
-from .messages import deliver_messages, load_applied
+from .messages import deliver_messages, prefetch_admitted
 from .periodic import builtin_tasks
-from .progress import Owned, Progress, RunRow, load_runs, load_steps, mailbox_of
+from .progress import Owned, Progress, RunRow, load, mailbox_of
 from .timers import TimerHeap
 from .wakeups import Listener
 
@@ -523,24 +523,23 @@ class Engine(Progress):
     def _load(
         self, claimed: dict[str, int], now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]
     ) -> None:
-        rows = load_runs(list(claimed), self.using)  # raw columns, no model instances (engine/progress.py)
-        run_ids = [row.run_id for row in rows.values()]
-        steps = load_steps(run_ids, self.using)
-        applied = load_applied(run_ids, self.using)  # updates replay re-applies (engine/messages.py)
-        timers: dict[str, list[Timer]] = {}
-        for timer in Timer.objects.using(self.using).filter(workflow_id__in=list(claimed)):
-            timers.setdefault(timer.workflow_id, []).append(timer)
+        # Runs, steps, applied updates, timers (and on PostgreSQL the admitted updates, for the first
+        # mailbox look): one round trip per chunk of ids on PostgreSQL (engine/progress.py).
+        loaded = load(list(claimed), self.using)
         release: dict[str, int] = {}
         for wid, epoch in claimed.items():
-            row = rows.get(wid)
+            row = loaded.runs.get(wid)
             if row is None or row.status != WorkflowStatus.RUNNING:
                 release[wid] = epoch
                 continue
+            run_id = str(row.run_id)
             owned = self._start_run(
-                row, epoch, steps[str(row.run_id)], timers.get(wid, []), now, writes, applied.get(str(row.run_id))
+                row, epoch, loaded.steps[run_id], loaded.timers.get(wid, []), now, writes, loaded.applied.get(run_id)
             )
             if owned is not None:
                 changed.add(wid)
+                if loaded.admitted is not None:
+                    prefetch_admitted(self, owned, loaded.admitted.get(wid, []))
         if release:
             ownership.release(self.engine_id, release, self.using)
         self._publish_epochs()

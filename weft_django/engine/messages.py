@@ -45,12 +45,14 @@ from django.db.models import Exists, OuterRef
 
 from ..codec import decode, encode, encode_payload
 from ..exceptions import QueryNotFoundError, WeftError
-from ..models import AppliedUpdate, PendingUpdate, QueryRequest, Workflow, WorkflowClaim
+from ..models import PendingUpdate, QueryRequest, Workflow, WorkflowClaim
 from ..notify import send_many
 from ..operations import WaitForUpdate
 from ..status import ACTIVE_STATUSES, QueryStatus, UpdateStatus
 from .driver import AppliedRecord, Leaf, StepRecord, describe_exception
 from .fencing import UpdateDone, UpdateRaceLost, WorkflowWrites, fenced_messages
+from .progress import AdmittedRow
+from .progress import load_applied as _load_applied
 from .sessions import allow_user_code
 
 if TYPE_CHECKING:
@@ -70,6 +72,9 @@ class _MailboxState:
 
     checked: dict[str, Owned] = dataclasses.field(default_factory=dict)
     parked: dict[str, int] = dataclasses.field(default_factory=dict)
+    # The admitted updates read with a context's load (PostgreSQL), used instead of a query by the
+    # first look at that context unless a wake-up (or a sweep) names it first; consumed by any look.
+    prefetched: dict[str, tuple[Owned, list[AdmittedRow]]] = dataclasses.field(default_factory=dict)
 
 
 _states: weakref.WeakKeyDictionary[Engine, _MailboxState] = weakref.WeakKeyDictionary()
@@ -80,6 +85,13 @@ def _state(engine: Engine) -> _MailboxState:
     if state is None:
         state = _states[engine] = _MailboxState()
     return state
+
+
+def prefetch_admitted(engine: Engine, owned: Owned, rows: list[AdmittedRow]) -> None:
+    """Record the admitted updates read when ``owned`` was loaded (engine._load, in the same round
+    trip as its run). An update admitted after that read sends a ``w:<id>`` wake-up, and a woken
+    workflow is read again, so the first look at a new context may use these rows instead of a query."""
+    _state(engine).prefetched[owned.workflow_id] = (owned, rows)
 
 
 def deliver_messages(
@@ -107,8 +119,16 @@ def deliver_messages(
             ids.add(wid)
     if len(state.checked) > len(engine.owned):
         state.checked = {wid: o for wid, o in state.checked.items() if engine.owned.get(wid) is o}
+    # A workflow looked at only because it is new here (no wake-up, rescan or sweep named it this
+    # pass) takes the admitted updates read with its load, if nothing read them since.
+    known: dict[str, list[AdmittedRow]] = {}
+    for wid, (owned, rows) in list(state.prefetched.items()):
+        if engine.owned.get(wid) is not owned:
+            del state.prefetched[wid]
+        elif wid in ids and wid not in workflow_ids:
+            known[wid] = rows
     if ids:
-        busy |= deliver_updates(engine, ids, now, writes, changed)
+        busy |= deliver_updates(engine, ids, now, writes, changed, known)
     return busy
 
 
@@ -136,10 +156,18 @@ def _open(owned: Owned, writes: dict[str, WorkflowWrites]) -> bool:
 
 
 def deliver_updates(
-    engine: Engine, workflow_ids: set[str], now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]
+    engine: Engine,
+    workflow_ids: set[str],
+    now: datetime,
+    writes: dict[str, WorkflowWrites],
+    changed: set[str],
+    known: Mapping[str, list[AdmittedRow]] | None = None,
 ) -> bool:
+    """Settle the admitted updates of these owned workflows. ``known``: admitted updates already read
+    for some of them (prefetch_admitted), in (created_at, id) order; the others are queried."""
     using = engine.using
     state = _state(engine)
+    known = known or {}
     live: dict[str, Owned] = {}
     for wid in workflow_ids:
         owned = engine.owned.get(wid)
@@ -147,17 +175,21 @@ def deliver_updates(
             continue
         state.checked[wid] = owned
         state.parked.pop(wid, None)
+        state.prefetched.pop(wid, None)  # read once: a later look queries
         if _open(owned, writes):
             live[wid] = owned
     if not live:
         return False
     ready: dict[str, list[str]] = {}
-    admitted = (
-        PendingUpdate.objects.using(using)
-        .filter(workflow_id__in=list(live), status=UpdateStatus.ADMITTED)
-        .order_by("created_at", "id")
-        .values_list("id", "workflow_id", "run_id", "name")
-    )
+    admitted: list[tuple[Any, str, Any, str]] = [row for wid in live if wid in known for row in known[wid]]
+    unknown = [wid for wid in live if wid not in known]
+    if unknown:
+        admitted += (
+            PendingUpdate.objects.using(using)
+            .filter(workflow_id__in=unknown, status=UpdateStatus.ADMITTED)
+            .order_by("created_at", "id")
+            .values_list("id", "workflow_id", "run_id", "name")
+        )
     for pk, wid, run_id, name in admitted:
         owned = live[wid]
         if str(run_id) != owned.run_id:
@@ -467,17 +499,9 @@ def _answer(engine: Engine, wid: str, name: str, arg: str | None, has_arg: bool)
 
 
 def load_applied(run_ids: list[Any], using: str) -> dict[str, list[AppliedRecord]]:
-    """The applied-update log of these runs, for replay: run id -> records."""
-    applied: dict[str, list[AppliedRecord]] = {}
-    if not run_ids:
-        return applied
-    rows = AppliedUpdate.objects.using(using).filter(run_id__in=run_ids).order_by("seq", "n")
-    for run_id, seq, n, name, payload, result, error, update_id in rows.values_list(
-        "run_id", "seq", "n", "name", "payload", "result", "error", "update_id"
-    ):
-        record = AppliedRecord(seq, n, name, payload, result, error, str(update_id) if update_id else None)
-        applied.setdefault(str(run_id), []).append(record)
-    return applied
+    """The applied-update log of these runs, for replay: run id -> records (engine/progress.py reads
+    it, with the rest of a claimed batch in one round trip on PostgreSQL)."""
+    return _load_applied([str(run_id) for run_id in run_ids], using)
 
 
 def cleanup_interval(engine: Engine) -> float:

@@ -13,17 +13,17 @@ import uuid
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from ..clock import db_now
 from ..codec import encode
 from ..exceptions import ActivityTimeoutError, WeftError
-from ..models import BufferedSignal, Step, Timer, Workflow
+from ..models import AppliedUpdate, BufferedSignal, PendingUpdate, Step, Timer, Workflow
 from ..operations import RunActivity, Sleep, StartChild, WaitForSignal, WaitForUpdate, WaitUntil
-from ..status import StepStatus, TimerKind, WorkflowStatus
+from ..status import StepStatus, TimerKind, UpdateStatus, WorkflowStatus
 from .activities import AttemptOutcome, AttemptTask, FenceRefused
 from .children import MAX_DEPTH, ChildStart, child_outcome, mailbox_name
-from .driver import Leaf, StepRecord, WorkflowRun
+from .driver import AppliedRecord, Leaf, StepRecord, WorkflowRun
 from .executors import ActivityExecutors
 from .fencing import Finish, WorkflowWrites, lock_claims
 from .timers import TimerHeap
@@ -563,58 +563,234 @@ class RunRow(NamedTuple):
     depth: int
 
 
+class AdmittedRow(NamedTuple):
+    """An admitted update as deliver_updates reads it: ids as strings, in (created_at, id) order."""
+
+    id: str
+    workflow_id: str
+    run_id: str
+    name: str
+
+
+class Loaded(NamedTuple):
+    """What the engine reads to start driving freshly claimed workflows (``load``)."""
+
+    runs: dict[str, RunRow]  # workflow id -> its current run
+    steps: dict[str, dict[int, StepRecord]]  # run id -> {seq: step}
+    applied: dict[str, list[AppliedRecord]]  # run id -> the updates replay re-applies
+    timers: dict[str, list[Timer]]  # workflow id -> its timers
+    admitted: dict[str, list[AdmittedRow]] | None  # workflow id -> admitted updates; None: not read
+
+
+# Column lists and the row decoders are shared by both vendors' paths (one statement batch on
+# PostgreSQL, separate queries on SQLite), so the two cannot drift.
 _RUN_COLUMNS = ", ".join(RunRow._fields)
 _STEP_COLUMNS = "run_id, seq, kind, name, status, result, error, attempts, started_at, completed_at"
+_APPLIED_COLUMNS = "run_id, seq, n, name, payload, result, error, update_id"
+_TIMER_FIELDS = [field.attname for field in Timer._meta.concrete_fields]  # Timer.from_db's positional order
+_TIMER_COLUMNS = ", ".join(str(field.column) for field in Timer._meta.concrete_fields)
+_ADMITTED_COLUMNS = "id, workflow_id, run_id, name"
+
+
+def _runs_sql(marks: str) -> str:
+    return f"SELECT {_RUN_COLUMNS} FROM {Workflow._meta.db_table} WHERE id IN ({marks})"
+
+
+def _steps_sql(runs: str) -> str:
+    return f"SELECT {_STEP_COLUMNS} FROM {Step._meta.db_table} WHERE run_id IN ({runs})"
+
+
+def _applied_sql(runs: str) -> str:
+    return f"SELECT {_APPLIED_COLUMNS} FROM {AppliedUpdate._meta.db_table} WHERE run_id IN ({runs}) ORDER BY seq, n"
+
+
+def _timers_sql(marks: str) -> str:
+    return f"SELECT {_TIMER_COLUMNS} FROM {Timer._meta.db_table} WHERE workflow_id IN ({marks})"
+
+
+def _admitted_sql(marks: str) -> str:
+    return (
+        f"SELECT {_ADMITTED_COLUMNS} FROM {PendingUpdate._meta.db_table} "
+        f"WHERE workflow_id IN ({marks}) AND status = %s ORDER BY created_at, id"
+    )
+
+
+def _uuid_text(value: Any) -> str:
+    return str(uuid.UUID(str(value)))  # uuid on PostgreSQL, hex text on SQLite
+
+
+def _decode_runs(values: list[Any], connection: Any, into: dict[str, RunRow]) -> None:
+    for columns in values:
+        row = RunRow(*columns)
+        into[row.id] = row._replace(
+            run_id=_uuid_text(row.run_id),
+            parent_run_id=_uuid_text(row.parent_run_id) if row.parent_run_id else None,
+            started_at=_aware(row.started_at, connection),
+            execution_deadline=_aware(row.execution_deadline, connection),
+            stuck_error=_json_value(row.stuck_error),
+        )
+
+
+def _decode_steps(values: list[Any], connection: Any, into: dict[str, dict[int, StepRecord]]) -> None:
+    for run_id, seq, kind, name, status, result, error, attempts, started, completed in values:
+        steps = into.get(_uuid_text(run_id))
+        if steps is None:  # a run that began after the runs were read (PostgreSQL: a later statement)
+            continue
+        steps[seq] = StepRecord(
+            seq,
+            kind,
+            name,
+            status,
+            result,
+            _json_value(error),
+            attempts,
+            _aware(started, connection),
+            _aware(completed, connection),
+        )
+
+
+def _decode_applied(values: list[Any], into: dict[str, list[AppliedRecord]]) -> None:
+    for run_id, seq, n, name, payload, result, error, update_id in values:
+        record = AppliedRecord(
+            seq, n, name, payload, result, _json_value(error), _uuid_text(update_id) if update_id else None
+        )
+        into.setdefault(_uuid_text(run_id), []).append(record)
+
+
+def _decode_timers(values: list[Any], connection: Any, using: str, into: dict[str, list[Timer]]) -> None:
+    """Timer instances as the ORM builds them (no query: from_db marks them saved, on ``using``)."""
+    for columns in values:
+        fields = dict(zip(_TIMER_FIELDS, columns, strict=True))
+        fields["run_id"] = uuid.UUID(str(fields["run_id"])) if fields["run_id"] else None
+        fields["fire_at"] = _aware(fields["fire_at"], connection)
+        timer = Timer.from_db(using, _TIMER_FIELDS, [fields[name] for name in _TIMER_FIELDS])
+        into.setdefault(timer.workflow_id, []).append(timer)
+
+
+def _decode_admitted(values: list[Any], into: dict[str, list[AdmittedRow]]) -> None:
+    for pk, wid, run_id, name in values:
+        into.setdefault(wid, []).append(AdmittedRow(_uuid_text(pk), wid, _uuid_text(run_id), name))
+
+
+def load(workflow_ids: list[str], using: str) -> Loaded:
+    """Everything needed to start driving these claimed workflows. On PostgreSQL (psycopg 3 binding
+    parameters client-side, Django's default) one round trip per chunk of ids: runs, steps, applied
+    updates, timers and admitted updates in one ``execute``. Elsewhere one query each, and admitted
+    updates are left to deliver_updates (``admitted`` is None)."""
+    connection = connections[using]
+    if workflow_ids and connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            if _client_binding(cursor):
+                return _load_batched(cursor, workflow_ids, connection, using)
+    runs = load_runs(workflow_ids, using)
+    run_ids = [row.run_id for row in runs.values()]
+    steps, applied = load_steps(run_ids, using), load_applied(run_ids, using)
+    return Loaded(runs, steps, applied, load_timers(workflow_ids, using), None)
+
+
+def _client_binding(cursor: Any) -> bool:
+    """Whether this cursor takes several statements in one execute and returns each result set:
+    psycopg 3's ClientCursor (OPTIONS server_side_binding off). Not a server-side-binding cursor
+    (one statement per prepared query), not psycopg2 (its nextset() is not supported)."""
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - Django on psycopg2
+        return False
+    return isinstance(getattr(cursor, "cursor", None), psycopg.ClientCursor)
+
+
+def _load_batched(cursor: Any, workflow_ids: list[str], connection: Any, using: str) -> Loaded:
+    """The PostgreSQL load: five statements in one query string per chunk of ids. Steps and applied
+    updates are keyed by the runs through a subquery on the same ids. Each statement reads its own
+    snapshot (READ COMMITTED), as the separate queries did; rows of a run that began after the runs
+    statement are dropped (the claim's epoch fences whatever the engine does with the older run)."""
+    admitted: dict[str, list[AdmittedRow]] = {}
+    loaded = Loaded({}, {}, {}, {}, admitted)
+    table = Workflow._meta.db_table
+    for chunk in _chunks(workflow_ids):
+        marks = ", ".join(["%s"] * len(chunk))
+        of_runs = f"SELECT run_id FROM {table} WHERE id IN ({marks})"
+        statements = [_runs_sql(marks), _steps_sql(of_runs), _applied_sql(of_runs), _timers_sql(marks)]
+        statements.append(_admitted_sql(marks))
+        cursor.execute(";\n".join(statements), [*chunk * 5, UpdateStatus.ADMITTED.value])
+        runs: dict[str, RunRow] = {}
+        _decode_runs(cursor.fetchall(), connection, runs)
+        loaded.runs.update(runs)
+        steps: dict[str, dict[int, StepRecord]] = {row.run_id: {} for row in runs.values()}
+        _next_result(cursor)
+        _decode_steps(cursor.fetchall(), connection, steps)
+        loaded.steps.update(steps)
+        applied: dict[str, list[AppliedRecord]] = {}
+        _next_result(cursor)
+        _decode_applied(cursor.fetchall(), applied)
+        loaded.applied.update((run_id, records) for run_id, records in applied.items() if run_id in steps)
+        _next_result(cursor)
+        _decode_timers(cursor.fetchall(), connection, using, loaded.timers)
+        _next_result(cursor)
+        _decode_admitted(cursor.fetchall(), admitted)
+    return loaded
+
+
+def _next_result(cursor: Any) -> None:
+    if not cursor.nextset():
+        raise DatabaseError("the load batch returned fewer result sets than it has statements")
 
 
 def load_runs(workflow_ids: list[str], using: str) -> dict[str, RunRow]:
-    """The current run of each of these workflows, by id (one query, no ORM compile)."""
+    """The current run of each of these workflows, by id (one query per chunk, no ORM compile)."""
     if not workflow_ids:
         return {}
     connection = connections[using]
-    table = Workflow._meta.db_table
     rows: dict[str, RunRow] = {}
     with connection.cursor() as cursor:
         for chunk in _chunks(workflow_ids):
-            marks = ", ".join(["%s"] * len(chunk))
-            cursor.execute(f"SELECT {_RUN_COLUMNS} FROM {table} WHERE id IN ({marks})", chunk)
-            for values in cursor.fetchall():
-                row = RunRow(*values)
-                rows[row.id] = row._replace(
-                    run_id=str(uuid.UUID(str(row.run_id))),  # uuid on PostgreSQL, hex text on SQLite
-                    parent_run_id=str(uuid.UUID(str(row.parent_run_id))) if row.parent_run_id else None,
-                    started_at=_aware(row.started_at, connection),
-                    execution_deadline=_aware(row.execution_deadline, connection),
-                    stuck_error=_json_value(row.stuck_error),
-                )
+            cursor.execute(_runs_sql(", ".join(["%s"] * len(chunk))), chunk)
+            _decode_runs(cursor.fetchall(), connection, rows)
     return rows
 
 
 def load_steps(run_ids: list[str], using: str) -> dict[str, dict[int, StepRecord]]:
-    """The step log of each of these runs: {run id: {seq: step}} (one query, no ORM compile)."""
+    """The step log of each of these runs: {run id: {seq: step}} (one query per chunk, no ORM compile)."""
     steps: dict[str, dict[int, StepRecord]] = {run_id: {} for run_id in run_ids}
     if not run_ids:
         return steps
     connection = connections[using]
-    field = Step._meta.get_field("run_id")
-    keys = [field.get_db_prep_value(uuid.UUID(run_id), connection) for run_id in run_ids]  # uuid or hex text
     with connection.cursor() as cursor:
-        for chunk in _chunks(keys):
-            marks = ", ".join(["%s"] * len(chunk))
-            cursor.execute(f"SELECT {_STEP_COLUMNS} FROM {Step._meta.db_table} WHERE run_id IN ({marks})", chunk)
-            for run_id, seq, kind, name, status, result, error, attempts, started, completed in cursor.fetchall():
-                steps[str(uuid.UUID(str(run_id)))][seq] = StepRecord(
-                    seq,
-                    kind,
-                    name,
-                    status,
-                    result,
-                    _json_value(error),
-                    attempts,
-                    _aware(started, connection),
-                    _aware(completed, connection),
-                )
+        for chunk in _chunks(_run_keys(run_ids, connection)):
+            cursor.execute(_steps_sql(", ".join(["%s"] * len(chunk))), chunk)
+            _decode_steps(cursor.fetchall(), connection, steps)
     return steps
+
+
+def load_applied(run_ids: list[str], using: str) -> dict[str, list[AppliedRecord]]:
+    """The applied-update log of these runs, for replay: run id -> records in (seq, n) order."""
+    applied: dict[str, list[AppliedRecord]] = {}
+    if not run_ids:
+        return applied
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        for chunk in _chunks(_run_keys(run_ids, connection)):
+            cursor.execute(_applied_sql(", ".join(["%s"] * len(chunk))), chunk)
+            _decode_applied(cursor.fetchall(), applied)
+    return applied
+
+
+def load_timers(workflow_ids: list[str], using: str) -> dict[str, list[Timer]]:
+    """The timers of these workflows (any run), by workflow id."""
+    timers: dict[str, list[Timer]] = {}
+    if not workflow_ids:
+        return timers
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        for chunk in _chunks(workflow_ids):
+            cursor.execute(_timers_sql(", ".join(["%s"] * len(chunk))), chunk)
+            _decode_timers(cursor.fetchall(), connection, using, timers)
+    return timers
+
+
+def _run_keys(run_ids: list[str], connection: Any) -> list[Any]:
+    field = Step._meta.get_field("run_id")  # every run_id column is a UUIDField: uuid or hex text
+    return [field.get_db_prep_value(uuid.UUID(str(run_id)), connection) for run_id in run_ids]
 
 
 def _aware(value: Any, connection: Any) -> datetime | None:
