@@ -132,3 +132,23 @@ def test_a_second_commit_updates_the_step_and_keeps_when_it_began():
     fencing.fenced_commit(ENGINE, [fencing.WorkflowWrites("twice", run_id, epoch, steps=[done])], later, "default")
     step = Step.objects.get(workflow_id="twice")
     assert (step.status, step.result, step.started_at, step.completed_at) == ("completed", "3", began, later)
+
+
+def test_a_big_batch_takes_the_general_path():
+    """One statement per commit only for small batches; a big one is lock + writes in one transaction."""
+    writes = [
+        fencing.WorkflowWrites(f"w{i}", "r", 1, steps=[StepRecord(0, "activity", "a", "running")]) for i in range(17)
+    ]
+    assert fencing._fits_one_statement(writes[: fencing.ONE_STATEMENT_MAX_WORKFLOWS], "default")
+    assert not fencing._fits_one_statement(writes, "default")
+    runs = _claimed(*(f"big-{i}" for i in range(17)))
+    batch = [
+        fencing.WorkflowWrites(wid, run, epoch, steps=[StepRecord(0, "activity", "add", "running", attempts=1)])
+        for wid, (run, epoch) in runs.items()
+    ]
+    now = db_now()
+    with CaptureQueriesContext(connection) as queries:
+        result = fencing.fenced_commit(ENGINE, batch, now, "default")
+    assert result.committed == set(runs) and result.lost == {}
+    assert [q["sql"].split()[0] for q in queries] == ["BEGIN", "SELECT", "WITH", "COMMIT"]  # lock, then writes
+    assert Step.objects.filter(workflow_id__in=list(runs)).count() == 17

@@ -323,12 +323,22 @@ _FENCE_CTES = (
 )
 
 
+# Above this many workflows a commit takes the general path: the saved round trips are then shared by
+# the whole batch anyway, and one statement carrying a big batch measured several times slower than
+# lock + writes (1,000 three-step workflows from one client: the engine fell 1.5 s behind at 200-workflow
+# batches, and kept up at 16 and 32; benchmarks/peer_apps/weft_bench.py (a)).
+ONE_STATEMENT_MAX_WORKFLOWS = 16
+
+
 def _fits_one_statement(batch: list[WorkflowWrites], using: str) -> bool:
     """Whether this commit can be ONE autocommit statement that takes the fence itself (PostgreSQL,
-    outside any transaction): it writes only steps, consumed signals and terminal states of runs
-    that are nobody's child. Updates, timers, stuck flags and children keep the general path."""
+    outside any transaction): a small batch (ONE_STATEMENT_MAX_WORKFLOWS) that writes only steps,
+    consumed signals and terminal states of runs that are nobody's child. Updates, timers, stuck
+    flags and children keep the general path."""
     connection = connections[using]
     if connection.vendor != "postgresql" or connection.in_atomic_block or not _step_columns_known():
+        return False
+    if len(batch) > ONE_STATEMENT_MAX_WORKFLOWS:
         return False
     return all(
         not (
