@@ -573,8 +573,11 @@ def signal(id: str, name: str, payload: Any = None, *, signal_id: str | None = N
         _validate_key(signal_id, "signal_id")
     text = codec.encode_payload(payload, path="payload")
     using = _alias()
-    with transaction.atomic(using=using):
-        status = _buffer_signal(id, name, text, signal_id, using)
+    if connections[using].vendor == "postgresql":
+        status = _buffer_signal(id, name, text, signal_id, using)  # one statement: atomic by itself
+    else:
+        with transaction.atomic(using=using):
+            status = _buffer_signal(id, name, text, signal_id, using)
     if status is None:
         raise WorkflowNotFoundError(f'Cannot signal workflow "{id}": no such workflow. Check the id.')
     if status in TERMINAL_STATUSES:
@@ -584,36 +587,46 @@ def signal(id: str, name: str, payload: Any = None, *, signal_id: str | None = N
 
 
 def _buffer_signal(id: str, name: str, text: str, signal_id: str | None, using: str) -> str | None:
-    """Inside a transaction: append the signal to the current run's mailbox while that run is active
-    and send the wake-up. Returns "buffered" (or "duplicate" for a repeated signal_id), else the
+    """Append the signal to the current run's mailbox while that run is active and send the wake-up
+    (on PostgreSQL one statement, the NOTIFY riding in it: delivered when it, or the caller's
+    transaction, commits). Returns "buffered" (or "duplicate" for a repeated signal_id), else the
     run's terminal status, or None when there is no such workflow."""
     connection = connections[using]
     signals, workflows = BufferedSignal._meta.db_table, Workflow._meta.db_table
     active = [
         str(status.value) for status in (WorkflowStatus.PENDING, WorkflowStatus.RUNNING, WorkflowStatus.SUSPENDED)
     ]
-    if connection.vendor == "postgresql":
+    postgresql = connection.vendor == "postgresql"
+    if postgresql:
         now_sql, now_params = workflow_now_sql("postgresql"), []
     else:
         now_sql, now_params = "%s", [connection.ops.adapt_datetimefield_value(db_now(using))]
+    # No lock on the claim (a slow caller must never stall renewal); the row is appended to the
+    # current run's mailbox only while that run is active. Table names are the models' own; every
+    # value is a parameter.
+    insert = (
+        f"INSERT INTO {signals} (workflow_id, run_id, name, signal_id, payload, state, created_at) "
+        f"SELECT w.id, w.run_id, %s, %s, %s, %s, {now_sql} FROM {workflows} w "
+        f"WHERE w.id = %s AND w.status IN (%s, %s, %s) ON CONFLICT DO NOTHING"
+    )
+    params = [name, signal_id, text, str(SignalState.BUFFERED.value), *now_params, id, *active]
     with connection.cursor() as cursor:
-        # No lock on the claim (a slow caller must never stall renewal); the row is appended to the
-        # current run's mailbox only while that run is active.
-        # Table names are the models' own; every value is a parameter.
-        cursor.execute(
-            f"INSERT INTO {signals} (workflow_id, run_id, name, signal_id, payload, state, created_at) "
-            f"SELECT w.id, w.run_id, %s, %s, %s, %s, {now_sql} FROM {workflows} w "
-            f"WHERE w.id = %s AND w.status IN (%s, %s, %s) ON CONFLICT DO NOTHING",
-            [name, signal_id, text, str(SignalState.BUFFERED.value), *now_params, id, *active],
-        )
-        inserted = cursor.rowcount == 1
+        if postgresql:
+            wake = f"w:{id}" if len(id) < notify.MAX_PAYLOAD - 2 else "w:*"
+            cursor.execute(
+                f"WITH s AS ({insert} RETURNING workflow_id) SELECT pg_notify(%s, %s) FROM s",
+                [*params, notify.CHANNEL, wake],
+            )
+            inserted = len(cursor.fetchall()) == 1
+        else:
+            cursor.execute(insert, params)
+            inserted = cursor.rowcount == 1
     if not inserted:
         status = Workflow.objects.using(using).filter(pk=id).values_list("status", flat=True).first()
         if status is None or status in TERMINAL_STATUSES:
             return status
         return "duplicate"  # a repeated signal_id: already buffered for this run
-    notify.send("w", id, using)
-    return "buffered"
+    return "buffered"  # (SQLite has no wake-ups: engines poll)
 
 
 def cancel(id: str, reason: str | None = None) -> None:
