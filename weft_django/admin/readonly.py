@@ -70,15 +70,7 @@ class WorkflowClaimAdmin(ReadOnlyAdmin):
     list_filter = (ClaimStateFilter,)
     search_fields = ("workflow_id", "engine_id")
     ordering = ("expires_at",)
-    fields = (
-        "workflow_link",
-        "engine_id",
-        "epoch",
-        "claimed_at",
-        "expires_at",
-        "expiry_display",
-        "last_holder_display",
-    )
+    fields = list_display
     readonly_fields = fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
