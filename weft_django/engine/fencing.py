@@ -404,8 +404,9 @@ def _run_write_statement(
         "c": consumed,
         "e": [[w.workflow_id, w.finish.status, w.finish.result, w.finish.error] for w in finished if w.finish],
         "r": released,
-        "f": [[w.workflow_id, w.epoch] for w in batch],
     }
+    if fence:
+        document["f"] = [[w.workflow_id, w.epoch] for w in batch]  # the claims the fence locks
     ids = "ARRAY(SELECT jsonb_array_elements_text(d.j->'{key}') FROM d)"
     ended_ids = "ARRAY(SELECT x->>0 FROM d, jsonb_array_elements(d.j->'e') AS x)"
     consumed_ids = "ARRAY(SELECT (x->>0)::bigint FROM d, jsonb_array_elements(d.j->'c') AS x)"

@@ -49,10 +49,9 @@ from ..models import PendingUpdate, QueryRequest, Workflow, WorkflowClaim
 from ..notify import send_many
 from ..operations import WaitForUpdate
 from ..status import ACTIVE_STATUSES, QueryStatus, UpdateStatus
-from .driver import AppliedRecord, Leaf, StepRecord, describe_exception
+from .driver import Leaf, StepRecord, describe_exception
 from .fencing import UpdateDone, UpdateRaceLost, WorkflowWrites, fenced_messages
 from .progress import AdmittedRow
-from .progress import load_applied as _load_applied
 from .sessions import allow_user_code
 
 if TYPE_CHECKING:
@@ -496,12 +495,6 @@ def _answer(engine: Engine, wid: str, name: str, arg: str | None, has_arg: bool)
 
 
 # -- loading and cleanup ------------------------------------------------------------------------
-
-
-def load_applied(run_ids: list[Any], using: str) -> dict[str, list[AppliedRecord]]:
-    """The applied-update log of these runs, for replay: run id -> records (engine/progress.py reads
-    it, with the rest of a claimed batch in one round trip on PostgreSQL)."""
-    return _load_applied([str(run_id) for run_id in run_ids], using)
 
 
 def cleanup_interval(engine: Engine) -> float:

@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -736,55 +737,49 @@ def _next_result(cursor: Any) -> None:
         raise DatabaseError("the load batch returned fewer result sets than it has statements")
 
 
+def _read_chunked(
+    using: str, keys: list[Any], build_sql: Callable[[str], str], decode: Callable[[list[Any]], None]
+) -> None:
+    """Run ``build_sql(placeholders)`` (one of the ``_*_sql`` builders above) for each chunk of ``keys``
+    (no ORM compile) and hand its rows to ``decode``."""
+    if not keys:
+        return
+    with connections[using].cursor() as cursor:
+        for chunk in _chunks(keys):
+            cursor.execute(build_sql(", ".join(["%s"] * len(chunk))), chunk)
+            decode(cursor.fetchall())
+
+
 def load_runs(workflow_ids: list[str], using: str) -> dict[str, RunRow]:
-    """The current run of each of these workflows, by id (one query per chunk, no ORM compile)."""
-    if not workflow_ids:
-        return {}
-    connection = connections[using]
+    """The current run of each of these workflows, by id."""
     rows: dict[str, RunRow] = {}
-    with connection.cursor() as cursor:
-        for chunk in _chunks(workflow_ids):
-            cursor.execute(_runs_sql(", ".join(["%s"] * len(chunk))), chunk)
-            _decode_runs(cursor.fetchall(), connection, rows)
+    _read_chunked(using, workflow_ids, _runs_sql, lambda values: _decode_runs(values, connections[using], rows))
     return rows
 
 
 def load_steps(run_ids: list[str], using: str) -> dict[str, dict[int, StepRecord]]:
-    """The step log of each of these runs: {run id: {seq: step}} (one query per chunk, no ORM compile)."""
+    """The step log of each of these runs: {run id: {seq: step}}."""
     steps: dict[str, dict[int, StepRecord]] = {run_id: {} for run_id in run_ids}
-    if not run_ids:
-        return steps
     connection = connections[using]
-    with connection.cursor() as cursor:
-        for chunk in _chunks(_run_keys(run_ids, connection)):
-            cursor.execute(_steps_sql(", ".join(["%s"] * len(chunk))), chunk)
-            _decode_steps(cursor.fetchall(), connection, steps)
+    _read_chunked(
+        using, _run_keys(run_ids, connection), _steps_sql, lambda values: _decode_steps(values, connection, steps)
+    )
     return steps
 
 
 def load_applied(run_ids: list[str], using: str) -> dict[str, list[AppliedRecord]]:
     """The applied-update log of these runs, for replay: run id -> records in (seq, n) order."""
     applied: dict[str, list[AppliedRecord]] = {}
-    if not run_ids:
-        return applied
-    connection = connections[using]
-    with connection.cursor() as cursor:
-        for chunk in _chunks(_run_keys(run_ids, connection)):
-            cursor.execute(_applied_sql(", ".join(["%s"] * len(chunk))), chunk)
-            _decode_applied(cursor.fetchall(), applied)
+    keys = _run_keys(run_ids, connections[using])
+    _read_chunked(using, keys, _applied_sql, lambda values: _decode_applied(values, applied))
     return applied
 
 
 def load_timers(workflow_ids: list[str], using: str) -> dict[str, list[Timer]]:
     """The timers of these workflows (any run), by workflow id."""
     timers: dict[str, list[Timer]] = {}
-    if not workflow_ids:
-        return timers
     connection = connections[using]
-    with connection.cursor() as cursor:
-        for chunk in _chunks(workflow_ids):
-            cursor.execute(_timers_sql(", ".join(["%s"] * len(chunk))), chunk)
-            _decode_timers(cursor.fetchall(), connection, using, timers)
+    _read_chunked(using, workflow_ids, _timers_sql, lambda values: _decode_timers(values, connection, using, timers))
     return timers
 
 
