@@ -15,7 +15,7 @@ from django.apps import apps
 from django.db import connection, transaction
 
 import weft_django as weft
-from weft_django import client, codec, transitions
+from weft_django import client, codec, transitions, waits
 from weft_django.client import InvalidArgumentError, InvalidWorkflowIdError
 from weft_django.clock import db_now
 from weft_django.exceptions import (
@@ -92,7 +92,7 @@ def _listeners_closed():
     """The result() listener closes its connection once nobody waits (the test database must drop)."""
     yield
     deadline = time.monotonic() + 3
-    while not all(listener.closed() for listener in client._listeners.values()):
+    while not all(listener.closed() for listener in waits._listeners.values()):
         assert time.monotonic() < deadline, "the result listener did not close"
         time.sleep(0.02)
 
@@ -723,7 +723,7 @@ def test_result_is_woken_by_notify():
     finally:
         timer.join()
     # Polling alone would re-check only every LISTEN_RECHECK seconds.
-    assert time.monotonic() - started < 0.5 + client.LISTEN_RECHECK / 2
+    assert time.monotonic() - started < 0.5 + waits.LISTEN_RECHECK / 2
 
 
 @pytest.mark.django_db(transaction=True)
@@ -794,7 +794,7 @@ def test_close_connections_ends_waits_in_progress():
     waiter.join(5)
     assert time.monotonic() - started < 3
     assert isinstance(outcome[0], TimeoutError) and "stopped waiting" in str(outcome[0])
-    assert all(listener.closed() for listener in client._listeners.values())
+    assert all(listener.closed() for listener in waits._listeners.values())
     finish(handle.id, "completed", result="later")
     assert handle.result(timeout=5) == "later"  # the next wait starts the threads again
 

@@ -13,7 +13,7 @@ import pytest
 from django.db import connection
 
 import weft_django as weft
-from weft_django.models import AppliedUpdate, Engine, PendingUpdate, WorkflowClaim
+from weft_django.models import AppliedUpdate, PendingUpdate, WorkflowClaim
 from weft_django.testing import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.subprocess, pytest.mark.postgres]

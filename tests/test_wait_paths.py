@@ -10,7 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import weft_django as weft
-from weft_django import client
+from weft_django import client, waits
 from weft_django.engine.engine import Engine
 from weft_django.engine.wakeups import Listener
 
@@ -65,7 +65,7 @@ def test_consecutive_result_waits_share_one_reader_connection(weft_run_until_idl
     second = weft.start("tests.sum", args=[3, 4])
     weft_run_until_idle()
     assert first.result(timeout=5) == {"total": 3}
-    listener = client._listeners["default"]
+    listener = waits._listeners["default"]
     reader = listener._reader
     assert reader is not None and not reader.closed
     assert second.result(timeout=5) == {"total": 7}

@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 import unicodedata
 import uuid
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import IntegrityError, close_old_connections, connections, transaction
+from django.db import IntegrityError, connections, transaction
 from django.db.models import Count, IntegerField, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 
@@ -35,12 +33,6 @@ from .exceptions import (
     InvalidArgumentError,
     InvalidWorkflowIdError,
     PayloadNotSerializableError,
-    QueryFailedError,
-    QueryNotFoundError,
-    QueryTimeoutError,
-    UpdateFailedError,
-    UpdateTimeoutError,
-    UpdateValidationError,
     WorkflowAlreadyExistsError,
     WorkflowCancelledError,
     WorkflowFailedError,
@@ -51,15 +43,15 @@ from .exceptions import (
 from .models import (
     BufferedSignal,
     IdempotencyKey,
-    PendingUpdate,
-    QueryRequest,
     Step,
     Timer,
     Workflow,
     WorkflowClaim,
 )
+from .queries_and_updates import admit, await_update, query_on_thread, update_on_thread
 from .registry import WorkflowDefinition, resolve_workflow
-from .status import TERMINAL_STATUSES, QueryStatus, SignalState, TimerKind, UpdateStatus, WorkflowStatus
+from .status import TERMINAL_STATUSES, SignalState, TimerKind, WorkflowStatus
+from .waits import Wait, afinish, close_connections, finish, submit, wait_executor, wait_for_end
 
 logger = logging.getLogger(__name__)
 
@@ -649,7 +641,7 @@ def query(id: str, name: str, arg: Any = _UNSET, *, timeout: Any = "5s") -> Any:
     Returns None for a finished run. Raises WorkflowNotFoundError (unknown id), QueryNotFoundError
     (no such query), QueryFailedError (the handler raised; ``.error``) and QueryTimeoutError (no
     answer within ``timeout``, saying why: no engine holds the run, it is suspended, ...)."""
-    return _finish(*_submit_query(id, name, arg, timeout))
+    return finish(*_submit_query(id, name, arg, timeout))
 
 
 def update(id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None, timeout: Any = "5s") -> Any:
@@ -661,19 +653,19 @@ def update(id: str, name: str, payload: Any = None, *, idempotency_key: str | No
     ``timeout``: the request is marked expired and never applied), WorkflowTerminalError and
     WorkflowNotFoundError. A repeated ``idempotency_key`` (per run) returns the stored response and
     applies once; after a timeout it re-admits the request."""
-    return _finish(*_submit_update(id, name, payload, idempotency_key, timeout))
+    return finish(*_submit_update(id, name, payload, idempotency_key, timeout))
 
 
 async def aquery(id: str, name: str, arg: Any = _UNSET, *, timeout: Any = "5s") -> Any:
     """Async twin of :func:`query` (the wait runs on a weft-wait thread, not the event loop)."""
-    return await _afinish(*_submit_query(id, name, arg, timeout))
+    return await afinish(*_submit_query(id, name, arg, timeout))
 
 
 async def aupdate(
     id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None, timeout: Any = "5s"
 ) -> Any:
     """Async twin of :func:`update`."""
-    return await _afinish(*_submit_update(id, name, payload, idempotency_key, timeout))
+    return await afinish(*_submit_update(id, name, payload, idempotency_key, timeout))
 
 
 def start_or_signal(
@@ -727,10 +719,10 @@ def start_with_update(
     seconds = _wait_seconds(timeout)
     text = codec.encode_payload(payload, path="payload")
     plan = _Plan(resolve_workflow(workflow), _encode_input(args, kwargs), None, None, None)
-    future, abandoned = _submit(
+    future, abandoned = submit(
         _start_with_update_on_thread, plan, id, update_name, text, idempotency_key, seconds, _alias()
     )
-    return WorkflowHandle(id), _finish(future, abandoned)
+    return WorkflowHandle(id), finish(future, abandoned)
 
 
 def _with_run(plan: _Plan, workflow_id: str, using: str, deliver: Any) -> bool:
@@ -765,32 +757,12 @@ def _wait_seconds(timeout: Any) -> float:
     return _duration(timeout, "timeout", positive=True).total_seconds()
 
 
-def _submit(fn: Any, *args: Any) -> tuple[Any, threading.Event]:
-    abandoned = threading.Event()
-    future = _wait_executor().submit(fn, *args, abandoned)  # type: ignore[call-arg]
-    return future, abandoned
-
-
-def _finish(future: Any, abandoned: threading.Event) -> Any:
-    try:
-        return future.result()
-    finally:
-        abandoned.set()
-
-
-async def _afinish(future: Any, abandoned: threading.Event) -> Any:
-    try:
-        return await asyncio.wrap_future(future)
-    finally:
-        abandoned.set()
-
-
 def _submit_query(id: str, name: str, arg: Any, timeout: Any) -> tuple[Any, threading.Event]:
     validate_workflow_id(id)
     _validate_name(name, "name")
     seconds = _wait_seconds(timeout)
     arg_text = None if arg is _UNSET else codec.encode_payload(arg, path="arg")
-    return _submit(_query_on_thread, id, name, arg is not _UNSET, arg_text, seconds, _alias())
+    return submit(query_on_thread, id, name, arg is not _UNSET, arg_text, seconds, _alias())
 
 
 def _submit_update(
@@ -802,273 +774,7 @@ def _submit_update(
         _validate_key(idempotency_key, "idempotency_key")
     seconds = _wait_seconds(timeout)
     text = codec.encode_payload(payload, path="payload")
-    return _submit(_update_on_thread, id, name, text, idempotency_key, seconds, _alias())
-
-
-class _Wait:
-    """The waiting half of a query or update, on a weft-wait thread: wake-ups by LISTEN on
-    PostgreSQL (re-reading every LISTEN_RECHECK anyway), polling with back-off elsewhere."""
-
-    def __init__(self, alias: str, seconds: float, abandoned: threading.Event) -> None:
-        self.alias = alias
-        self.seconds = seconds
-        self.deadline = time.monotonic() + seconds
-        self.abandoned = abandoned
-        self.listener = _listener(alias)
-        self.event = threading.Event()
-        self.keys: list[str] = []
-        self.delay = POLL_FIRST
-        _reuse_or_close(alias)
-        _open_waits.add(abandoned)
-
-    def __enter__(self) -> _Wait:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        _open_waits.discard(self.abandoned)
-        if self.listener is not None:
-            for key in self.keys:
-                self.listener.unsubscribe(key, self.event)
-        _keep_or_close(self.alias)
-
-    def subscribe(self, key: str) -> None:
-        if self.listener is not None and key not in self.keys:
-            self.listener.subscribe(key, self.event)
-            self.keys.append(key)
-            self.listener.listening.wait(max(0.0, min(1.0, self.remaining())))
-
-    def remaining(self) -> float:
-        return self.deadline - time.monotonic()
-
-    @property
-    def over(self) -> bool:
-        return self.remaining() <= 0 or self.abandoned.is_set()
-
-    def pause(self, at_most: float | None = None) -> None:
-        remaining = max(0.0, self.remaining())
-        if at_most is not None:
-            remaining = min(remaining, at_most)
-        if self.listener is not None and self.listener.listening.is_set():
-            self.event.wait(min(remaining, LISTEN_RECHECK))
-        else:
-            self.event.wait(min(remaining, self.delay))
-            self.delay = min(self.delay * 2, POLL_MAX)
-        self.event.clear()
-
-    def db_deadline(self, now: datetime) -> datetime:
-        """When the caller stops waiting, in workflow time (``now`` is db_now())."""
-        return now + timedelta(seconds=max(0.0, self.remaining()))
-
-    def timeout_text(self) -> str:
-        return f"{self.seconds:g}s"
-
-
-_UNHELD: dict[str, str] = {
-    WorkflowStatus.RUNNING: "no engine holds it (it is running but unclaimed: is an engine running? start one with "
-    "`manage.py weft_engine`)",
-    WorkflowStatus.SUSPENDED: "it is suspended, so no engine holds it (resume it first)",
-    WorkflowStatus.PENDING: "it has not started yet (a delayed start), so no engine holds it",
-}
-
-
-def _query_on_thread(
-    workflow_id: str,
-    name: str,
-    has_arg: bool,
-    arg_text: str | None,
-    seconds: float,
-    alias: str,
-    abandoned: threading.Event,
-) -> Any:
-    with _Wait(alias, seconds, abandoned) as wait:
-        wait.subscribe(workflow_id)  # "r:<id>": the run ended
-        request: str | None = None
-        holder: str | None = None
-        why = ""
-        final = False
-        recheck_at = time.monotonic() + REROUTE_CHECK
-        claims = WorkflowClaim.objects.using(alias).filter(pk=OuterRef("pk")).values("engine_id")[:1]
-        while True:
-            if request is None:
-                row = (
-                    Workflow.objects.using(alias)
-                    .filter(pk=workflow_id)
-                    .annotate(holder=Subquery(claims))
-                    .values("status", "holder")
-                    .first()
-                )
-                if row is None:
-                    raise WorkflowNotFoundError(
-                        f'Cannot query workflow "{workflow_id}": no such workflow (never started, purged, or started '
-                        f"in a transaction that has not committed yet: query() reads committed data on its own "
-                        f"connection)."
-                    )
-                if row["status"] in TERMINAL_STATUSES:
-                    return None
-                if row["status"] == WorkflowStatus.RUNNING and row["holder"] and not wait.over:
-                    if row["holder"] == holder and why:
-                        wait.pause(0.05)  # the same engine just turned us away: give the claim a moment
-                    holder, request = row["holder"], str(uuid.uuid4())
-                    wait.subscribe(f"a:{request}")
-                    now = db_now(alias)
-                    with transaction.atomic(using=alias):
-                        if connections[alias].vendor == "postgresql":  # a query needs no durable commit
-                            with connections[alias].cursor() as cursor:
-                                cursor.execute("SET LOCAL synchronous_commit TO OFF")
-                        QueryRequest.objects.using(alias).create(
-                            id=request,
-                            workflow_id=workflow_id,
-                            engine_id=holder,
-                            name=name,
-                            arg=arg_text,
-                            has_arg=has_arg,
-                            created_at=now,
-                            deadline=wait.db_deadline(now),
-                        )
-                        notify.send("q", holder, alias)
-                    why = f'engine "{holder}" holds it but did not answer in time (is it overloaded or stopped?)'
-                elif row["status"] != WorkflowStatus.RUNNING or not row["holder"]:
-                    why = _UNHELD.get(row["status"], f"it is {row['status']}")
-            else:
-                answer = (
-                    QueryRequest.objects.using(alias).filter(pk=request).values("status", "result", "error").first()
-                )
-                status = answer["status"] if answer is not None else QueryStatus.EXPIRED
-                if status == QueryStatus.ANSWERED:
-                    assert answer is not None
-                    return codec.decode(answer["result"])
-                if status == QueryStatus.FAILED:
-                    assert answer is not None
-                    _raise_query_failure(workflow_id, name, answer["error"] or {})
-                    why = f'engine "{holder}" no longer holds it'
-                    request = None  # not owned there (any more): route it again
-                    continue
-                if status == QueryStatus.EXPIRED:
-                    request = None
-                elif time.monotonic() >= recheck_at and not wait.over:
-                    # The engine we asked may have died and another taken the workflow over: follow it.
-                    recheck_at = time.monotonic() + REROUTE_CHECK
-                    now_held = WorkflowClaim.objects.using(alias).filter(pk=workflow_id).values_list("engine_id")
-                    current = now_held.first()
-                    if (current[0] if current else None) != holder and (
-                        QueryRequest.objects.using(alias)
-                        .filter(pk=request, status=QueryStatus.PENDING)
-                        .update(status=QueryStatus.EXPIRED)
-                    ):
-                        why = f'engine "{holder}" lost the workflow before it answered'
-                        request = None
-                        continue
-            if wait.over:
-                if request is not None and not final:
-                    final = True  # expire our request, unless the engine answered it meanwhile
-                    expired = (
-                        QueryRequest.objects.using(alias)
-                        .filter(pk=request, status=QueryStatus.PENDING)
-                        .update(status=QueryStatus.EXPIRED)
-                    )
-                    if not expired:
-                        continue
-                raise QueryTimeoutError(
-                    f'Query "{name}" to workflow "{workflow_id}" got no answer within {wait.timeout_text()}: {why}.'
-                )
-            wait.pause()
-
-
-def _raise_query_failure(workflow_id: str, name: str, error: dict[str, Any]) -> None:
-    reason = error.get("reason")
-    if reason == "not_found":
-        raise QueryNotFoundError(str(error.get("message", f'Workflow "{workflow_id}" has no query "{name}".')))
-    if reason == "handler":
-        raise QueryFailedError(
-            f'Query "{name}" of workflow "{workflow_id}" failed: '
-            f"{error.get('type', 'Error')}: {error.get('message', '')}",
-            error,
-        )
-
-
-_SETTLED = (UpdateStatus.COMPLETED, UpdateStatus.REJECTED, UpdateStatus.FAILED, UpdateStatus.EXPIRED)
-
-
-def _admit(workflow_id: str, name: str, text: str, key: str | None, wait: _Wait, using: str) -> str:
-    """Inside a transaction: admit the update (or find the one with this idempotency key) and send the
-    wake-up. Returns the update's id. An expired request with the same key is admitted again."""
-    row = Workflow.objects.using(using).filter(pk=workflow_id).values("run_id", "status").first()
-    if row is None:
-        raise WorkflowNotFoundError(
-            f'Cannot update workflow "{workflow_id}": no such workflow (never started, purged, or started in a '
-            f"transaction that has not committed yet: update() works on its own connection)."
-        )
-    terminal = WorkflowTerminalError(
-        f'Cannot update workflow "{workflow_id}": it already ended ({row["status"]}), so nothing would handle "{name}".'
-    )
-    now = db_now(using)
-    if key is not None:
-        existing = (
-            PendingUpdate.objects.using(using)
-            .filter(run_id=row["run_id"], idempotency_key=key)
-            .values("id", "name", "status")
-            .first()
-        )
-        if existing is not None:
-            if existing["name"] != name:
-                raise InvalidArgumentError(
-                    f'idempotency_key "{key}" was already used for update "{existing["name"]}" of this run; use '
-                    f'another key for "{name}".'
-                )
-            if existing["status"] != UpdateStatus.EXPIRED:
-                return str(existing["id"])  # the same request: its stored (or coming) response
-            if row["status"] in TERMINAL_STATUSES:
-                raise terminal
-            PendingUpdate.objects.using(using).filter(pk=existing["id"], status=UpdateStatus.EXPIRED).update(
-                status=UpdateStatus.ADMITTED,
-                payload=text,
-                created_at=now,
-                completed_at=None,
-                deadline=wait.db_deadline(now),
-                result=None,
-                error=None,
-                issues=None,
-            )
-            notify.send("w", workflow_id, using)
-            return str(existing["id"])
-    if row["status"] in TERMINAL_STATUSES:
-        raise terminal
-    admitted = PendingUpdate.objects.using(using).create(
-        workflow_id=workflow_id,
-        run_id=row["run_id"],
-        name=name,
-        payload=text,
-        idempotency_key=key,
-        created_at=now,
-        deadline=wait.db_deadline(now),
-    )
-    notify.send("w", workflow_id, using)
-    return str(admitted.id)
-
-
-def _admit_with_retry(workflow_id: str, name: str, text: str, key: str | None, wait: _Wait, alias: str) -> str:
-    for _ in range(transitions.MAX_ATTEMPTS):
-        try:
-            with transaction.atomic(using=alias):
-                return _admit(workflow_id, name, text, key, wait, alias)
-        except IntegrityError:
-            continue  # a concurrent call with the same key admitted it first: find that one
-    raise UpdateFailedError(f'Update "{name}" to workflow "{workflow_id}" could not be admitted; try again.')
-
-
-def _update_on_thread(
-    workflow_id: str,
-    name: str,
-    text: str,
-    key: str | None,
-    seconds: float,
-    alias: str,
-    abandoned: threading.Event,
-) -> Any:
-    with _Wait(alias, seconds, abandoned) as wait:
-        wait.subscribe(workflow_id)
-        update_id = _admit_with_retry(workflow_id, name, text, key, wait, alias)
-        return _await_update(workflow_id, name, update_id, wait)
+    return submit(update_on_thread, id, name, text, idempotency_key, seconds, _alias())
 
 
 def _start_with_update_on_thread(
@@ -1081,12 +787,12 @@ def _start_with_update_on_thread(
     alias: str,
     abandoned: threading.Event,
 ) -> Any:
-    with _Wait(alias, seconds, abandoned) as wait:
+    with Wait(alias, seconds, abandoned) as wait:
         wait.subscribe(workflow_id)
         admitted: list[str] = []
 
         def deliver(started: bool) -> bool:
-            admitted.append(_admit(workflow_id, name, text, key, wait, alias))
+            admitted.append(admit(workflow_id, name, text, key, wait, alias))
             return True
 
         for attempt in range(transitions.MAX_ATTEMPTS):
@@ -1097,84 +803,7 @@ def _start_with_update_on_thread(
                 admitted.clear()
                 if attempt == transitions.MAX_ATTEMPTS - 1:
                     raise
-        return _await_update(workflow_id, name, admitted[-1], wait)
-
-
-def _await_update(workflow_id: str, name: str, update_id: str, wait: _Wait) -> Any:
-    alias = wait.alias
-    wait.subscribe(f"a:{update_id}")
-    run_status = Subquery(
-        Workflow.objects.using(alias).filter(pk=OuterRef("workflow_id"), run_id=OuterRef("run_id")).values("status")[:1]
-    )
-    final = False
-    while True:
-        row = (
-            PendingUpdate.objects.using(alias)
-            .filter(pk=update_id)
-            .annotate(run_status=run_status)
-            .values("status", "result", "error", "issues", "run_status")
-            .first()
-        )
-        if row is None:
-            raise WorkflowTerminalError(
-                f'Update "{name}" to workflow "{workflow_id}": its run was replaced or purged before it answered.'
-            )
-        if row["status"] in _SETTLED:
-            return _update_outcome(workflow_id, name, row)
-        if row["run_status"] is None or row["run_status"] in TERMINAL_STATUSES:
-            # The run ended without answering (a transition, or an admission that raced the end):
-            # nothing can apply it any more (no engine holds a finished run), so close it.
-            PendingUpdate.objects.using(alias).filter(
-                pk=update_id, status__in=[UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED]
-            ).update(
-                status=UpdateStatus.FAILED,
-                completed_at=db_now(alias),
-                error={
-                    "type": "WorkflowTerminalError",
-                    "message": "The workflow ended before the update was answered.",
-                },
-            )
-            continue
-        if wait.over:
-            if not final:
-                final = True
-                if row["status"] == UpdateStatus.ADMITTED and PendingUpdate.objects.using(alias).filter(
-                    pk=update_id, status=UpdateStatus.ADMITTED
-                ).update(status=UpdateStatus.EXPIRED, completed_at=db_now(alias)):
-                    raise UpdateTimeoutError(
-                        f'Update "{name}" to workflow "{workflow_id}" was not applied within {wait.timeout_text()}, '
-                        f"so it expired and will never be applied (is an engine running and does the workflow handle "
-                        f'"{name}"?). Retry with the same idempotency_key to send it again.'
-                    )
-                continue  # the owner settled it meanwhile (or a wait_for_update took it): read it again
-            raise UpdateTimeoutError(
-                f'Update "{name}" to workflow "{workflow_id}" was taken by its wait_for_update("{name}") but not '
-                f"answered within {wait.timeout_text()}; its respond() will still complete it (call update() again "
-                f"with the same idempotency_key to wait for that)."
-            )
-        wait.pause()
-
-
-def _update_outcome(workflow_id: str, name: str, row: Mapping[str, Any]) -> Any:
-    status = row["status"]
-    if status == UpdateStatus.COMPLETED:
-        return codec.decode(row["result"])
-    if status == UpdateStatus.REJECTED:
-        raise UpdateValidationError(name, list(row["issues"] or []))
-    if status == UpdateStatus.EXPIRED:
-        raise UpdateTimeoutError(
-            f'Update "{name}" to workflow "{workflow_id}" expired before it was applied (its caller stopped '
-            f"waiting); it was not applied. Send it again to retry."
-        )
-    error = row["error"] if isinstance(row["error"], dict) else {}
-    if error.get("type") == "WorkflowTerminalError" and "stage" not in error:
-        raise WorkflowTerminalError(
-            f'Update "{name}" to workflow "{workflow_id}" was not applied: {error.get("message", "the run ended")}'
-        )
-    raise UpdateFailedError(
-        f'Update "{name}" to workflow "{workflow_id}" failed: {error.get("type", "Error")}: {error.get("message", "")}',
-        error,
-    )
+        return await_update(workflow_id, name, admitted[-1], wait)
 
 
 # ------------------------------------------------------------------------------------------ result
@@ -1196,319 +825,6 @@ def _outcome(workflow_id: str, row: dict[str, Any]) -> Any:
     raise WorkflowTimedOutError(
         f'Workflow "{workflow_id}" timed out: its execution deadline ({row["execution_deadline"]}) passed.'
     )
-
-
-class _ResultListener:
-    """One LISTEN connection per database alias, shared by every wait in this process (``result()``,
-    ``query()``, ``update()``), plus one reader connection on which ``result()`` re-reads the row.
-
-    Engines and transitions send ``r:<workflow_id>`` when a run ends; each notification wakes the
-    waiters of that id, which then re-read the row. Both connections are opened on the first waiter
-    and kept while waits keep coming: they close LINGER seconds after the last waiter left (or at
-    close_connections()), so back-to-back waits never pay a connection set-up, while an idle process
-    holds no connection (a lingering one would, for one, block dropping a test database).
-    """
-
-    POLL = 0.2  # how often the listening thread looks for departed waiters
-    LINGER = 1.0  # keep both connections this long after the last waiter left
-
-    def __init__(self, alias: str) -> None:
-        self.alias = alias
-        self._lock = threading.Lock()
-        self._waiters: dict[str, set[threading.Event]] = {}
-        self._thread: threading.Thread | None = None  # None once the thread has decided to stop
-        self._last_thread: threading.Thread | None = None
-        self._idle_since: float | None = None
-        self._closing = False
-        self._read_lock = threading.Lock()
-        self._reader: Any = None
-        self.listening = threading.Event()
-
-    def subscribe(self, workflow_id: str, event: threading.Event | None = None) -> threading.Event:
-        event = event or threading.Event()
-        with self._lock:
-            self._waiters.setdefault(workflow_id, set()).add(event)
-            self._idle_since = None
-            if self._thread is None:
-                self._closing = False
-                self.listening.clear()
-                self._thread = threading.Thread(target=self._run, name=f"weft-wait-listen-{self.alias}", daemon=True)
-                self._last_thread = self._thread
-                self._thread.start()
-        return event
-
-    def unsubscribe(self, workflow_id: str, event: threading.Event) -> None:
-        with self._lock:
-            events = self._waiters.get(workflow_id)
-            if events is not None:
-                events.discard(event)
-                if not events:
-                    del self._waiters[workflow_id]
-
-    def closed(self) -> bool:
-        """True when no listening thread (and so no connection) is left."""
-        thread = self._last_thread
-        return thread is None or not thread.is_alive()
-
-    def close_soon(self) -> None:
-        """Close both connections as soon as nobody waits, without lingering."""
-        with self._lock:
-            self._closing = True
-        self.wake_all()
-
-    def join(self, timeout: float) -> None:
-        thread = self._last_thread
-        if thread is not None:
-            thread.join(timeout)
-
-    def _idle(self) -> bool:
-        """True (and the thread is forgotten) once nobody has waited for LINGER seconds."""
-        with self._lock:
-            if self._waiters:
-                self._idle_since = None
-                return False
-            now = time.monotonic()
-            if self._idle_since is None:
-                self._idle_since = now
-            if not self._closing and now - self._idle_since < self.LINGER:
-                return False
-            self._thread = None
-            self.listening.clear()
-            return True
-
-    def wake_all(self) -> None:
-        self._wake(None)
-
-    def _wake(self, workflow_id: str | None) -> None:
-        with self._lock:
-            if workflow_id is None:
-                events = [event for group in self._waiters.values() for event in group]
-            else:
-                events = list(self._waiters.get(workflow_id, ()))
-        for event in events:
-            event.set()
-
-    def fetchone(self, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
-        """Run one read on the reader connection (opened on first use, kept like the LISTEN one).
-        Callers are subscribed waiters, so the listening thread does not close it under them."""
-        with self._read_lock:
-            try:
-                if self._reader is None or self._reader.closed:
-                    self._reader = self._connect()
-                    self._reader.execute("SET TIME ZONE 'UTC'")
-                row: tuple[Any, ...] | None = self._reader.execute(sql, params).fetchone()
-                return row
-            except Exception:
-                self._close_reader_locked()
-                raise
-
-    def _close_reader_locked(self) -> None:
-        reader, self._reader = self._reader, None
-        if reader is not None:
-            try:
-                reader.close()
-            except Exception:
-                logger.debug("weft result reader: close failed", exc_info=True)
-
-    def _connect(self) -> Any:
-        import psycopg
-
-        params = dict(connections[self.alias].get_connection_params())
-        for key in ("cursor_factory", "context", "prepare_threshold"):
-            params.pop(key, None)
-        return psycopg.connect(**params, autocommit=True)
-
-    def _run(self) -> None:
-        backoff = 0.1
-        try:
-            while not self._idle():
-                try:
-                    with self._connect() as conn:
-                        conn.execute(f"LISTEN {notify.CHANNEL}")
-                        self.listening.set()
-                        self._wake(None)  # a run may have ended before LISTEN took effect: re-check all
-                        backoff = 0.1
-                        while not self._idle():
-                            for note in conn.notifies(timeout=self.POLL):
-                                kind, _, ident = note.payload.partition(":")
-                                if kind == "r":
-                                    self._wake(None if ident == "*" else ident)
-                                elif kind == "a":  # a query or update answered: "a:<request id>"
-                                    self._wake(None if ident == "*" else note.payload)
-                except Exception:
-                    logger.warning(
-                        "weft result listener lost its connection (alias=%s); polling meanwhile",
-                        self.alias,
-                        exc_info=True,
-                    )
-                    self.listening.clear()
-                    self._wake(None)
-                    time.sleep(backoff)
-                    backoff = min(backoff * 2, 5.0)
-        finally:
-            with self._read_lock:
-                self._close_reader_locked()
-
-
-_listeners: dict[str, _ResultListener] = {}
-_listeners_lock = threading.Lock()
-_executor_lock = threading.Lock()
-_executor: ThreadPoolExecutor | None = None
-WAIT_THREADS = 64
-LISTEN_RECHECK = 2.0  # re-read the row this often even while listening, in case a wake-up was lost
-POLL_FIRST, POLL_MAX = 0.05, 0.5
-REROUTE_CHECK = 1.0  # a pending query re-reads its workflow's holder this often (the engine may have died)
-
-
-def _wait_executor() -> ThreadPoolExecutor:
-    global _executor
-    with _executor_lock:
-        if _executor is None:
-            _executor = ThreadPoolExecutor(max_workers=WAIT_THREADS, thread_name_prefix="weft-wait")
-        return _executor
-
-
-_open_waits: set[threading.Event] = set()  # the "abandoned" flags of the waits in progress
-_kept: set[Any] = set()  # weft-wait threads' Django connections kept between waits (PostgreSQL)
-_kept_lock = threading.Lock()
-
-
-def _keep_or_close(alias: str) -> None:
-    """After a query or update wait on a weft-wait thread: on PostgreSQL keep the thread's Django
-    connection for its next wait (a connection set-up per call otherwise, whatever CONN_MAX_AGE
-    says); close_connections() closes the kept ones. Elsewhere, or after an error, close it."""
-    wrapper = connections[alias]
-    if wrapper.vendor != "postgresql" or wrapper.connection is None or wrapper.errors_occurred:
-        close_old_connections()
-        return
-    if not wrapper.get_autocommit() or wrapper.in_atomic_block:
-        wrapper.close()
-        return
-    with _kept_lock:
-        if wrapper not in _kept:
-            wrapper.inc_thread_sharing()  # so that close_connections() may close it from its thread
-            _kept.add(wrapper)
-
-
-def _reuse_or_close(alias: str) -> None:
-    """Before a query or update wait: reuse a kept connection if it still works, else start clean."""
-    wrapper = connections[alias]
-    with _kept_lock:
-        kept = wrapper in _kept
-    if not kept:
-        close_old_connections()
-    elif not wrapper.is_usable():
-        with _kept_lock:
-            _kept.discard(wrapper)
-        wrapper.close()
-        wrapper.dec_thread_sharing()
-
-
-def close_connections(timeout: float = 5.0) -> None:
-    """End every result() wait in progress (its caller gets TimeoutError), stop the weft-wait threads
-    and close the result listeners' connections. For test teardown (before the test database is
-    dropped) and orderly shutdown; the next result() starts them again."""
-    global _executor
-    with _executor_lock:
-        executor, _executor = _executor, None
-    for flag in list(_open_waits):
-        flag.set()
-    with _listeners_lock:
-        listeners = list(_listeners.values())
-    for listener in listeners:
-        listener.close_soon()
-    if executor is not None:
-        executor.shutdown(wait=True, cancel_futures=True)
-    with _kept_lock:
-        kept = list(_kept)
-        _kept.clear()
-    for wrapper in kept:  # the threads are gone: close what they kept
-        try:
-            wrapper.close()
-        except Exception:
-            logger.debug("weft wait connection: close failed", exc_info=True)
-    for listener in listeners:
-        listener.join(timeout)
-
-
-def _forget_threads_after_fork() -> None:
-    """A forked child (a pre-fork server, Celery's prefork pool) has none of the parent's threads."""
-    global _executor, _listeners, _listeners_lock, _executor_lock, _open_waits, _kept, _kept_lock
-    _executor, _listeners, _open_waits, _kept = None, {}, set(), set()
-    _listeners_lock, _executor_lock, _kept_lock = threading.Lock(), threading.Lock(), threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_threads_after_fork)
-
-
-def _listener(alias: str) -> _ResultListener | None:
-    if connections[alias].vendor != "postgresql":
-        return None
-    with _listeners_lock:
-        if alias not in _listeners:
-            _listeners[alias] = _ResultListener(alias)
-        return _listeners[alias]
-
-
-_RESULT_FIELDS = ("status", "result", "error", "cancel_reason", "execution_deadline")
-_RESULT_SQL = f"SELECT {', '.join(_RESULT_FIELDS)} FROM {Workflow._meta.db_table} WHERE id = %s"
-
-
-def _read_end(workflow_id: str, alias: str, listener: _ResultListener | None) -> dict[str, Any] | None:
-    """The run's terminal fields: on the listener's reader connection when there is one (no
-    connection set-up per wait, whatever CONN_MAX_AGE says), else through Django."""
-    if listener is not None:
-        try:
-            row = listener.fetchone(_RESULT_SQL, [workflow_id])
-        except Exception:
-            logger.warning("weft result reader failed (alias=%s); reading through Django", alias, exc_info=True)
-        else:
-            return None if row is None else dict(zip(_RESULT_FIELDS, row, strict=True))
-    found: dict[str, Any] | None = Workflow.objects.using(alias).filter(pk=workflow_id).values(*_RESULT_FIELDS).first()
-    return found
-
-
-def _wait_for_end(workflow_id: str, alias: str, deadline: float | None, abandoned: threading.Event) -> dict[str, Any]:
-    """On a weft-wait thread: poll (woken by LISTEN on PostgreSQL) until the run is terminal."""
-    close_old_connections()
-    _open_waits.add(abandoned)
-    listener = _listener(alias)
-    event = listener.subscribe(workflow_id) if listener is not None else threading.Event()
-    try:
-        if listener is not None:
-            listener.listening.wait(min(1.0, _remaining(deadline)))
-        delay = POLL_FIRST
-        while True:
-            event.clear()
-            row = _read_end(workflow_id, alias, listener)
-            if row is None:
-                raise WorkflowNotFoundError(
-                    f'No workflow "{workflow_id}" exists (never started, purged, or started in a transaction '
-                    f"that has not committed yet: result() reads committed data on its own connection)."
-                )
-            if row["status"] in TERMINAL_STATUSES:
-                return row
-            remaining = _remaining(deadline)
-            if remaining <= 0:
-                raise TimeoutError(
-                    f'Workflow "{workflow_id}" is still {row["status"]}; the wait for its result timed out.'
-                )
-            if abandoned.is_set():
-                raise TimeoutError("the caller stopped waiting")
-            if listener is not None and listener.listening.is_set():
-                event.wait(min(remaining, LISTEN_RECHECK))
-            else:
-                event.wait(min(remaining, delay))
-                delay = min(delay * 2, POLL_MAX)
-    finally:
-        _open_waits.discard(abandoned)
-        if listener is not None:
-            listener.unsubscribe(workflow_id, event)
-        close_old_connections()
-
-
-def _remaining(deadline: float | None) -> float:
-    return float("inf") if deadline is None else deadline - time.monotonic()
 
 
 def _deadline(timeout: Any) -> float | None:
@@ -1621,7 +937,7 @@ class WorkflowHandle:
     def _submit_wait(self, timeout: Any) -> tuple[Any, threading.Event]:
         deadline = _deadline(timeout)
         abandoned = threading.Event()
-        future = _wait_executor().submit(_wait_for_end, self.id, _alias(), deadline, abandoned)
+        future = wait_executor().submit(wait_for_end, self.id, _alias(), deadline, abandoned)
         return future, abandoned
 
     def result(self, timeout: Any = None) -> Any:

@@ -1,0 +1,319 @@
+"""The waiting halves of ``query()`` and ``update()`` (and ``start_with_update()``), run on a weft-wait
+thread (see ``waits``): route a query to the engine that holds the run and wait for its answer; admit
+an update durably (idempotency keys per run) and wait until the owning engine settles it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from django.db import IntegrityError, connections, transaction
+from django.db.models import OuterRef, Subquery
+
+from . import codec, notify, transitions
+from .clock import db_now
+from .exceptions import (
+    InvalidArgumentError,
+    QueryFailedError,
+    QueryNotFoundError,
+    QueryTimeoutError,
+    UpdateFailedError,
+    UpdateTimeoutError,
+    UpdateValidationError,
+    WorkflowNotFoundError,
+    WorkflowTerminalError,
+)
+from .models import PendingUpdate, QueryRequest, Workflow, WorkflowClaim
+from .status import TERMINAL_STATUSES, QueryStatus, UpdateStatus, WorkflowStatus
+from .waits import Wait
+
+REROUTE_CHECK = 1.0  # a pending query re-reads its workflow's holder this often (the engine may have died)
+
+
+_UNHELD: dict[str, str] = {
+    WorkflowStatus.RUNNING: "no engine holds it (it is running but unclaimed: is an engine running? start one with "
+    "`manage.py weft_engine`)",
+    WorkflowStatus.SUSPENDED: "it is suspended, so no engine holds it (resume it first)",
+    WorkflowStatus.PENDING: "it has not started yet (a delayed start), so no engine holds it",
+}
+
+
+def query_on_thread(
+    workflow_id: str,
+    name: str,
+    has_arg: bool,
+    arg_text: str | None,
+    seconds: float,
+    alias: str,
+    abandoned: threading.Event,
+) -> Any:
+    with Wait(alias, seconds, abandoned) as wait:
+        wait.subscribe(workflow_id)  # "r:<id>": the run ended
+        request: str | None = None
+        holder: str | None = None
+        why = ""
+        final = False
+        recheck_at = time.monotonic() + REROUTE_CHECK
+        claims = WorkflowClaim.objects.using(alias).filter(pk=OuterRef("pk")).values("engine_id")[:1]
+        while True:
+            if request is None:
+                row = (
+                    Workflow.objects.using(alias)
+                    .filter(pk=workflow_id)
+                    .annotate(holder=Subquery(claims))
+                    .values("status", "holder")
+                    .first()
+                )
+                if row is None:
+                    raise WorkflowNotFoundError(
+                        f'Cannot query workflow "{workflow_id}": no such workflow (never started, purged, or started '
+                        f"in a transaction that has not committed yet: query() reads committed data on its own "
+                        f"connection)."
+                    )
+                if row["status"] in TERMINAL_STATUSES:
+                    return None
+                if row["status"] == WorkflowStatus.RUNNING and row["holder"] and not wait.over:
+                    if row["holder"] == holder and why:
+                        wait.pause(0.05)  # the same engine just turned us away: give the claim a moment
+                    holder, request = row["holder"], str(uuid.uuid4())
+                    wait.subscribe(f"a:{request}")
+                    now = db_now(alias)
+                    with transaction.atomic(using=alias):
+                        if connections[alias].vendor == "postgresql":  # a query needs no durable commit
+                            with connections[alias].cursor() as cursor:
+                                cursor.execute("SET LOCAL synchronous_commit TO OFF")
+                        QueryRequest.objects.using(alias).create(
+                            id=request,
+                            workflow_id=workflow_id,
+                            engine_id=holder,
+                            name=name,
+                            arg=arg_text,
+                            has_arg=has_arg,
+                            created_at=now,
+                            deadline=wait.db_deadline(now),
+                        )
+                        notify.send("q", holder, alias)
+                    why = f'engine "{holder}" holds it but did not answer in time (is it overloaded or stopped?)'
+                elif row["status"] != WorkflowStatus.RUNNING or not row["holder"]:
+                    why = _UNHELD.get(row["status"], f"it is {row['status']}")
+            else:
+                answer = (
+                    QueryRequest.objects.using(alias).filter(pk=request).values("status", "result", "error").first()
+                )
+                status = answer["status"] if answer is not None else QueryStatus.EXPIRED
+                if status == QueryStatus.ANSWERED:
+                    assert answer is not None
+                    return codec.decode(answer["result"])
+                if status == QueryStatus.FAILED:
+                    assert answer is not None
+                    _raise_query_failure(workflow_id, name, answer["error"] or {})
+                    why = f'engine "{holder}" no longer holds it'
+                    request = None  # not owned there (any more): route it again
+                    continue
+                if status == QueryStatus.EXPIRED:
+                    request = None
+                elif time.monotonic() >= recheck_at and not wait.over:
+                    # The engine we asked may have died and another taken the workflow over: follow it.
+                    recheck_at = time.monotonic() + REROUTE_CHECK
+                    now_held = WorkflowClaim.objects.using(alias).filter(pk=workflow_id).values_list("engine_id")
+                    current = now_held.first()
+                    if (current[0] if current else None) != holder and (
+                        QueryRequest.objects.using(alias)
+                        .filter(pk=request, status=QueryStatus.PENDING)
+                        .update(status=QueryStatus.EXPIRED)
+                    ):
+                        why = f'engine "{holder}" lost the workflow before it answered'
+                        request = None
+                        continue
+            if wait.over:
+                if request is not None and not final:
+                    final = True  # expire our request, unless the engine answered it meanwhile
+                    expired = (
+                        QueryRequest.objects.using(alias)
+                        .filter(pk=request, status=QueryStatus.PENDING)
+                        .update(status=QueryStatus.EXPIRED)
+                    )
+                    if not expired:
+                        continue
+                raise QueryTimeoutError(
+                    f'Query "{name}" to workflow "{workflow_id}" got no answer within {wait.timeout_text()}: {why}.'
+                )
+            wait.pause()
+
+
+def _raise_query_failure(workflow_id: str, name: str, error: dict[str, Any]) -> None:
+    reason = error.get("reason")
+    if reason == "not_found":
+        raise QueryNotFoundError(str(error.get("message", f'Workflow "{workflow_id}" has no query "{name}".')))
+    if reason == "handler":
+        raise QueryFailedError(
+            f'Query "{name}" of workflow "{workflow_id}" failed: '
+            f"{error.get('type', 'Error')}: {error.get('message', '')}",
+            error,
+        )
+
+
+_SETTLED = (UpdateStatus.COMPLETED, UpdateStatus.REJECTED, UpdateStatus.FAILED, UpdateStatus.EXPIRED)
+
+
+def admit(workflow_id: str, name: str, text: str, key: str | None, wait: Wait, using: str) -> str:
+    """Inside a transaction: admit the update (or find the one with this idempotency key) and send the
+    wake-up. Returns the update's id. An expired request with the same key is admitted again."""
+    row = Workflow.objects.using(using).filter(pk=workflow_id).values("run_id", "status").first()
+    if row is None:
+        raise WorkflowNotFoundError(
+            f'Cannot update workflow "{workflow_id}": no such workflow (never started, purged, or started in a '
+            f"transaction that has not committed yet: update() works on its own connection)."
+        )
+    terminal = WorkflowTerminalError(
+        f'Cannot update workflow "{workflow_id}": it already ended ({row["status"]}), so nothing would handle "{name}".'
+    )
+    now = db_now(using)
+    if key is not None:
+        existing = (
+            PendingUpdate.objects.using(using)
+            .filter(run_id=row["run_id"], idempotency_key=key)
+            .values("id", "name", "status")
+            .first()
+        )
+        if existing is not None:
+            if existing["name"] != name:
+                raise InvalidArgumentError(
+                    f'idempotency_key "{key}" was already used for update "{existing["name"]}" of this run; use '
+                    f'another key for "{name}".'
+                )
+            if existing["status"] != UpdateStatus.EXPIRED:
+                return str(existing["id"])  # the same request: its stored (or coming) response
+            if row["status"] in TERMINAL_STATUSES:
+                raise terminal
+            PendingUpdate.objects.using(using).filter(pk=existing["id"], status=UpdateStatus.EXPIRED).update(
+                status=UpdateStatus.ADMITTED,
+                payload=text,
+                created_at=now,
+                completed_at=None,
+                deadline=wait.db_deadline(now),
+                result=None,
+                error=None,
+                issues=None,
+            )
+            notify.send("w", workflow_id, using)
+            return str(existing["id"])
+    if row["status"] in TERMINAL_STATUSES:
+        raise terminal
+    admitted = PendingUpdate.objects.using(using).create(
+        workflow_id=workflow_id,
+        run_id=row["run_id"],
+        name=name,
+        payload=text,
+        idempotency_key=key,
+        created_at=now,
+        deadline=wait.db_deadline(now),
+    )
+    notify.send("w", workflow_id, using)
+    return str(admitted.id)
+
+
+def admit_with_retry(workflow_id: str, name: str, text: str, key: str | None, wait: Wait, alias: str) -> str:
+    for _ in range(transitions.MAX_ATTEMPTS):
+        try:
+            with transaction.atomic(using=alias):
+                return admit(workflow_id, name, text, key, wait, alias)
+        except IntegrityError:
+            continue  # a concurrent call with the same key admitted it first: find that one
+    raise UpdateFailedError(f'Update "{name}" to workflow "{workflow_id}" could not be admitted; try again.')
+
+
+def update_on_thread(
+    workflow_id: str,
+    name: str,
+    text: str,
+    key: str | None,
+    seconds: float,
+    alias: str,
+    abandoned: threading.Event,
+) -> Any:
+    with Wait(alias, seconds, abandoned) as wait:
+        wait.subscribe(workflow_id)
+        update_id = admit_with_retry(workflow_id, name, text, key, wait, alias)
+        return await_update(workflow_id, name, update_id, wait)
+
+
+def await_update(workflow_id: str, name: str, update_id: str, wait: Wait) -> Any:
+    alias = wait.alias
+    wait.subscribe(f"a:{update_id}")
+    run_status = Subquery(
+        Workflow.objects.using(alias).filter(pk=OuterRef("workflow_id"), run_id=OuterRef("run_id")).values("status")[:1]
+    )
+    final = False
+    while True:
+        row = (
+            PendingUpdate.objects.using(alias)
+            .filter(pk=update_id)
+            .annotate(run_status=run_status)
+            .values("status", "result", "error", "issues", "run_status")
+            .first()
+        )
+        if row is None:
+            raise WorkflowTerminalError(
+                f'Update "{name}" to workflow "{workflow_id}": its run was replaced or purged before it answered.'
+            )
+        if row["status"] in _SETTLED:
+            return _update_outcome(workflow_id, name, row)
+        if row["run_status"] is None or row["run_status"] in TERMINAL_STATUSES:
+            # The run ended without answering (a transition, or an admission that raced the end):
+            # nothing can apply it any more (no engine holds a finished run), so close it.
+            PendingUpdate.objects.using(alias).filter(
+                pk=update_id, status__in=[UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED]
+            ).update(
+                status=UpdateStatus.FAILED,
+                completed_at=db_now(alias),
+                error={
+                    "type": "WorkflowTerminalError",
+                    "message": "The workflow ended before the update was answered.",
+                },
+            )
+            continue
+        if wait.over:
+            if not final:
+                final = True
+                if row["status"] == UpdateStatus.ADMITTED and PendingUpdate.objects.using(alias).filter(
+                    pk=update_id, status=UpdateStatus.ADMITTED
+                ).update(status=UpdateStatus.EXPIRED, completed_at=db_now(alias)):
+                    raise UpdateTimeoutError(
+                        f'Update "{name}" to workflow "{workflow_id}" was not applied within {wait.timeout_text()}, '
+                        f"so it expired and will never be applied (is an engine running and does the workflow handle "
+                        f'"{name}"?). Retry with the same idempotency_key to send it again.'
+                    )
+                continue  # the owner settled it meanwhile (or a wait_for_update took it): read it again
+            raise UpdateTimeoutError(
+                f'Update "{name}" to workflow "{workflow_id}" was taken by its wait_for_update("{name}") but not '
+                f"answered within {wait.timeout_text()}; its respond() will still complete it (call update() again "
+                f"with the same idempotency_key to wait for that)."
+            )
+        wait.pause()
+
+
+def _update_outcome(workflow_id: str, name: str, row: Mapping[str, Any]) -> Any:
+    status = row["status"]
+    if status == UpdateStatus.COMPLETED:
+        return codec.decode(row["result"])
+    if status == UpdateStatus.REJECTED:
+        raise UpdateValidationError(name, list(row["issues"] or []))
+    if status == UpdateStatus.EXPIRED:
+        raise UpdateTimeoutError(
+            f'Update "{name}" to workflow "{workflow_id}" expired before it was applied (its caller stopped '
+            f"waiting); it was not applied. Send it again to retry."
+        )
+    error = row["error"] if isinstance(row["error"], dict) else {}
+    if error.get("type") == "WorkflowTerminalError" and "stage" not in error:
+        raise WorkflowTerminalError(
+            f'Update "{name}" to workflow "{workflow_id}" was not applied: {error.get("message", "the run ended")}'
+        )
+    raise UpdateFailedError(
+        f'Update "{name}" to workflow "{workflow_id}" failed: {error.get("type", "Error")}: {error.get("message", "")}',
+        error,
+    )

@@ -1,0 +1,420 @@
+"""Waiting for an engine: what ``result()``, ``query()`` and ``update()`` share.
+
+They wait, so they never join the caller's transaction: each runs on a "weft-wait" thread with its own
+autocommit connection (they work in ``atomic()`` blocks and ``ATOMIC_REQUESTS`` views). On PostgreSQL
+one LISTEN connection per database alias (``ResultListener``) wakes every waiter of this process: engines
+and transitions send ``r:<workflow id>`` when a run ends and ``a:<request id>`` when a query or update is
+answered. Elsewhere the waits poll with back-off. ``close_connections()`` ends them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import close_old_connections, connections
+
+from . import notify
+from .exceptions import WorkflowNotFoundError
+from .models import Workflow
+from .status import TERMINAL_STATUSES
+
+logger = logging.getLogger(__name__)
+
+WAIT_THREADS = 64
+LISTEN_RECHECK = 2.0  # re-read the row this often even while listening, in case a wake-up was lost
+POLL_FIRST, POLL_MAX = 0.05, 0.5
+
+
+def submit(fn: Any, *args: Any) -> tuple[Any, threading.Event]:
+    abandoned = threading.Event()
+    future = wait_executor().submit(fn, *args, abandoned)  # type: ignore[call-arg]
+    return future, abandoned
+
+
+def finish(future: Any, abandoned: threading.Event) -> Any:
+    try:
+        return future.result()
+    finally:
+        abandoned.set()
+
+
+async def afinish(future: Any, abandoned: threading.Event) -> Any:
+    try:
+        return await asyncio.wrap_future(future)
+    finally:
+        abandoned.set()
+
+
+class Wait:
+    """The waiting half of a query or update, on a weft-wait thread: wake-ups by LISTEN on
+    PostgreSQL (re-reading every LISTEN_RECHECK anyway), polling with back-off elsewhere."""
+
+    def __init__(self, alias: str, seconds: float, abandoned: threading.Event) -> None:
+        self.alias = alias
+        self.seconds = seconds
+        self.deadline = time.monotonic() + seconds
+        self.abandoned = abandoned
+        self.listener = listener_for(alias)
+        self.event = threading.Event()
+        self.keys: list[str] = []
+        self.delay = POLL_FIRST
+        _reuse_or_close(alias)
+        _open_waits.add(abandoned)
+
+    def __enter__(self) -> Wait:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _open_waits.discard(self.abandoned)
+        if self.listener is not None:
+            for key in self.keys:
+                self.listener.unsubscribe(key, self.event)
+        _keep_or_close(self.alias)
+
+    def subscribe(self, key: str) -> None:
+        if self.listener is not None and key not in self.keys:
+            self.listener.subscribe(key, self.event)
+            self.keys.append(key)
+            self.listener.listening.wait(max(0.0, min(1.0, self.remaining())))
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    @property
+    def over(self) -> bool:
+        return self.remaining() <= 0 or self.abandoned.is_set()
+
+    def pause(self, at_most: float | None = None) -> None:
+        remaining = max(0.0, self.remaining())
+        if at_most is not None:
+            remaining = min(remaining, at_most)
+        if self.listener is not None and self.listener.listening.is_set():
+            self.event.wait(min(remaining, LISTEN_RECHECK))
+        else:
+            self.event.wait(min(remaining, self.delay))
+            self.delay = min(self.delay * 2, POLL_MAX)
+        self.event.clear()
+
+    def db_deadline(self, now: datetime) -> datetime:
+        """When the caller stops waiting, in workflow time (``now`` is db_now())."""
+        return now + timedelta(seconds=max(0.0, self.remaining()))
+
+    def timeout_text(self) -> str:
+        return f"{self.seconds:g}s"
+
+
+class ResultListener:
+    """One LISTEN connection per database alias, shared by every wait in this process (``result()``,
+    ``query()``, ``update()``), plus one reader connection on which ``result()`` re-reads the row.
+
+    Engines and transitions send ``r:<workflow_id>`` when a run ends; each notification wakes the
+    waiters of that id, which then re-read the row. Both connections are opened on the first waiter
+    and kept while waits keep coming: they close LINGER seconds after the last waiter left (or at
+    close_connections()), so back-to-back waits never pay a connection set-up, while an idle process
+    holds no connection (a lingering one would, for one, block dropping a test database).
+    """
+
+    POLL = 0.2  # how often the listening thread looks for departed waiters
+    LINGER = 1.0  # keep both connections this long after the last waiter left
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+        self._lock = threading.Lock()
+        self._waiters: dict[str, set[threading.Event]] = {}
+        self._thread: threading.Thread | None = None  # None once the thread has decided to stop
+        self._last_thread: threading.Thread | None = None
+        self._idle_since: float | None = None
+        self._closing = False
+        self._read_lock = threading.Lock()
+        self._reader: Any = None
+        self.listening = threading.Event()
+
+    def subscribe(self, workflow_id: str, event: threading.Event | None = None) -> threading.Event:
+        event = event or threading.Event()
+        with self._lock:
+            self._waiters.setdefault(workflow_id, set()).add(event)
+            self._idle_since = None
+            if self._thread is None:
+                self._closing = False
+                self.listening.clear()
+                self._thread = threading.Thread(target=self._run, name=f"weft-wait-listen-{self.alias}", daemon=True)
+                self._last_thread = self._thread
+                self._thread.start()
+        return event
+
+    def unsubscribe(self, workflow_id: str, event: threading.Event) -> None:
+        with self._lock:
+            events = self._waiters.get(workflow_id)
+            if events is not None:
+                events.discard(event)
+                if not events:
+                    del self._waiters[workflow_id]
+
+    def closed(self) -> bool:
+        """True when no listening thread (and so no connection) is left."""
+        thread = self._last_thread
+        return thread is None or not thread.is_alive()
+
+    def close_soon(self) -> None:
+        """Close both connections as soon as nobody waits, without lingering."""
+        with self._lock:
+            self._closing = True
+        self.wake_all()
+
+    def join(self, timeout: float) -> None:
+        thread = self._last_thread
+        if thread is not None:
+            thread.join(timeout)
+
+    def _idle(self) -> bool:
+        """True (and the thread is forgotten) once nobody has waited for LINGER seconds."""
+        with self._lock:
+            if self._waiters:
+                self._idle_since = None
+                return False
+            now = time.monotonic()
+            if self._idle_since is None:
+                self._idle_since = now
+            if not self._closing and now - self._idle_since < self.LINGER:
+                return False
+            self._thread = None
+            self.listening.clear()
+            return True
+
+    def wake_all(self) -> None:
+        self._wake(None)
+
+    def _wake(self, workflow_id: str | None) -> None:
+        with self._lock:
+            if workflow_id is None:
+                events = [event for group in self._waiters.values() for event in group]
+            else:
+                events = list(self._waiters.get(workflow_id, ()))
+        for event in events:
+            event.set()
+
+    def fetchone(self, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
+        """Run one read on the reader connection (opened on first use, kept like the LISTEN one).
+        Callers are subscribed waiters, so the listening thread does not close it under them."""
+        with self._read_lock:
+            try:
+                if self._reader is None or self._reader.closed:
+                    self._reader = self._connect()
+                    self._reader.execute("SET TIME ZONE 'UTC'")
+                row: tuple[Any, ...] | None = self._reader.execute(sql, params).fetchone()
+                return row
+            except Exception:
+                self._close_reader_locked()
+                raise
+
+    def _close_reader_locked(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            try:
+                reader.close()
+            except Exception:
+                logger.debug("weft result reader: close failed", exc_info=True)
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        params = dict(connections[self.alias].get_connection_params())
+        for key in ("cursor_factory", "context", "prepare_threshold"):
+            params.pop(key, None)
+        return psycopg.connect(**params, autocommit=True)
+
+    def _run(self) -> None:
+        backoff = 0.1
+        try:
+            while not self._idle():
+                try:
+                    with self._connect() as conn:
+                        conn.execute(f"LISTEN {notify.CHANNEL}")
+                        self.listening.set()
+                        self._wake(None)  # a run may have ended before LISTEN took effect: re-check all
+                        backoff = 0.1
+                        while not self._idle():
+                            for note in conn.notifies(timeout=self.POLL):
+                                kind, _, ident = note.payload.partition(":")
+                                if kind == "r":
+                                    self._wake(None if ident == "*" else ident)
+                                elif kind == "a":  # a query or update answered: "a:<request id>"
+                                    self._wake(None if ident == "*" else note.payload)
+                except Exception:
+                    logger.warning(
+                        "weft result listener lost its connection (alias=%s); polling meanwhile",
+                        self.alias,
+                        exc_info=True,
+                    )
+                    self.listening.clear()
+                    self._wake(None)
+                    time.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+        finally:
+            with self._read_lock:
+                self._close_reader_locked()
+
+
+_listeners: dict[str, ResultListener] = {}
+_listeners_lock = threading.Lock()
+_executor_lock = threading.Lock()
+_executor: ThreadPoolExecutor | None = None
+
+
+def wait_executor() -> ThreadPoolExecutor:
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(max_workers=WAIT_THREADS, thread_name_prefix="weft-wait")
+        return _executor
+
+
+_open_waits: set[threading.Event] = set()  # the "abandoned" flags of the waits in progress
+_kept: set[Any] = set()  # weft-wait threads' Django connections kept between waits (PostgreSQL)
+_kept_lock = threading.Lock()
+
+
+def _keep_or_close(alias: str) -> None:
+    """After a query or update wait on a weft-wait thread: on PostgreSQL keep the thread's Django
+    connection for its next wait (a connection set-up per call otherwise, whatever CONN_MAX_AGE
+    says); close_connections() closes the kept ones. Elsewhere, or after an error, close it."""
+    wrapper = connections[alias]
+    if wrapper.vendor != "postgresql" or wrapper.connection is None or wrapper.errors_occurred:
+        close_old_connections()
+        return
+    if not wrapper.get_autocommit() or wrapper.in_atomic_block:
+        wrapper.close()
+        return
+    with _kept_lock:
+        if wrapper not in _kept:
+            wrapper.inc_thread_sharing()  # so that close_connections() may close it from its thread
+            _kept.add(wrapper)
+
+
+def _reuse_or_close(alias: str) -> None:
+    """Before a query or update wait: reuse a kept connection if it still works, else start clean."""
+    wrapper = connections[alias]
+    with _kept_lock:
+        kept = wrapper in _kept
+    if not kept:
+        close_old_connections()
+    elif not wrapper.is_usable():
+        with _kept_lock:
+            _kept.discard(wrapper)
+        wrapper.close()
+        wrapper.dec_thread_sharing()
+
+
+def close_connections(timeout: float = 5.0) -> None:
+    """End every result() wait in progress (its caller gets TimeoutError), stop the weft-wait threads
+    and close the result listeners' connections. For test teardown (before the test database is
+    dropped) and orderly shutdown; the next result() starts them again."""
+    global _executor
+    with _executor_lock:
+        executor, _executor = _executor, None
+    for flag in list(_open_waits):
+        flag.set()
+    with _listeners_lock:
+        listeners = list(_listeners.values())
+    for listener in listeners:
+        listener.close_soon()
+    if executor is not None:
+        executor.shutdown(wait=True, cancel_futures=True)
+    with _kept_lock:
+        kept = list(_kept)
+        _kept.clear()
+    for wrapper in kept:  # the threads are gone: close what they kept
+        try:
+            wrapper.close()
+        except Exception:
+            logger.debug("weft wait connection: close failed", exc_info=True)
+    for listener in listeners:
+        listener.join(timeout)
+
+
+def _forget_threads_after_fork() -> None:
+    """A forked child (a pre-fork server, Celery's prefork pool) has none of the parent's threads."""
+    global _executor, _listeners, _listeners_lock, _executor_lock, _open_waits, _kept, _kept_lock
+    _executor, _listeners, _open_waits, _kept = None, {}, set(), set()
+    _listeners_lock, _executor_lock, _kept_lock = threading.Lock(), threading.Lock(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_threads_after_fork)
+
+
+def listener_for(alias: str) -> ResultListener | None:
+    if connections[alias].vendor != "postgresql":
+        return None
+    with _listeners_lock:
+        if alias not in _listeners:
+            _listeners[alias] = ResultListener(alias)
+        return _listeners[alias]
+
+
+_RESULT_FIELDS = ("status", "result", "error", "cancel_reason", "execution_deadline")
+_RESULT_SQL = f"SELECT {', '.join(_RESULT_FIELDS)} FROM {Workflow._meta.db_table} WHERE id = %s"
+
+
+def _read_end(workflow_id: str, alias: str, listener: ResultListener | None) -> dict[str, Any] | None:
+    """The run's terminal fields: on the listener's reader connection when there is one (no
+    connection set-up per wait, whatever CONN_MAX_AGE says), else through Django."""
+    if listener is not None:
+        try:
+            row = listener.fetchone(_RESULT_SQL, [workflow_id])
+        except Exception:
+            logger.warning("weft result reader failed (alias=%s); reading through Django", alias, exc_info=True)
+        else:
+            return None if row is None else dict(zip(_RESULT_FIELDS, row, strict=True))
+    found: dict[str, Any] | None = Workflow.objects.using(alias).filter(pk=workflow_id).values(*_RESULT_FIELDS).first()
+    return found
+
+
+def wait_for_end(workflow_id: str, alias: str, deadline: float | None, abandoned: threading.Event) -> dict[str, Any]:
+    """On a weft-wait thread: poll (woken by LISTEN on PostgreSQL) until the run is terminal."""
+    close_old_connections()
+    _open_waits.add(abandoned)
+    listener = listener_for(alias)
+    event = listener.subscribe(workflow_id) if listener is not None else threading.Event()
+    try:
+        if listener is not None:
+            listener.listening.wait(min(1.0, _remaining(deadline)))
+        delay = POLL_FIRST
+        while True:
+            event.clear()
+            row = _read_end(workflow_id, alias, listener)
+            if row is None:
+                raise WorkflowNotFoundError(
+                    f'No workflow "{workflow_id}" exists (never started, purged, or started in a transaction '
+                    f"that has not committed yet: result() reads committed data on its own connection)."
+                )
+            if row["status"] in TERMINAL_STATUSES:
+                return row
+            remaining = _remaining(deadline)
+            if remaining <= 0:
+                raise TimeoutError(
+                    f'Workflow "{workflow_id}" is still {row["status"]}; the wait for its result timed out.'
+                )
+            if abandoned.is_set():
+                raise TimeoutError("the caller stopped waiting")
+            if listener is not None and listener.listening.is_set():
+                event.wait(min(remaining, LISTEN_RECHECK))
+            else:
+                event.wait(min(remaining, delay))
+                delay = min(delay * 2, POLL_MAX)
+    finally:
+        _open_waits.discard(abandoned)
+        if listener is not None:
+            listener.unsubscribe(workflow_id, event)
+        close_old_connections()
+
+
+def _remaining(deadline: float | None) -> float:
+    return float("inf") if deadline is None else deadline - time.monotonic()
