@@ -235,14 +235,17 @@ def test_a_worker_killed_mid_activity_is_retried_on_a_live_worker(celery_worker,
     # The survivor hands out unacknowledged messages of dead workers again after 5s (Redis: an hour).
     survivor = celery_worker("survivor", visibility=5)
     # Attempt 1's message stays unacknowledged meanwhile; the engine's per-attempt timeout (3s)
-    # fences attempt 1 out and sends attempt 2, which the live worker runs.
-    assert handle.result(timeout=60)["attempt"] == 2
+    # fences attempt 1 out and sends attempt 2, which the live worker runs (or a later one, when the
+    # survivor starts too slowly for attempt 2's 3 s: a loaded machine).
+    winner = handle.result(timeout=90)["attempt"]
+    assert winner >= 2
     step = Step.objects.get(workflow_id="celery-sigkill", seq=0)
-    assert (step.status, step.attempts) == ("completed", 2)
+    assert (step.status, step.attempts) == ("completed", winner)
     # Then Redis redelivers attempt 1: the survivor skips it without running it.
     skipped = "remote attempt skipped workflow=celery-sigkill seq=0 attempt=1"
     wait_for(lambda: skipped in survivor.output(), 30, message="the redelivery of attempt 1 to be skipped")
-    assert calls("celery_dies_first") == ["k@1", "k@2"]
+    ran = calls("celery_dies_first")
+    assert ran[0] == "k@1" and ran[-1] == f"k@{winner}" and len(ran) == len(set(ran)), ran  # attempt 1 not re-run
     assert Step.objects.get(workflow_id="celery-sigkill", seq=0).result == step.result
     assert RemoteAttempt.objects.filter(workflow_id="celery-sigkill").count() == 0  # cleared by the success
 

@@ -48,12 +48,22 @@ def _postgres_only() -> None:
 # -- helpers --------------------------------------------------------------------------------------
 
 
-def race(*calls: Callable[[], Any], jitter: float = 0.004, rng: random.Random | None = None) -> list[Any]:
+# For a test that must see both orders: its first two rounds give one side, then the other, a head
+# start far longer than the race window (random jitter alone can favour one side on a loaded machine).
+HEAD_START = {0: [0.0, 0.25], 1: [0.25, 0.0]}
+
+
+def race(
+    *calls: Callable[[], Any],
+    jitter: float = 0.004,
+    rng: random.Random | None = None,
+    delays: list[float] | None = None,
+) -> list[Any]:
     """Run each call on its own thread and connection, released together by a barrier (after each
-    thread has connected), with a little random delay to vary the interleaving. Returns the results;
-    re-raises the first error."""
+    thread has connected), with a little random delay to vary the interleaving (or the ``delays``
+    given). Returns the results; re-raises the first error."""
     rng = rng or random.Random()
-    delays = [rng.uniform(0, jitter) for _ in calls]
+    delays = delays or [rng.uniform(0, jitter) for _ in calls]
     barrier = threading.Barrier(len(calls))
     results: list[Any] = [None] * len(calls)
     errors: list[BaseException | None] = [None] * len(calls)
@@ -235,7 +245,7 @@ def test_renewal_and_takeover_of_an_expired_claim_never_both_win():
         def takeover() -> dict[str, tuple[int, str | None]]:
             return ownership.acquire("engine-b", limit=10, ttl=TTL, renew_interval=RENEW, using=USING, takeover=True)
 
-        lost, taken = race(renewal, takeover, rng=rng)
+        lost, taken = race(renewal, takeover, rng=rng, delays=HEAD_START.get(round_))
         assert len(renewed_rows) == 1
         renewed = renewed_rows[0] == 1
         assert renewed != bool(taken), f"round {round_}: renewed={renewed} taken={taken}"  # exactly one wins
@@ -346,6 +356,7 @@ def test_cancel_racing_a_one_statement_commit():
             lambda wid=wid: _cancel_or_ended(wid),
             rng=rng,
             jitter=0.02,
+            delays=HEAD_START.get(round_),
         )
         status = Workflow.objects.get(pk=wid).status
         steps = list(Step.objects.filter(workflow_id=wid).values_list("epoch", flat=True))

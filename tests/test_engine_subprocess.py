@@ -6,7 +6,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from django.db.models import Count
@@ -67,9 +66,10 @@ def test_second_signal_forces_exit(weft_engines):
     engine = weft_engines("forced", "--drain-timeout", "30", env=FAST)
     wait_for(lambda: ActivityCall.objects.filter(key="force-0").exists(), timeout=30, message="activity start")
     engine.send(signal.SIGINT)
-    time.sleep(0.3)
+    # Two signals sent before Python runs the handler would count as one: wait until it has run.
+    wait_for(lambda: "draining engine=forced" in engine.output(), timeout=30, message="the first SIGINT handled")
     engine.send(signal.SIGINT)
-    assert engine.wait(timeout=10) != 0
+    assert engine.wait(timeout=30) != 0
 
 
 def test_two_engines_share_the_work_without_running_anything_twice(weft_engines):

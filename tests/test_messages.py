@@ -107,13 +107,16 @@ def test_query_outcomes(engines):
 
 
 def test_activity_progress_and_accessors_over_the_wire(engines):
-    handle = weft.start("tests.progress", args=[3.0], id="q-progress")
+    # The activity runs far longer than the queries take, even on a loaded machine; cancelling the run
+    # stops it at its next heartbeat.
+    handle = weft.start("tests.progress", args=[60.0], id="q-progress")
     engine = engines.start()
     owned(engine, handle.id)
-    progress = wait_for(lambda: handle.query("activity_progress"), timeout=10, message="a heartbeat")
+    progress = wait_for(lambda: handle.query("activity_progress"), timeout=30, message="a heartbeat")
     assert progress["step"] >= 1
     assert handle.query("stage") == "working"
     assert handle.query("echo", 5) == 5
+    handle.cancel()
 
 
 def test_query_with_no_engine_times_out_saying_why():
@@ -494,33 +497,30 @@ def test_a_respond_commits_with_the_next_update_taken_in_the_same_pass(monkeypat
 
 
 def accept_without_answer(handle) -> None:
-    done = threading.Event()
-
-    def engine_until_accepted() -> None:
-        try:
-            engine = Engine("accepting")
-            engine.start()
-            try:
-                deadline = time.monotonic() + 10
-                while time.monotonic() < deadline:
-                    engine.tick()
-                    if PendingUpdate.objects.filter(idempotency_key="second", status="accepted").exists():
-                        break
-                    time.sleep(0.02)
-                engine.executor.shutdown(0)  # stop before the activity's result is committed
-            finally:
-                engine.shutdown()
-        finally:
-            done.set()
-            connection.close()
-
-    thread = threading.Thread(target=engine_until_accepted)
-    thread.start()
+    """Admit update "second" and run an engine until its wait_for_update took it (accepted), then stop
+    the engine before the activity that comes before respond() is committed. Then ask for it: the
+    wait runs out while it is accepted. (Admitted directly, so a slow engine start on a loaded machine
+    cannot make the caller's own wait expire it first.)"""
+    PendingUpdate.objects.create(
+        workflow_id=handle.id,
+        run_id=Workflow.objects.get(pk=handle.id).run_id,
+        name="confirm",
+        payload='"second"',
+        idempotency_key="second",
+        created_at=db_now(),
+    )
+    engine = Engine("accepting")
+    engine.start()
     try:
-        handle.update("confirm", "second", idempotency_key="second", timeout="2s")
+        deadline = time.monotonic() + 60
+        while not PendingUpdate.objects.filter(idempotency_key="second", status="accepted").exists():
+            assert time.monotonic() < deadline, "the engine did not accept the update"
+            engine.tick()
+            time.sleep(0.02)
+        engine.executor.shutdown(0)  # stop before the activity's result is committed
     finally:
-        done.wait(15)
-        thread.join()
+        engine.shutdown()
+    handle.update("confirm", "second", idempotency_key="second", timeout="300ms")
 
 
 # ---------------------------------------------------------------------------------------- with-start

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 
 import weft_django as weft
+from weft_django.clock import db_clock
 from weft_django.models import StoreLease, WorkflowClaim
 from weft_django.testing import wait_for
 
@@ -48,9 +50,10 @@ def test_none_mode_takes_over_its_predecessors_claims_at_start(weft_engines):
     wait_for(lambda: WorkflowClaim.objects.filter(workflow_id="single", engine_id="single-a").exists(), timeout=30)
     first.kill()
     first.wait()
-    # The claim TTL is the default 30 s: a takeover within a few seconds can only be the start-up takeover.
+    # The dead engine's claim is made valid for an hour: a takeover now can only be the start-up takeover.
+    WorkflowClaim.objects.filter(workflow_id="single").update(expires_at=db_clock() + timedelta(hours=1))
     weft_engines("single-b", env=env(OWNERSHIP="none"))
-    wait_for(lambda: WorkflowClaim.objects.filter(workflow_id="single", engine_id="single-b").exists(), timeout=10)
+    wait_for(lambda: WorkflowClaim.objects.filter(workflow_id="single", engine_id="single-b").exists(), timeout=60)
     handle.signal("go", 1)
     assert handle.result(timeout=30) == 1
 

@@ -224,7 +224,7 @@ class EngineProcess:
         renew = to_timedelta(merged["WORKFLOW_CLAIM_RENEW_INTERVAL"], "WORKFLOW_CLAIM_RENEW_INTERVAL")
         return ttl, renew * TAKEOVER_GRACE_MULTIPLIER
 
-    def _settle_in_flight_statements(self, timeout: float = 5.0) -> None:
+    def _settle_in_flight_statements(self, timeout: float = 30.0) -> None:
         """After SIGSTOP, a statement (a COMMIT) the engine sent just before may still be running on the
         server: wait until none of its sessions is active, so the step snapshot taken next includes it."""
         from django.db import connections
@@ -407,6 +407,10 @@ class FrozenEngine:
             self.thaw()
         thawed_at = self.thawed_at
 
+        # Two heartbeats after the thaw: the renewal runs before the heartbeat, and one frozen inside its
+        # statement may report "nothing lost" from before the freeze; the next one has seen the loss.
+        beats: list[datetime] = []
+
         def ran_again() -> bool:
             if self.engine.process.poll() is not None:
                 return True
@@ -414,8 +418,11 @@ class FrozenEngine:
                 Engine.objects.using(self.engine.alias)
                 .filter(pk=self.engine.engine_id)
                 .values_list("heartbeat_at", flat=True)
+                .first()
             )
-            return any(at is not None and thawed_at is not None and at > thawed_at for at in beat)
+            if beat is not None and thawed_at is not None and beat > thawed_at and beat not in beats:
+                beats.append(beat)
+            return len(beats) >= 2
 
         wait_for(ran_again, timeout, message=f"thawed engine {self.engine.engine_id!r} to renew its claims again")
         if stop:

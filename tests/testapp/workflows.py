@@ -510,7 +510,7 @@ def celery_progress_workflow(ctx, key: str, gate: str):
     return (yield ctx.run(celery_progress, key, gate))
 
 
-@weft.activity(executor="celery", timeout="3s", retry=weft.RetryPolicy(max_attempts=3, initial_backoff="100ms"))
+@weft.activity(executor="celery", timeout="3s", retry=weft.RetryPolicy(max_attempts=6, initial_backoff="100ms"))
 def celery_dies_first(key: str) -> dict:
     info = weft.activity_info()
     _count("celery_dies_first", f"{key}@{info.attempt}")
