@@ -119,15 +119,22 @@ class Background:
         return self.result
 
 
-def wait_for_lock_waiter(query_prefix: str, timeout: float = 10.0) -> None:
+# How the one-statement commit shows in pg_stat_activity: as itself, or as the EXECUTE of its prepared
+# form (weft_django/prepared.py).
+ONE_STATEMENT = ("WITH raw AS", "EXECUTE weft_")
+
+
+def wait_for_lock_waiter(query_prefix: str | tuple[str, ...], timeout: float = 30.0) -> None:
     """Wait until some backend is blocked on a row lock running a statement that starts so."""
+    prefixes = [query_prefix] if isinstance(query_prefix, str) else list(query_prefix)
+    matches = " OR ".join(["ltrim(query) LIKE %s"] * len(prefixes))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND wait_event_type = 'Lock' AND ltrim(query) LIKE %s",
-                [query_prefix + "%"],
+                f"AND wait_event_type = 'Lock' AND ({matches})",
+                [prefix + "%" for prefix in prefixes],
             )
             if cursor.fetchone()[0]:
                 return
@@ -305,7 +312,7 @@ def test_a_one_statement_commit_holds_its_fence_until_its_writes_are_done():
     assert fencing._fits_one_statement([writes], USING)
     with statement_held_at_its_writes("rel-3", run_id) as proceed:
         committing = Background(lambda: commit("engine-a", [writes]))
-        wait_for_lock_waiter("WITH raw AS")  # the upsert waits for the blocker's uncommitted step row
+        wait_for_lock_waiter(ONE_STATEMENT)  # the upsert waits for the blocker's uncommitted step row
         releasing = Background(lambda: ownership.release("engine-a", {"rel-3": epoch}, USING))
         wait_for_lock_waiter(CLAIM_UPDATE)  # ... and the release waits for the commit's claim lock
         assert not releasing.done.is_set() and not committing.done.is_set()
@@ -324,7 +331,7 @@ def test_a_takeover_waits_for_a_one_statement_commit_and_a_late_one_is_refused()
     writes = step_writes("tk-1", run_id, epoch)
     with statement_held_at_its_writes("tk-1", run_id) as proceed:
         committing = Background(lambda: commit("engine-a", [writes]))
-        wait_for_lock_waiter("WITH raw AS")
+        wait_for_lock_waiter(ONE_STATEMENT)
         # The takeover skips the locked row (SKIP LOCKED): nothing to take while the commit is in flight.
         taken = ownership.acquire("engine-b", limit=10, ttl=TTL, renew_interval=RENEW, using=USING, takeover=True)
         assert taken == {}

@@ -316,8 +316,12 @@ def test_start_in_autocommit_is_one_statement():
     from django.test.utils import CaptureQueriesContext
 
     with CaptureQueriesContext(connection) as queries:
+        weft.start(simple, args=[1], id="autocommit-first")
+    # The statement is prepared once per connection (weft_django/prepared.py), then one round trip.
+    assert [q["sql"].split(" ", 1)[0] for q in queries] == ["PREPARE", "EXECUTE"]
+    with CaptureQueriesContext(connection) as queries:
         handle = weft.start(simple, args=[1], id="autocommit")
-    assert len(queries) == 1 and queries[0]["sql"].startswith("WITH ")
+    assert len(queries) == 1 and queries[0]["sql"].startswith("EXECUTE weft_")
     row = Workflow.objects.get(pk=handle.id)
     assert row.status == "running" and row.created_at == row.started_at
     assert claim(handle.id).engine_id is None

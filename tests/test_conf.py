@@ -112,6 +112,10 @@ CASES: dict[str, tuple[Any, str]] = {
         {"DETECT_SECOND_INSTANCE": "yes"},
         "DETECT_SECOND_INSTANCE must be True or False (got 'yes').",
     ),
+    "weft.E026": (
+        {"PREPARED_STATEMENTS": 1},
+        "PREPARED_STATEMENTS must be True or False (got 1).",
+    ),
 }
 
 
@@ -154,6 +158,7 @@ def test_defaults_are_the_documented_ones() -> None:
         "PAYLOAD_MAX_BYTES": 1048576,
         "AUTODISCOVER_MODULE": "workflows",
         "DATABASE": "default",
+        "PREPARED_STATEMENTS": True,
     }
 
 

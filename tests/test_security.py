@@ -293,7 +293,17 @@ class SqlScan:
             if isinstance(node, ast.Call) and node.args:
                 func = node.func
                 raw = isinstance(func, ast.Name) and func.id == "RawSQL"
-                if raw or (isinstance(func, ast.Attribute) and func.attr in ("execute", "executemany", "raw", "extra")):
+                via_prepared = (  # prepared.execute(cursor, connection, sql, params): the SQL is the third
+                    isinstance(func, ast.Attribute)
+                    and func.attr == "execute"
+                    and isinstance(func.value, ast.Name)
+                    and func.value.id == "prepared"
+                )
+                if via_prepared and len(node.args) >= 3:
+                    self.check(node.args[2], scope, set())
+                elif raw or (
+                    isinstance(func, ast.Attribute) and func.attr in ("execute", "executemany", "raw", "extra")
+                ):
                     self.check(node.args[0], scope, set())
             returns_str = isinstance(getattr(node, "returns", None), ast.Name) and node.returns.id == "str"
             if isinstance(node, ast.FunctionDef) and node.name.endswith("_sql") and returns_str:
@@ -491,6 +501,15 @@ REVIEWED = {
         "runs the statement _build_start_statement() builds once per shape and caches: identifiers from "
         "Model._meta (db_table, column), enum constants and the *_sql clock/epoch fragments; every value "
         "(id, run id, input, key, delay, timeout, column defaults) is a %(name)s parameter"
+    ),
+    "weft_django/prepared.py:execute": (
+        "PREPARE/EXECUTE of its caller's statement: the name is a hex digest of that text, the text is the "
+        "caller's (checked at each prepared.execute call site) with its placeholders renumbered $1..$n, and "
+        "EXECUTE's arguments are %s placeholders: every value is still a parameter"
+    ),
+    "weft_django/prepared.py:numbered": (
+        "rewrites its caller's statement text: each %s / %(name)s placeholder becomes $n and %% becomes %; no "
+        "value is put into the text (the values are returned, in $n order, for EXECUTE's placeholders)"
     ),
 }
 

@@ -23,7 +23,7 @@ from django.db import IntegrityError, connections, transaction
 from django.db.models import Count, IntegerField, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 
-from . import codec, notify, transitions
+from . import codec, notify, prepared, transitions
 from .clock import db_now, workflow_now_sql
 from .durations import InvalidDuration, to_nonnegative_timedelta
 from .engine import observe
@@ -384,8 +384,9 @@ def _insert_run_sql(plan: _Plan, workflow_id: str, using: str) -> bool:
         "timeout": plan.execution_timeout,
         "payload": f"w:{workflow_id}",  # ids are at most 255 characters: always under notify.MAX_PAYLOAD
     }
-    with connections[using].cursor() as cursor:
-        cursor.execute(sql, params)
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        prepared.execute(cursor, connection, sql, params)  # outside atomic(): prepared (planning > run)
         return observe.started_if(cursor.fetchone() is not None, workflow_id, using)
 
 
@@ -605,7 +606,9 @@ def _buffer_signal(id: str, name: str, text: str, signal_id: str | None, using: 
     with connection.cursor() as cursor:
         if postgresql:
             wake = f"w:{id}" if len(id) < notify.MAX_PAYLOAD - 2 else "w:*"
-            cursor.execute(
+            prepared.execute(
+                cursor,
+                connection,
                 f"WITH s AS ({insert} RETURNING workflow_id) SELECT pg_notify(%s, %s) FROM s",
                 [*params, notify.CHANNEL, wake],
             )

@@ -37,6 +37,7 @@ DEFAULTS: dict[str, Any] = {
     "PAYLOAD_MAX_BYTES": 1048576,
     "AUTODISCOVER_MODULE": "workflows",
     "DATABASE": "default",
+    "PREPARED_STATEMENTS": True,
 }
 
 OWNERSHIP_MODES = ("none", "lease", "workflow-lease")
@@ -75,6 +76,7 @@ class WeftSettings:
     payload_max_bytes: int
     autodiscover_module: str
     database: str
+    prepared_statements: bool = True
 
 
 @dataclass(frozen=True)
@@ -245,6 +247,16 @@ class _Validation:
             )
         return value is True
 
+    def prepared_statements(self) -> bool:
+        value = self.value("PREPARED_STATEMENTS")
+        if not isinstance(value, bool):
+            self.report(
+                "E026",
+                f"PREPARED_STATEMENTS must be True or False (got {value!r}).",
+                "Set PREPARED_STATEMENTS to True (the default) or False.",
+            )
+        return value is True
+
     def retention(self) -> dict[str, timedelta | None]:
         given = self.value("RETENTION")
         hint = 'Map "completed", "failed", "cancelled" and "timed_out" to a duration, or None to keep for ever.'
@@ -333,6 +345,7 @@ def _evaluate() -> tuple[WeftSettings | None, list[SettingsProblem]]:
     payload_max = check.payload_max_bytes()
     module = check.autodiscover_module()
     database = check.database()
+    prepared = check.prepared_statements()
     check.unknown_keys()
     if check.problems or ownership is None:
         return None, check.problems
@@ -354,6 +367,7 @@ def _evaluate() -> tuple[WeftSettings | None, list[SettingsProblem]]:
         payload_max_bytes=payload_max,
         autodiscover_module=module,
         database=database,
+        prepared_statements=prepared,
     ), []
 
 
@@ -390,6 +404,11 @@ def autodiscover_module() -> str:
 def database_alias() -> str:
     """WEFT["DATABASE"], the alias of weft's tables; ignores every other key."""
     return _one_key(_Validation.database)
+
+
+def prepared_statements() -> bool:
+    """WEFT["PREPARED_STATEMENTS"]; ignores every other key."""
+    return _one_key(_Validation.prepared_statements)
 
 
 def payload_max_bytes() -> int:

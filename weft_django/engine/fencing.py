@@ -24,6 +24,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
+from .. import prepared
 from ..models import BufferedSignal, PendingUpdate, Step, Timer, Workflow
 from ..notify import CHANNEL, MAX_PAYLOAD, send_many
 from ..status import ACTIVE_STATUSES, SignalState, UpdateStatus
@@ -482,8 +483,10 @@ def _run_write_statement(
     if len(ctes) == 1 and not parts:
         return []
     main = " UNION ALL ".join(parts) if parts else "SELECT NULL, NULL"
-    with connections[using].cursor() as cursor:
-        cursor.execute(f"WITH {', '.join(ctes)} {main}", params)
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        # Prepared (its planning costs more than its run) when it is its own transaction: the fence path.
+        prepared.execute(cursor, connection, f"WITH {', '.join(ctes)} {main}", params)
         return [(kind, value) for kind, value in cursor.fetchall() if kind is not None]
 
 
