@@ -61,12 +61,25 @@ def offset(using: str | None = None) -> timedelta:
 
 
 def set_offset(delta: timedelta, using: str | None = None) -> None:
-    """Set workflow time to database time + ``delta`` (tests; every process sees it)."""
+    """Set workflow time to database time + ``delta`` (tests; every process sees it). Engines that
+    reuse a recent clock reading (see ``offset_generation``) hear of it: in this process through the
+    generation, elsewhere through a wake-up that makes them read the clock again."""
+    global _offset_generation
+    from . import notify
     from .models import ClockOffset
 
-    ClockOffset.objects.using(using or _default_alias()).update_or_create(
-        id=1, defaults={"offset_ms": round(delta.total_seconds() * 1000)}
-    )
+    alias = using or _default_alias()
+    ClockOffset.objects.using(alias).update_or_create(id=1, defaults={"offset_ms": round(delta.total_seconds() * 1000)})
+    _offset_generation += 1
+    notify.send("c", "*", alias)
+
+
+_offset_generation = 0
+
+
+def offset_generation() -> int:
+    """Bumped by every ``set_offset`` in this process: a clock reading taken before is stale."""
+    return _offset_generation
 
 
 def advance(delta: timedelta, using: str | None = None) -> None:

@@ -15,13 +15,13 @@ import socket
 import threading
 import time
 import uuid
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connections
 from django.db.models import Q
 
-from ..clock import db_now
+from ..clock import db_now, offset_generation
 from ..conf import WeftSettings, get_settings
 from ..context import WorkflowContext
 from ..exceptions import (
@@ -50,6 +50,8 @@ from .wakeups import Listener
 logger = logging.getLogger(__name__)
 STUCK_MAX_BACKOFF = timedelta(minutes=5)
 MAINTENANCE_DEFER = 3  # poll intervals a stream of wake-ups may hold back the maintenance scans
+CLOCK_REUSE = 0.5  # seconds a database clock reading serves the passes that follow (PostgreSQL)
+ESTIMATE_JITTER = timedelta(milliseconds=5)  # how far a fresh reading may fall behind the last estimate
 
 
 class Engine(Progress):
@@ -82,6 +84,8 @@ class Engine(Progress):
         self._last_maintenance = 0.0
         self._last_mailbox_sweep = 0.0
         self._clock: tuple[datetime, float] | None = None  # the last db_now() and time.monotonic() then
+        self._clock_generation = -1  # clock.offset_generation() at that reading
+        self._last_now = datetime.min.replace(tzinfo=UTC)  # the latest workflow time a pass was given
         self.refused_commits = 0
         self.mode = self.settings.ownership
         self._lease_epoch: int | None = None
@@ -309,8 +313,7 @@ class Engine(Progress):
             rescan, self._rescan = self._rescan, False
         if not (lost or notified or rescan) and self._quiet(claim):
             return False
-        now = db_now(self.using)
-        self._clock = (now, time.monotonic())
+        now = self._workflow_now(fresh=rescan)
         busy = False
         notified_owned = [wid for wid in notified if wid in self.owned]
         if lost:
@@ -377,6 +380,33 @@ class Engine(Progress):
             self._commit(list(writes.values()), now)
         self._dispatch()
         return busy
+
+    def _workflow_now(self, *, fresh: bool) -> datetime:
+        """Workflow time for this pass. On PostgreSQL the database clock is read at most once per
+        CLOCK_REUSE while passes follow each other (every activity outcome is a pass); in between it
+        is the last reading plus the monotonic time since, as the quiet-pass check already judges
+        deadlines (the two clocks drift by microseconds per second). A test's clock offset change
+        (clock.set_offset: a new generation here, a ":*" wake-up elsewhere) forces a reading."""
+        clock = time.monotonic()
+        last = self._clock
+        if (
+            not fresh
+            and last is not None
+            and clock - last[1] < CLOCK_REUSE
+            and self._clock_generation == offset_generation()
+            and connections[self.using].vendor == "postgresql"
+        ):
+            self._last_now = max(self._last_now, last[0] + timedelta(seconds=clock - last[1]))
+            return self._last_now
+        generation = offset_generation()
+        before = time.monotonic()
+        now = db_now(self.using)
+        # The reading was taken somewhere in the round trip: count it from its middle.
+        self._clock, self._clock_generation = (now, (before + time.monotonic()) / 2), generation
+        if timedelta(0) < self._last_now - now < ESTIMATE_JITTER:
+            now = self._last_now  # not behind an estimate already handed out (a moved offset is more)
+        self._last_now = now
+        return now
 
     def _mailbox_sweep_due(self) -> bool:
         """Whether this maintenance pass reads the signals and updates of EVERY owned workflow. Without
