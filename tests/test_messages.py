@@ -445,14 +445,7 @@ def test_wait_for_update_takes_an_update_sent_before_it_waits(engines):
 def test_wait_for_update_not_answered_in_time_stays_accepted(weft_run_until_idle):
     handle = weft.start("tests.msg_confirm", id="u-accepted")
     weft_run_until_idle()
-    PendingUpdate.objects.create(
-        workflow_id=handle.id,
-        run_id=Workflow.objects.get(pk=handle.id).run_id,
-        name="confirm",
-        payload='"first"',
-        idempotency_key="first",
-        created_at=db_now(),
-    )
+    admit_confirm(handle, "first")
     weft_run_until_idle()  # answered by respond() right away
     assert PendingUpdate.objects.get(idempotency_key="first").status == "completed"
     with pytest.raises(weft.UpdateTimeoutError, match="taken by its wait_for_update"):
@@ -496,19 +489,24 @@ def test_a_respond_commits_with_the_next_update_taken_in_the_same_pass(monkeypat
     assert handle.result(timeout=5) == ["one", "two"]
 
 
+def admit_confirm(handle, key: str) -> None:
+    """Admit a "confirm" update with payload and idempotency key ``key`` directly (no caller waits)."""
+    PendingUpdate.objects.create(
+        workflow_id=handle.id,
+        run_id=Workflow.objects.get(pk=handle.id).run_id,
+        name="confirm",
+        payload=f'"{key}"',
+        idempotency_key=key,
+        created_at=db_now(),
+    )
+
+
 def accept_without_answer(handle) -> None:
     """Admit update "second" and run an engine until its wait_for_update took it (accepted), then stop
     the engine before the activity that comes before respond() is committed. Then ask for it: the
     wait runs out while it is accepted. (Admitted directly, so a slow engine start on a loaded machine
     cannot make the caller's own wait expire it first.)"""
-    PendingUpdate.objects.create(
-        workflow_id=handle.id,
-        run_id=Workflow.objects.get(pk=handle.id).run_id,
-        name="confirm",
-        payload='"second"',
-        idempotency_key="second",
-        created_at=db_now(),
-    )
+    admit_confirm(handle, "second")
     engine = Engine("accepting")
     engine.start()
     try:
