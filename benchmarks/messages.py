@@ -62,7 +62,7 @@ def no_listening() -> None:
     """Polling mode: neither the engine nor this process LISTENs."""
     import threading
 
-    from weft_django import client
+    from weft_django import waits
     from weft_django.engine import engine
 
     class Deaf(threading.Thread):
@@ -70,7 +70,7 @@ def no_listening() -> None:
             super().__init__(daemon=True)
 
     engine.Listener = Deaf  # type: ignore[assignment,misc]
-    client._listener = lambda alias: None  # type: ignore[assignment]
+    waits.listener_for = lambda alias: None  # type: ignore[assignment]
 
 
 def engine_main(mode: str) -> None:

@@ -115,6 +115,31 @@ def test_a_statement_postgresql_cannot_prepare_runs_plainly():
     assert verbs(queries) == ["SELECT"]  # remembered: not tried again on this connection
 
 
+def test_a_statement_whose_result_type_changed_is_prepared_again():
+    # A migration that changes a returned column's type while the connection lives: PostgreSQL refuses
+    # the old plan (0A000); the statement runs plainly and is prepared afresh next time.
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE prepared_probe (v integer)")
+        cursor.execute("INSERT INTO prepared_probe VALUES (1)")
+    try:
+        sql = "SELECT v FROM prepared_probe WHERE v = %s"
+        with connection.cursor() as cursor:
+            prepared.execute(cursor, connection, sql, [1])
+            assert cursor.fetchall() == [(1,)]
+            cursor.execute("ALTER TABLE prepared_probe ALTER COLUMN v TYPE bigint")
+        with CaptureQueriesContext(connection) as queries, connection.cursor() as cursor:
+            prepared.execute(cursor, connection, sql, [1])
+            assert cursor.fetchall() == [(1,)]
+        assert verbs(queries) == ["EXECUTE", "DEALLOCATE", "SELECT"]
+        with CaptureQueriesContext(connection) as queries, connection.cursor() as cursor:
+            prepared.execute(cursor, connection, sql, [1])
+            assert cursor.fetchall() == [(1,)]
+        assert verbs(queries) == ["PREPARE", "EXECUTE"]
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TABLE prepared_probe")
+
+
 def test_an_error_of_the_statement_itself_is_raised():
     with connection.cursor() as cursor, pytest.raises(Exception, match="division by zero"):
         prepared.execute(cursor, connection, "SELECT 1 / %s", [0])

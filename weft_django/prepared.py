@@ -21,6 +21,7 @@ it off.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import threading
 import weakref
@@ -31,7 +32,10 @@ from django.db import DatabaseError
 
 UNKNOWN_STATEMENT = "26000"  # invalid_sql_statement_name: EXECUTE of a name this server connection lacks
 ALREADY_PREPARED = "42P05"  # duplicate_prepared_statement: PREPARE of a name it already has
-MAX_MISSES = 3  # a connection whose prepared names keep going missing is behind a pooler: stop
+# feature_not_supported, "cached plan must not change result type": a migration changed a column the
+# statement returns while the connection lived. The statement is dropped and prepared again.
+STALE_PLAN = "0A000"
+MAX_MISSES = 3  # EXECUTEs of a name the server connection lacked: then it is behind a pooler, stop
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%s|%%")
 
@@ -48,6 +52,15 @@ class _ConnectionState:
 
 _states: weakref.WeakKeyDictionary[Any, _ConnectionState] = weakref.WeakKeyDictionary()
 _states_lock = threading.Lock()
+
+
+def _forget_after_fork() -> None:
+    """A forked child starts with no lock held (another thread may have held it at the fork)."""
+    global _states, _states_lock
+    _states, _states_lock = weakref.WeakKeyDictionary(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def statement_name(sql: str) -> str:
@@ -129,10 +142,15 @@ def execute(cursor: Any, connection: Any, sql: str, params: Sequence[Any] | Mapp
     try:
         cursor.execute(call, ordered)
     except DatabaseError as error:
-        if _sqlstate(error) != UNKNOWN_STATEMENT:
+        code = _sqlstate(error)
+        if code == STALE_PLAN:
+            state.names.discard(name)
+            cursor.execute(f"DEALLOCATE {name}")
+        elif code == UNKNOWN_STATEMENT:
+            # Not on this server connection (a pooler moved us, or DISCARD ALL ran): run it plainly.
+            state.names.discard(name)
+            state.misses += 1
+            state.disabled = state.misses >= MAX_MISSES
+        else:
             raise
-        # Not on this server connection (a pooler moved us, or DISCARD ALL ran): run it plainly.
-        state.names.discard(name)
-        state.misses += 1
-        state.disabled = state.misses >= MAX_MISSES
         cursor.execute(sql, params)

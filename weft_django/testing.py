@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import signal
@@ -25,6 +26,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 try:
     import pytest
@@ -245,6 +248,7 @@ class EngineProcess:
                 if cursor.fetchone()[0] == 0:
                     return
             time.sleep(0.02)
+        logger.warning("engine %r still had a statement running %.0f s after SIGSTOP", self.engine_id, timeout)
 
     def _freeze_outside_a_write(self, path: str, timeout: float) -> None:
         """SQLite has one write lock for the whole file: an engine frozen while it holds it would stop

@@ -399,10 +399,10 @@ class Engine(Progress):
             self._last_now = max(self._last_now, last[0] + timedelta(seconds=clock - last[1]))
             return self._last_now
         generation = offset_generation()
-        before = time.monotonic()
         now = db_now(self.using)
-        # The reading was taken somewhere in the round trip: count it from its middle.
-        self._clock, self._clock_generation = (now, (before + time.monotonic()) / 2), generation
+        # Counted from the reply's arrival: an estimate can only lag the database clock (by the reply's
+        # way back), so a timer or deadline never comes due early.
+        self._clock, self._clock_generation = (now, time.monotonic()), generation
         if timedelta(0) < self._last_now - now < ESTIMATE_JITTER:
             now = self._last_now  # not behind an estimate already handed out (a moved offset is more)
         self._last_now = now
@@ -426,7 +426,7 @@ class Engine(Progress):
         """Whether a pass with no wake-up would find nothing to do: no outcome, no scan due, no timer
         or attempt deadline near, no mailbox to look at. Such a pass (as after every commit) skips
         even its clock read; deadlines are judged by the last database clock reading plus the local
-        time since, and a maintenance pass (every POLL_INTERVAL) reads the clock in any case."""
+        time since, and a reading is never carried forward more than CLOCK_REUSE (see _workflow_now)."""
         clock = time.monotonic()
         poll = self.settings.poll_interval.total_seconds()
         if (

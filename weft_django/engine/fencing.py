@@ -243,6 +243,9 @@ WORKFLOW_TABLE = Workflow._meta.db_table
 SIGNAL_TABLE = BufferedSignal._meta.db_table
 UPDATE_TABLE = PendingUpdate._meta.db_table
 TIMER_TABLE = Timer._meta.db_table
+# Written into SQL, not a parameter: a prepared statement's generic plan can then use the partial
+# index on buffered signals (weft_signal_buffered).
+BUFFERED_STATE_SQL = f"state = '{SignalState.BUFFERED.value}'"
 _STEP_COLUMNS = (
     "workflow_id",
     "run_id",
@@ -443,11 +446,11 @@ def _run_write_statement(
         params.extend([now, now])
         # The terminal commit closes the mailbox: unconsumed signals are dropped (not those this very
         # commit consumes), admitted updates fail, timers go.
-        ctes.append(
+        ctes.append(  # the state written in: a generic plan keeps the partial index on buffered signals
             f"dropped AS (UPDATE {SIGNAL_TABLE} SET state = %s WHERE workflow_id = ANY({ended_ids}) "
-            f"AND state = %s AND NOT (id = ANY({consumed_ids})))"
+            f"AND {BUFFERED_STATE_SQL} AND NOT (id = ANY({consumed_ids})))"
         )
-        params.extend([SignalState.DROPPED, SignalState.BUFFERED])
+        params.append(SignalState.DROPPED)
         ctes.append(
             f"failed AS (UPDATE {UPDATE_TABLE} SET status = %s, completed_at = %s, error = %s::jsonb "
             f"WHERE workflow_id = ANY({ended_ids}) AND status IN (%s, %s))"

@@ -27,7 +27,7 @@ from .activities import AttemptOutcome, AttemptTask, FenceRefused
 from .children import MAX_DEPTH, ChildStart, child_outcome, mailbox_name
 from .driver import AppliedRecord, Leaf, StepRecord, WorkflowRun
 from .executors import ActivityExecutors
-from .fencing import Finish, WorkflowWrites, lock_claims
+from .fencing import BUFFERED_STATE_SQL, Finish, WorkflowWrites, lock_claims
 from .timers import TimerHeap
 
 logger = logging.getLogger("weft_django.engine.engine")
@@ -614,7 +614,7 @@ def _admitted_sql(marks: str) -> str:
 
 _BUFFERED_SQL = (
     f"SELECT id, workflow_id, run_id, name, payload FROM {BufferedSignal._meta.db_table} "
-    f"WHERE state = %s AND workflow_id = ANY(%s) ORDER BY id"
+    f"WHERE {BUFFERED_STATE_SQL} AND workflow_id = ANY(%s) ORDER BY id"
 )
 
 
@@ -632,7 +632,7 @@ def buffered_signals(workflow_ids: list[str], using: str) -> list[tuple[int, str
         )
         return list(rows)
     with connection.cursor() as cursor:
-        prepared.execute(cursor, connection, _BUFFERED_SQL, [SignalState.BUFFERED.value, workflow_ids])
+        prepared.execute(cursor, connection, _BUFFERED_SQL, [workflow_ids])
         return list(cursor.fetchall())
 
 
