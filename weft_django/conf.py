@@ -237,25 +237,17 @@ class _Validation:
             )
         return str(value)
 
-    def detect_second_instance(self) -> bool:
-        value = self.value("DETECT_SECOND_INSTANCE")
+    def boolean(self, key: str, check_id: str, hint: str) -> bool:
+        value = self.value(key)
         if not isinstance(value, bool):
-            self.report(
-                "E024",
-                f"DETECT_SECOND_INSTANCE must be True or False (got {value!r}).",
-                "Set DETECT_SECOND_INSTANCE to True or False.",
-            )
+            self.report(check_id, f"{key} must be True or False (got {value!r}).", hint)
         return value is True
 
+    def detect_second_instance(self) -> bool:
+        return self.boolean("DETECT_SECOND_INSTANCE", "E024", "Set DETECT_SECOND_INSTANCE to True or False.")
+
     def prepared_statements(self) -> bool:
-        value = self.value("PREPARED_STATEMENTS")
-        if not isinstance(value, bool):
-            self.report(
-                "E026",
-                f"PREPARED_STATEMENTS must be True or False (got {value!r}).",
-                "Set PREPARED_STATEMENTS to True (the default) or False.",
-            )
-        return value is True
+        return self.boolean("PREPARED_STATEMENTS", "E026", "Set PREPARED_STATEMENTS to True (the default) or False.")
 
     def retention(self) -> dict[str, timedelta | None]:
         given = self.value("RETENTION")
