@@ -94,8 +94,8 @@ def to_nonnegative_timedelta(value: object, name: str = "duration") -> timedelta
 def too_long_message(name: str, value: object) -> str:
     return (
         f"{name} must be at most {MAX_DURATION_TEXT}, weft_django.durations.MAX_DURATION "
-        f"(got {value!r}). For something further away, sleep in steps or start a workflow later "
-        "from a schedule."
+        f"(got {value!r}). The bound keeps every deadline weft computes from it a valid date; "
+        "pass a shorter duration."
     )
 
 
