@@ -376,7 +376,8 @@ def _untag(obj: dict[str, Any]) -> Any:
         return decoder(obj["v"])
     except CorruptPayloadError as exc:
         raise CorruptPayloadError(f"tagged {tag!r} value: {exc}") from None
-    except (ValueError, TypeError, KeyError, ArithmeticError) as exc:  # KeyError: unknown ZoneInfo key
+    # KeyError: unknown ZoneInfo key; OSError: a key naming a file ZoneInfo cannot read
+    except (ValueError, TypeError, KeyError, ArithmeticError, OSError) as exc:
         raise CorruptPayloadError(f"tagged {tag!r} value {_short(obj['v'])} is invalid: {exc}") from None
 
 
@@ -391,6 +392,8 @@ def decode(text: str | None) -> Any:
     """Decode codec text (None stays None). Raises CorruptPayloadError for anything else."""
     if text is None:
         return None
+    if not isinstance(text, str):
+        raise CorruptPayloadError(f"Corrupt payload: codec text is a str, not {type(text).__name__} {_short(text)}")
     try:
         return _decode_json(text)
     except CorruptPayloadError as exc:

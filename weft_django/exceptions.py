@@ -87,14 +87,34 @@ class ActivityError(WeftError):
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ActivityError:
+    def from_dict(cls, data: Any) -> ActivityError:
+        """Rebuild it from a recorded step error. CorruptPayloadError when ``data`` is not of the shape
+        ``to_dict`` writes (a damaged row: the engine makes the workflow stuck rather than guess)."""
+        if not isinstance(data, dict):
+            raise CorruptPayloadError(f"an activity error must be a JSON object, found {data!r:.60}")
+        texts = {}
+        for key, default in (
+            ("message", ""),
+            ("type", "Exception"),
+            ("qualified_type", ""),
+            ("traceback", ""),
+            ("activity", ""),
+        ):
+            value = data.get(key)
+            value = default if value is None else value
+            if not isinstance(value, str):
+                raise CorruptPayloadError(f"the activity error's {key!r} must be a string, found {value!r:.60}")
+            texts[key] = value
+        attempts = data.get("attempts", 1)
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0:
+            raise CorruptPayloadError(f"the activity error's 'attempts' must be a whole number, found {attempts!r:.60}")
         return cls(
-            data.get("message", ""),
-            type=data.get("type", "Exception"),
-            qualified_type=data.get("qualified_type", ""),
-            traceback=data.get("traceback", ""),
-            attempts=int(data.get("attempts", 1)),
-            activity=data.get("activity", ""),
+            texts["message"],
+            type=texts["type"],
+            qualified_type=texts["qualified_type"],
+            traceback=texts["traceback"],
+            attempts=attempts,
+            activity=texts["activity"],
         )
 
 
@@ -170,7 +190,19 @@ class PayloadNotSerializableError(WeftError):
 
 
 class CorruptPayloadError(WeftError, ValueError):
-    """Stored text is not valid codec output (a damaged or hand-edited payload row)."""
+    """Stored text is not valid codec output (a damaged or hand-edited payload row).
+
+    The engine never lets one escape: a run whose input cannot be decoded fails with it; a run whose
+    recorded history (a step's result or error, a delivered signal's payload, an applied update)
+    cannot be decoded is stuck with it, shown in the admin and ``weft describe``, until the row is
+    repaired or the run is cancelled (docs/reliability.md)."""
+
+
+class EngineInternalError(WeftError):
+    """The engine failed while driving one workflow (a bug in weft_django, not in workflow code).
+
+    The workflow is stuck with this error and retried with back-off; the engine keeps serving its
+    other workflows. The message names the original exception; report it with the engine's log."""
 
 
 class IdempotencyKeyPurgedError(WeftError):

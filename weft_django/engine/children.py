@@ -18,7 +18,7 @@ from ..epochs import next_epoch
 from ..models import BufferedSignal, Workflow, WorkflowClaim
 from ..notify import send_many
 from . import observe
-from .driver import Outcome
+from .driver import CORRUPT_RECORD, Outcome
 
 MAILBOX_PREFIX = "__weft_child__:"
 MAX_DEPTH = 10
@@ -125,7 +125,17 @@ def report_child_end(
 
 
 def child_outcome(payload_text: str) -> Outcome:
-    """The parent's view of a child-terminal record: the child's result, or a ChildWorkflowError."""
+    """The parent's view of a child-terminal record: the child's result, or a ChildWorkflowError.
+    A record that cannot be read settles the step with a CorruptRecord error, kept with the step: the
+    parent gets stuck on it (live and on every replay), not the engine."""
+    try:
+        return _child_outcome(payload_text)
+    except Exception as exc:
+        message = f"the child-terminal record {payload_text!r:.80} cannot be read ({type(exc).__name__}: {exc})"
+        return Outcome(ok=False, error={"exc": CORRUPT_RECORD, "message": message, "record": payload_text[:2000]})
+
+
+def _child_outcome(payload_text: str) -> Outcome:
     record = decode(payload_text)
     if record["status"] == "completed":
         return Outcome(ok=True, text=record["result"])

@@ -13,7 +13,15 @@ from typing import Any
 
 from ..codec import decode, encode_payload
 from ..context import WorkflowContext
-from ..exceptions import ActivityError, ChildWorkflowError, NonDeterminismError, WaitTimeoutError, WeftError
+from ..exceptions import (
+    ActivityError,
+    ChildWorkflowError,
+    CorruptPayloadError,
+    EngineInternalError,
+    NonDeterminismError,
+    WaitTimeoutError,
+    WeftError,
+)
 from ..operations import All, Inert, Memo, Operation, Race, WaitForUpdate
 from ..registry import WorkflowDefinition
 
@@ -74,19 +82,84 @@ class Frontier:
     leaves: list[Leaf]
 
 
-def error_to_exception(error: dict[str, Any]) -> Exception:
-    """Rebuild the exception recorded for a step, identically live and on replay."""
+CORRUPT_RECORD = "CorruptRecord"  # a step error meaning: what settled this step could not be read (stuck)
+
+
+def error_to_exception(error: Any) -> Exception:
+    """Rebuild the exception recorded for a step, identically live and on replay. A recorded error
+    that is not an object of the expected shape raises CorruptPayloadError (the run gets stuck)."""
+    if error is None:
+        error = {}
+    if not isinstance(error, dict):
+        raise CorruptPayloadError(f"the recorded error is a JSON {_json_kind(error)}, not an object")
     kind = error.get("exc")
+    if kind == CORRUPT_RECORD:
+        raise CorruptPayloadError(_text(error, "message", "the record that settled this step could not be read"))
     if kind == "ActivityError":
         return ActivityError.from_dict(error)
     if kind == "ChildWorkflowError":
+        inner = error.get("error")
+        if inner is not None and not isinstance(inner, dict):
+            raise CorruptPayloadError(f"the child's error is a JSON {_json_kind(inner)}, not an object")
         return ChildWorkflowError(
-            error.get("message", ""),
-            child_id=error.get("child_id", ""),
-            status=error.get("status", ""),
-            error=error.get("error"),
+            _text(error, "message", ""),
+            child_id=_text(error, "child_id", ""),
+            status=_text(error, "status", ""),
+            error=inner,
         )
-    return WaitTimeoutError(error.get("message", "The wait timed out."))
+    return WaitTimeoutError(_text(error, "message", "The wait timed out."))
+
+
+def _text(error: dict[str, Any], key: str, default: str) -> str:
+    value = error.get(key, default)
+    if not isinstance(value, str):
+        raise CorruptPayloadError(f"the recorded error's {key!r} is a JSON {_json_kind(value)}, not a string")
+    return value
+
+
+def _json_kind(value: Any) -> str:
+    names = {str: "string", list: "array", dict: "object", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
+class _Unreadable(Exception):
+    """Raised inside the driver when a recorded row cannot be decoded; the run gets stuck (CorruptPayloadError)."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(f"{where}: {reason}")
+        self.where = where
+        self.reason = reason
+
+
+def _read(text: str | None, where: str) -> Any:
+    try:
+        return decode(text)
+    except CorruptPayloadError as exc:
+        raise _Unreadable(where, str(exc)) from None
+
+
+def _where(seq: int, op: Operation | None = None, field: str = "result") -> str:
+    if op is None:
+        return f"the {field} of step {seq}"
+    label = f"{op.kind} {op.name!r}" if op.name else op.kind
+    return f"the {field} of step {seq} ({label})"
+
+
+def read_input(text: str | None) -> tuple[list[Any], dict[str, Any]]:
+    """A run's input as (args, kwargs). CorruptPayloadError when it is not codec text of
+    ``{"args": [...], "kwargs": {...}}``."""
+    payload = decode(text)
+    if payload is None:
+        return [], {}
+    if not isinstance(payload, dict):
+        raise CorruptPayloadError(f"the input is a {type(payload).__name__}, not {{'args': [...], 'kwargs': {{...}}}}")
+    args = payload.get("args", [])
+    kwargs = payload.get("kwargs", {})
+    if not isinstance(args, list | tuple):
+        raise CorruptPayloadError(f"the input's 'args' is a {type(args).__name__}, not a list")
+    if not isinstance(kwargs, dict) or not all(isinstance(key, str) for key in kwargs):
+        raise CorruptPayloadError("the input's 'kwargs' is not a dict with string keys")
+    return list(args), kwargs
 
 
 def describe_exception(exc: BaseException) -> dict[str, Any]:
@@ -140,16 +213,28 @@ class WorkflowRun:
 
     # -- driving ------------------------------------------------------------------------------
     def start(self) -> None:
-        payload = decode(self.input_text) or {}
+        """Start the generator and replay it to its frontier. Never raises: an input that cannot be
+        decoded fails the run (no code can run without its arguments); a recorded row that cannot be
+        decoded, or a failure of the driver itself, makes it stuck (see docs/reliability.md)."""
         try:
-            self._gen = self.definition.fn(self.ctx, *payload.get("args", ()), **payload.get("kwargs", {}))
+            args, kwargs = read_input(self.input_text)
+        except CorruptPayloadError as exc:
+            self.failure = describe_exception(
+                CorruptPayloadError(
+                    f"Workflow {self.ctx.workflow_id!r} cannot start: its stored input cannot be decoded ({exc}). "
+                    "Nothing of this run can execute without its arguments; start a new run with a valid input."
+                )
+            )
+            return
+        try:
+            self._gen = self.definition.fn(self.ctx, *args, **kwargs)
         except Exception as exc:  # a TypeError for wrong arguments, say
             self.failure = describe_exception(exc)
             return
-        self._advance(None, None)
+        self._guarded(lambda: self._advance(None, None))
 
     def settle(self, seq: int, outcome: Outcome) -> None:
-        """The engine settled the frontier leaf at ``seq`` (and recorded its step)."""
+        """The engine settled the frontier leaf at ``seq`` (and recorded its step). Never raises (as start())."""
         frontier = self.frontier
         if frontier is None:
             return
@@ -157,7 +242,23 @@ class WorkflowRun:
         if leaf is None or leaf.outcome is not None:
             return
         leaf.outcome = outcome
-        self._settle_frontier()
+        self._guarded(self._settle_frontier)
+
+    def _guarded(self, drive: Any) -> None:
+        """Run ``drive``; what escapes it is not the workflow code's failure (that is caught where the
+        generator runs) but a row that cannot be decoded or a driver bug: the run gets stuck with it."""
+        try:
+            drive()
+        except _Unreadable as exc:
+            self._get_stuck(self._corrupt(exc))
+        except Exception as exc:
+            self._get_stuck(
+                EngineInternalError(
+                    f"Workflow {self.ctx.workflow_id!r}: the engine failed while driving it "
+                    f"({type(exc).__name__}: {exc}). This is a bug in weft_django, not in the workflow code; "
+                    "the engine retries it with back-off. Please report it with the engine's log."
+                )
+            )
 
     def pending_leaves(self) -> list[Leaf]:
         if self.frontier is None:
@@ -192,6 +293,13 @@ class WorkflowRun:
                 pass
 
     # -- internals ----------------------------------------------------------------------------
+    def _corrupt(self, exc: _Unreadable) -> CorruptPayloadError:
+        return CorruptPayloadError(
+            f"Workflow {self.ctx.workflow_id!r} cannot continue: {exc.where} cannot be decoded ({exc.reason}). "
+            "Repair that row (the admin and `weft describe` show the step), or cancel the workflow; the engine "
+            "retries it with back-off and serves its other workflows meanwhile."
+        )
+
     def _settle_frontier(self) -> None:
         frontier = self.frontier
         assert frontier is not None
@@ -204,28 +312,32 @@ class WorkflowRun:
             outcome = frontier.leaves[winner].outcome
             assert outcome is not None
             self.frontier = None
+            leaf = frontier.leaves[winner]
             if outcome.ok:
-                self._advance((winner, decode(outcome.text)), None)
+                self._advance((winner, _read(outcome.text, _where(leaf.seq, leaf.op))), None)
             else:
-                self._advance(None, self._thrown(outcome.error or {}, frontier.leaves[winner].seq))
+                self._advance(None, self._thrown(outcome.error, leaf.seq, leaf.op))
             return
         if any(leaf.outcome is None for leaf in frontier.leaves):
             return
         self.frontier = None
-        outcomes = [leaf.outcome for leaf in frontier.leaves]
         failed = next((leaf for leaf in frontier.leaves if leaf.outcome is not None and not leaf.outcome.ok), None)
         if failed is not None:
             assert failed.outcome is not None
-            self._advance(None, self._thrown(failed.outcome.error or {}, failed.seq))
+            self._advance(None, self._thrown(failed.outcome.error, failed.seq, failed.op))
         elif isinstance(op, All):
-            self._advance([decode(o.text) for o in outcomes if o is not None], None)
+            values = [_read(lf.outcome.text, _where(lf.seq, lf.op)) for lf in frontier.leaves if lf.outcome is not None]
+            self._advance(values, None)
         else:
-            only = outcomes[0]
-            assert only is not None
-            self._advance(self._value(op, only.text), None)
+            only = frontier.leaves[0]
+            assert only.outcome is not None
+            self._advance(self._value(op, only.outcome.text, only.seq), None)
 
-    def _thrown(self, error: dict[str, Any], seq: int) -> Exception:
-        exc = error_to_exception(error)
+    def _thrown(self, error: Any, seq: int, op: Operation | None = None) -> Exception:
+        try:
+            exc = error_to_exception(error)
+        except CorruptPayloadError as corrupt:
+            raise _Unreadable(_where(seq, op, "error"), str(corrupt)) from None
         self._last_thrown = (exc, seq)
         return exc
 
@@ -311,7 +423,7 @@ class WorkflowRun:
     def _memo(self, seq: int, op: Memo) -> tuple[Any, BaseException | None]:
         recorded = self.steps.get(seq)
         if recorded is not None and recorded.settled:
-            return decode(recorded.result), None
+            return _read(recorded.result, _where(seq, op)), None
         try:
             text = encode_payload(op.compute(), path=f"memo {op.key!r}")
         except Exception as error:
@@ -324,13 +436,17 @@ class WorkflowRun:
             recorded = self.steps.get(seq)
             if recorded is None or not recorded.settled:
                 return None
-            winner = decode(recorded.result)
+            winner = _read(recorded.result, _where(seq, op))
+            if type(winner) is not int or not 0 <= winner < len(op.branches):
+                reason = f"{winner!r} is not the index of one of its {len(op.branches)} branches"
+                raise _Unreadable(_where(seq, op), reason)
+            branch = op.branches[winner]
             step = self.steps.get(seq + 1 + winner)
             if step is None or not step.settled:
                 return None
             if step.status == "failed":
-                return None, self._thrown(step.error or {}, seq + 1 + winner)
-            return (winner, decode(step.result)), None
+                return None, self._thrown(step.error, seq + 1 + winner, branch)
+            return (winner, _read(step.result, _where(seq + 1 + winner, branch))), None
         if isinstance(op, All):
             steps = [self.steps.get(seq + 1 + i) for i in range(len(op.branches))]
             if not all(step is not None and step.settled for step in steps):
@@ -338,21 +454,25 @@ class WorkflowRun:
             for i, step in enumerate(steps):
                 assert step is not None
                 if step.status == "failed":
-                    return None, self._thrown(step.error or {}, seq + 1 + i)
-            return [decode(step.result) for step in steps if step is not None], None
+                    return None, self._thrown(step.error, seq + 1 + i, op.branches[i])
+            where = [_where(seq + 1 + i, branch) for i, branch in enumerate(op.branches)]
+            return [_read(step.result, where[i]) for i, step in enumerate(steps) if step is not None], None
         recorded = self.steps.get(seq)
         if recorded is None or not recorded.settled:
             return None
         if recorded.status == "failed":
-            return None, self._thrown(recorded.error or {}, seq)
-        return self._value(op, recorded.result), None
+            return None, self._thrown(recorded.error, seq, op)
+        return self._value(op, recorded.result, seq), None
 
     # -- updates ------------------------------------------------------------------------------
-    def _value(self, op: Operation, text: str | None) -> Any:
+    def _value(self, op: Operation, text: str | None, seq: int) -> Any:
         """What the yield returns for a recorded result: for wait_for_update, ``(payload, respond)``."""
+        value = _read(text, _where(seq, op))
         if not isinstance(op, WaitForUpdate):
-            return decode(text)
-        recorded = decode(text) or {}
+            return value
+        recorded = value if value is not None else {}
+        if not isinstance(recorded, dict):
+            raise _Unreadable(_where(seq, op), f"a {type(recorded).__name__}, not {{'update_id', 'payload'}}")
         return recorded.get("payload"), self._responder(op.name, str(recorded.get("update_id", "")))
 
     def _responder(self, name: str, update_id: str) -> Any:
@@ -384,8 +504,9 @@ class WorkflowRun:
                         )
                     )
                     return False
+                payload = _read(record.payload, f"the payload of update {record.name!r} applied at step {seq}")
                 try:
-                    entry[0](decode(record.payload))
+                    entry[0](payload)
                 except Exception:  # noqa: S112 - it raised live too; that outcome is recorded already
                     continue
         finally:
