@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import threading
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, overload
 
-from .durations import InvalidDuration, to_nonnegative_timedelta
+from .durations import MAX_DURATION, InvalidDuration, to_nonnegative_timedelta
 from .exceptions import WorkflowDefinitionError, WorkflowNotRegisteredError
 
 if TYPE_CHECKING:
@@ -19,6 +20,7 @@ DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_INITIAL_BACKOFF = timedelta(seconds=1)
 DEFAULT_BACKOFF_MULTIPLIER = 2.0
 DEFAULT_MAX_BACKOFF = timedelta(seconds=30)
+MAX_BACKOFF_MULTIPLIER = 1000.0  # beyond it the second retry would already wait out any max_backoff
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,11 +40,16 @@ class RetryPolicy:
             raise WorkflowDefinitionError(
                 f"RetryPolicy.max_attempts must be a whole number >= 1 (got {self.max_attempts!r})."
             )
-        if self.backoff_multiplier is not None and (
-            not isinstance(self.backoff_multiplier, int | float) or self.backoff_multiplier < 1
+        multiplier = self.backoff_multiplier
+        if multiplier is not None and (
+            isinstance(multiplier, bool)
+            or not isinstance(multiplier, int | float)
+            or not math.isfinite(multiplier)  # NaN passes both comparisons below
+            or not 1 <= multiplier <= MAX_BACKOFF_MULTIPLIER
         ):
             raise WorkflowDefinitionError(
-                f"RetryPolicy.backoff_multiplier must be a number >= 1 (got {self.backoff_multiplier!r})."
+                f"RetryPolicy.backoff_multiplier must be a number >= 1 and <= {MAX_BACKOFF_MULTIPLIER:g}, not NaN "
+                f"(got {multiplier!r}); use max_backoff to cap how long a retry waits."
             )
         for name in ("initial_backoff", "max_backoff"):
             value = getattr(self, name)
@@ -63,7 +70,13 @@ class RetryPolicy:
         initial = initial if initial is not None else DEFAULT_INITIAL_BACKOFF
         cap = cap if cap is not None else DEFAULT_MAX_BACKOFF
         multiplier = self.backoff_multiplier if self.backoff_multiplier is not None else DEFAULT_BACKOFF_MULTIPLIER
-        seconds = initial.total_seconds() * multiplier ** (failed_attempt - 1)
+        cap = min(cap, MAX_DURATION)
+        try:  # a float power: an int one of a large max_attempts would take minutes, then not fit a timedelta
+            seconds = initial.total_seconds() * float(multiplier) ** max(failed_attempt - 1, 0)
+        except OverflowError:
+            return cap
+        if not math.isfinite(seconds) or seconds >= cap.total_seconds():
+            return cap
         return min(timedelta(seconds=seconds), cap)
 
     def is_retryable(self, error: BaseException) -> bool:
