@@ -224,7 +224,22 @@ def step_writes(wid: str, run_id: str, epoch: int, seq: int = 0, **extra: Any) -
 
 
 def commit(engine: str, writes: list[fencing.WorkflowWrites], now: datetime | None = None) -> fencing.FenceResult:
-    return fencing.fenced_commit(engine, writes, now or db_now(USING), USING)
+    """A fenced commit as the engine makes it: the fence skips claim rows another transaction holds
+    (``busy``, nothing written) and the engine tries those workflows again on a later pass."""
+    now = now or db_now(USING)
+    result = fencing.fenced_commit(engine, writes, now, USING)
+    deadline = time.monotonic() + 30
+    while result.busy:
+        assert time.monotonic() < deadline, f"rows stayed locked: {result}"
+        time.sleep(0.005)
+        retry = fencing.fenced_commit(engine, [w for w in writes if w.workflow_id in result.busy], now, USING)
+        result = fencing.FenceResult(
+            result.committed | retry.committed,
+            {**result.lost, **retry.lost},
+            {**result.children, **retry.children},
+            retry.busy,
+        )
+    return result
 
 
 # -- (a) renewal vs takeover ----------------------------------------------------------------------

@@ -472,7 +472,7 @@ def test_a_respond_commits_with_the_next_update_taken_in_the_same_pass(monkeypat
             created_at=now + timedelta(milliseconds=n),
         )
     engine = Engine("dies-before-its-batch-commit")
-    monkeypatch.setattr(engine, "_commit", lambda batch, now: None)  # the tick's own commit never lands
+    monkeypatch.setattr(engine, "_commit", lambda batch, now: set())  # the tick's own commit never lands
     engine.start()
     try:
         for _ in range(50):

@@ -216,6 +216,46 @@ def _end_run(row: dict[str, Any], status: WorkflowStatus, using: str, *, reason:
     return epoch
 
 
+def active_descendants(runs: dict[str, str], using: str) -> dict[str, set[str]]:
+    """The active descendants that closing these runs would end, per run: each run's active children
+    whose parent_close_policy is not ``abandon`` (of that very run), their such children, and so on
+    (one recursive query). ``runs`` maps a workflow id to its current run id. An unlocked read: the
+    caller locks the claims it returns, then may check again."""
+    if not runs:
+        return {}
+    table = Workflow._meta.db_table
+    active = sorted(str(status) for status in ACTIVE_STATUSES)
+    marks = ", ".join(["%s"] * len(active))
+    roots = ", ".join(["%s"] * len(runs))
+    sql = (
+        f"WITH RECURSIVE fam(root, root_run, id, run_id) AS ("
+        f"SELECT w.parent_id, w.parent_run_id, w.id, w.run_id FROM {table} w WHERE w.parent_id IN ({roots}) "
+        f"AND w.status IN ({marks}) AND w.parent_close_policy <> %s "
+        f"UNION SELECT fam.root, fam.root_run, w.id, w.run_id FROM {table} w JOIN fam ON w.parent_id = fam.id "
+        f"AND w.parent_run_id = fam.run_id WHERE w.status IN ({marks}) AND w.parent_close_policy <> %s"
+        f") SELECT root, root_run, id FROM fam"
+    )
+    abandon = str(ParentClosePolicy.ABANDON.value)
+    params = [*sorted(runs), *active, abandon, *active, abandon]
+    found: dict[str, set[str]] = {}
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        for root, root_run, child in cursor.fetchall():
+            if str(root_run).replace("-", "") == str(runs[root]).replace("-", ""):
+                found.setdefault(root, set()).add(child)
+    return found
+
+
+def lock_family(workflow_id: str, using: str) -> None:
+    """Lock the claim of ``workflow_id`` and of every active descendant its end would close, in ONE
+    statement in workflow_id order (the global lock order), before any write: a child whose id sorts
+    before its parent's can then never deadlock against an engine's batch commit."""
+    run_id = Workflow.objects.using(using).filter(pk=workflow_id).values_list("run_id", flat=True).first()
+    family = active_descendants({workflow_id: str(run_id)}, using).get(workflow_id, set()) if run_id else set()
+    ids = sorted({workflow_id} | family)
+    list(WorkflowClaim.objects.using(using).select_for_update().filter(pk__in=ids).order_by("pk").values_list("pk"))
+
+
 def close_children(parent_id: str, parent_run_id: str, status: str, using: str) -> None:
     """Apply parent_close_policy to the active children of a run that just ended (engine terminal commit)."""
     _close_children({"id": parent_id, "run_id": parent_run_id}, status, using)
@@ -249,6 +289,7 @@ def cancel(workflow_id: str, reason: str | None = None, *, using: str | None = N
     alias = _alias(using)
 
     def body() -> int:
+        lock_family(workflow_id, alias)
         row = _lock(workflow_id, alias)
         if row["status"] in TERMINAL_STATUSES:
             raise WorkflowTerminalError(
@@ -264,6 +305,7 @@ def time_out(workflow_id: str, *, using: str | None = None) -> int:
     alias = _alias(using)
 
     def body() -> int:
+        lock_family(workflow_id, alias)
         row = _lock(workflow_id, alias)
         if row["status"] in TERMINAL_STATUSES:
             raise WorkflowTerminalError(

@@ -52,6 +52,7 @@ STUCK_MAX_BACKOFF = timedelta(minutes=5)
 MAINTENANCE_DEFER = 3  # poll intervals a stream of wake-ups may hold back the maintenance scans
 CLOCK_REUSE = 0.5  # seconds a database clock reading serves the passes that follow (PostgreSQL)
 ESTIMATE_JITTER = timedelta(milliseconds=5)  # how far a fresh reading may fall behind the last estimate
+CARRY_RETRY = 0.05  # seconds before a commit deferred by a locked row is tried again (when nothing else wakes us)
 
 
 class Engine(Progress):
@@ -79,6 +80,11 @@ class Engine(Progress):
         self._lost: set[str] = set()
         self._epochs: dict[str, int] = {}  # snapshot for the renewal thread
         self._reload: dict[str, int] = {}
+        # Writes a fenced commit deferred because another transaction held a row it needed (a user's
+        # open transaction around cancel(), say): they open the next pass's writes, so what that pass
+        # adds for the same workflow commits with them, never ahead of them.
+        self._carried: dict[str, WorkflowWrites] = {}
+        self._carry_retry_at = 0.0
         self._last_claim_scan = 0.0
         self._last_takeover_scan = 0.0
         self._last_maintenance = 0.0
@@ -155,9 +161,13 @@ class Engine(Progress):
 
     def idle(self) -> bool:
         # An activity waiting out its retry back-off is still being processed, not parked.
-        if self.executor.running or any(
-            o.inflight or o.dispatch or any(kind == TimerKind.ACTIVITY_RETRY for kind, _ in o.timers)
-            for o in self.owned.values()
+        if (
+            self._carried
+            or self.executor.running
+            or any(
+                o.inflight or o.dispatch or any(kind == TimerKind.ACTIVITY_RETRY for kind, _ in o.timers)
+                for o in self.owned.values()
+            )
         ):
             return False
         next_fire = self.timers.next_fire_at()
@@ -275,7 +285,10 @@ class Engine(Progress):
         self.tick(claim=False)
 
     def _wait(self, seconds: float | None = None) -> None:
-        self._wake.wait(seconds if seconds is not None else self.settings.poll_interval.total_seconds())
+        timeout = seconds if seconds is not None else self.settings.poll_interval.total_seconds()
+        if self._carried:
+            timeout = min(timeout, max(0.0, self._carry_retry_at - time.monotonic()))
+        self._wake.wait(timeout)
         self._wake.clear()
 
     def _on_notify(self, payload: str | None) -> None:
@@ -305,6 +318,8 @@ class Engine(Progress):
                 self._drop(owned.workflow_id, reason=None)
             time.sleep(0.2)
             return False
+        except Exception as exc:  # one workflow's handling failed: stick it, not the engine (containment.py)
+            return contain_tick_failure(self, exc)
 
     def _tick(self, claim: bool) -> bool:
         with self._lock:
@@ -319,7 +334,9 @@ class Engine(Progress):
         if lost:
             busy = True
             self._depose(lost)
-        writes: dict[str, WorkflowWrites] = {}
+        # Writes deferred by the last pass come first: this pass's writes for the same workflow join them.
+        writes: dict[str, WorkflowWrites] = {wid: w for wid, w in self._carried.items() if wid in self.owned}
+        self._carried = {}
         changed: set[str] = set()
 
         self.executor.poll(notified)  # outcomes remote workers committed (Celery)
@@ -376,8 +393,11 @@ class Engine(Progress):
                 writes.pop(wid, None)
             self._depose(deposed)
         if writes:
-            busy = True
-            self._commit(list(writes.values()), now)
+            deferred = self._commit(list(writes.values()), now)
+            busy |= len(deferred) < len(writes)
+            if deferred:
+                self._carried = {wid: writes[wid] for wid in sorted(deferred)}
+                self._carry_retry_at = time.monotonic() + CARRY_RETRY
         self._dispatch()
         return busy
 
@@ -560,12 +580,19 @@ class Engine(Progress):
         for wid, epoch in claimed.items():
             row = loaded.runs.get(wid)
             if row is None or row.status != WorkflowStatus.RUNNING:
-                release[wid] = epoch
+                if wid not in unreadable:
+                    release[wid] = epoch
                 continue
             run_id = str(row.run_id)
-            owned = self._start_run(
-                row, epoch, loaded.steps[run_id], loaded.timers.get(wid, []), now, writes, loaded.applied.get(run_id)
-            )
+            steps, timers, applied = loaded.steps[run_id], loaded.timers.get(wid, []), loaded.applied.get(run_id)
+            try:
+                owned = self._start_run(row, epoch, steps, timers, now, writes, applied)
+            except Exception as exc:  # a bug handling this one workflow: it gets stuck, the batch goes on
+                logger.exception("starting workflow=%s failed engine=%s", wid, self.engine_id)
+                self._drop(wid, reason=None)
+                writes.pop(wid, None)
+                self._stuck(wid, run_id, epoch, row.stuck_attempts, internal_error(wid, exc), now, writes)
+                continue
             if owned is not None:
                 changed.add(wid)
                 if loaded.admitted is not None:
@@ -654,7 +681,10 @@ class Engine(Progress):
         }
 
     # -- committing and dispatching ------------------------------------------------------------------
-    def _commit(self, batch: list[WorkflowWrites], now: datetime) -> None:
+    def _commit(self, batch: list[WorkflowWrites], now: datetime) -> set[str]:
+        """Fenced-commit these workflows' writes. Returns the workflows whose commit was deferred (a
+        row it needed was locked by another transaction; nothing of theirs was written): the caller
+        keeps their writes for a later commit, and their activities are not dispatched until then."""
         try:
             result = fenced_commit(self.engine_id, batch, now, self.using, self.settings.workflow_claim_ttl)
         except DatabaseError:
@@ -664,7 +694,7 @@ class Engine(Progress):
                 if owned is not None:
                     self._reload[owned.workflow_id] = owned.epoch
                     self._drop(owned.workflow_id, reason=None)
-            return
+            return set()
         observe.committed(self, batch, result)  # after the commit: signals, metrics, status counts
         if result.children:
             self._last_claim_scan = 0.0  # children were started: look for claimable work on the next tick
@@ -679,6 +709,32 @@ class Engine(Progress):
                 if owned is not None:
                     owned.run.close()
         self._publish_epochs()
+        return {wid for wid in result.busy if wid in self.owned}
+
+    def flush(self, workflow_ids: set[str], now: datetime, writes: dict[str, WorkflowWrites]) -> None:
+        """Commit now what these workflows recorded in this pass, before their live state answers a
+        query or takes an update: nothing is acknowledged ahead of what it depends on. Writes whose
+        commit was deferred stay in ``writes`` (the workflow is then not durable yet: see durable())."""
+        batch = []
+        for wid in sorted(workflow_ids):
+            owned = self.owned.get(wid)
+            if owned is None:
+                continue
+            self._collect_recorded(owned, writes)
+            pending = writes.get(wid)
+            if pending is not None and not pending.empty:
+                batch.append(writes.pop(wid))
+        if not batch:
+            return
+        deferred = self._commit(batch, now)
+        for w in batch:
+            if w.workflow_id in deferred:
+                writes[w.workflow_id] = w
+
+    def durable(self, workflow_id: str, writes: dict[str, WorkflowWrites]) -> bool:
+        """Whether everything this workflow's live state rests on is committed (nothing pending)."""
+        pending = writes.get(workflow_id)
+        return (pending is None or pending.empty) and workflow_id not in self._carried
 
     def _dispatch(self) -> None:
         if self.stopping.is_set():
@@ -688,6 +744,8 @@ class Engine(Progress):
                 owned.dispatch = []
             return
         for owned in self.owned.values():
+            if owned.workflow_id in self._carried:
+                continue  # the commit recording these attempts was deferred: dispatch after it
             for task in owned.dispatch:
                 owned.inflight[task.seq] = task
                 self.executor.submit(task)
@@ -724,6 +782,7 @@ class Engine(Progress):
             self._drop(wid, reason="cancelled" if wid in cancelled else reason)
 
     def _drop(self, wid: str, reason: str | None) -> None:
+        self._carried.pop(wid, None)
         owned = self.owned.pop(wid, None)
         if owned is None:
             return

@@ -28,7 +28,7 @@ from .. import prepared
 from ..models import BufferedSignal, PendingUpdate, Step, Timer, Workflow
 from ..notify import CHANNEL, MAX_PAYLOAD, send_many
 from ..status import ACTIVE_STATUSES, SignalState, UpdateStatus
-from ..transitions import close_children
+from ..transitions import active_descendants, close_children
 from . import sessions
 from .children import ChildStart, report_child_end, start_children
 from .driver import AppliedRecord, StepRecord
@@ -87,15 +87,24 @@ class FenceResult:
     committed: set[str]
     lost: dict[str, str]  # workflow id -> "deposed" | "released" | "missing"
     children: dict[str, int] = dataclasses.field(default_factory=dict)  # children started: id -> epoch
+    # Still ours, but a row the commit needed (the claim, or a child's claim that a finishing run
+    # closes) was locked by another transaction: nothing of theirs was written; retry next pass.
+    busy: set[str] = dataclasses.field(default_factory=set)
 
 
-def lock_claims(engine_id: str, epochs: dict[str, int], using: str) -> set[str]:
-    """Inside a transaction: lock the claims still held at these epochs; return their workflow ids."""
+def lock_claims(engine_id: str, epochs: dict[str, int], using: str, *, wait: bool = True) -> set[str]:
+    """Inside a transaction: lock the claims still held at these epochs; return their workflow ids.
+
+    ``wait=False`` (the engine's batch commits): a claim row another transaction has locked (a user's
+    open transaction around ``cancel()``, a takeover, our own renewal) is skipped, not waited for; its
+    workflow is not in the result, and :func:`classify_unheld` tells it apart from a lost claim."""
     connection = connections[using]
     ids = sorted(epochs)
     if not ids:
         return set()
-    lock = " FOR NO KEY UPDATE" if connection.vendor == "postgresql" else ""
+    lock = ""
+    if connection.vendor == "postgresql":
+        lock = " FOR NO KEY UPDATE" if wait else " FOR NO KEY UPDATE SKIP LOCKED"
     held: set[str] = set()
     with connection.cursor() as cursor:
         for chunk in _chunks(ids, 500):
@@ -107,6 +116,56 @@ def lock_claims(engine_id: str, epochs: dict[str, int], using: str) -> set[str]:
             )
             held.update(wid for wid, epoch in cursor.fetchall() if epochs[wid] == epoch)
     return held
+
+
+def lock_batch_and_family(
+    engine_id: str, epochs: dict[str, int], family: set[str], using: str
+) -> tuple[set[str], set[str]]:
+    """Inside a transaction, ONE statement in workflow_id order: lock our claims at these epochs and
+    the claims of ``family`` (the active descendants that finishing runs close, whoever holds them),
+    skipping rows another transaction holds. Returns (our claims held, family claims locked)."""
+    connection = connections[using]
+    ids = sorted(set(epochs) | family)
+    if not ids:
+        return set(), set()
+    lock = " FOR NO KEY UPDATE SKIP LOCKED" if connection.vendor == "postgresql" else ""
+    rows: list[tuple[str, int, str | None]] = []
+    with connection.cursor() as cursor:
+        placeholders = ", ".join(["%s"] * len(ids))
+        cursor.execute(
+            f"SELECT workflow_id, epoch, engine_id FROM {CLAIM_TABLE} WHERE workflow_id IN ({placeholders})"
+            f" ORDER BY workflow_id{lock}",
+            ids,
+        )
+        rows = cursor.fetchall()
+    held = {wid for wid, epoch, holder in rows if wid in epochs and (epoch, holder) == (epochs[wid], engine_id)}
+    return held, {wid for wid, _, _ in rows if wid in family}
+
+
+def classify_unheld(engine_id: str, epochs: dict[str, int], using: str) -> tuple[dict[str, str], set[str]]:
+    """For claims a fence did not get: (lost, busy). ``lost`` maps a workflow id to "deposed",
+    "released" or "missing"; ``busy`` holds those still ours at our epoch, whose row another
+    transaction had locked (their writes wait for the next pass)."""
+    if not epochs:
+        return {}, set()
+    ids = sorted(epochs)
+    with connections[using].cursor() as cursor:
+        placeholders = ", ".join(["%s"] * len(ids))
+        cursor.execute(
+            f"SELECT workflow_id, engine_id, epoch FROM {CLAIM_TABLE} WHERE workflow_id IN ({placeholders})",
+            ids,
+        )
+        rows = {wid: (holder, epoch) for wid, holder, epoch in cursor.fetchall()}
+    lost: dict[str, str] = {}
+    busy: set[str] = set()
+    for wid in ids:
+        if wid not in rows:
+            lost[wid] = "missing"
+        elif rows[wid] == (engine_id, epochs[wid]):
+            busy.add(wid)
+        else:
+            lost[wid] = "released" if rows[wid][0] is None else "deposed"
+    return lost, busy
 
 
 def why_lost(engine_id: str, workflow_ids: list[str], using: str) -> dict[str, str]:
@@ -125,32 +184,62 @@ def why_lost(engine_id: str, workflow_ids: list[str], using: str) -> dict[str, s
 def fenced_commit(
     engine_id: str, batch: list[WorkflowWrites], now: datetime, using: str, claim_ttl: timedelta | None = None
 ) -> FenceResult:
-    """Commit every workflow's writes whose claim this engine still holds at the stated epoch."""
+    """Commit every workflow's writes whose claim this engine still holds at the stated epoch.
+
+    The fence never waits for a row another transaction holds (SKIP LOCKED): such a workflow is
+    returned in ``busy`` with nothing written, so one user transaction holding one claim cannot stall
+    the rest of the batch; the engine carries its writes to the next pass."""
     batch = [writes for writes in batch if not writes.empty]
     if not batch:
         return FenceResult(set(), {})
     epochs = {writes.workflow_id: writes.epoch for writes in batch}
     ttl = claim_ttl or timedelta(seconds=30)
     held: set[str] = set()
+    busy: set[str] = set()
     children: dict[str, int] = {}
     if _fits_one_statement(batch, using):
         held, deferred = _commit_in_one_statement(engine_id, batch, now, using)
         batch = [writes for writes in batch if writes.workflow_id in deferred]
         held -= deferred
-    if batch:  # the general path: lock, then write, in one transaction
+    if batch:  # the general path: lock (one sorted statement), then write, in one transaction
         with transaction.atomic(using=using):
-            locked = lock_claims(engine_id, {w.workflow_id: w.epoch for w in batch}, using)
-            kept = [writes for writes in batch if writes.workflow_id in locked]
+            locked, families_busy = _lock_general(engine_id, batch, using)
+            kept = [w for w in batch if w.workflow_id in locked and w.workflow_id not in families_busy]
             if kept:
                 children = _apply(engine_id, kept, now, using, ttl)
-        held |= locked
-    lost_ids = sorted(set(epochs) - held)
-    lost = why_lost(engine_id, lost_ids, using) if lost_ids else {}
+        held |= locked - families_busy
+        busy |= families_busy
+    lost, skipped = classify_unheld(engine_id, {wid: e for wid, e in epochs.items() if wid not in held | busy}, using)
+    busy |= skipped
     for wid, reason in lost.items():
         logger.warning(
             "fenced commit refused workflow=%s engine=%s epoch=%s reason=%s", wid, engine_id, epochs[wid], reason
         )
-    return FenceResult(held, lost, children)
+    if busy:
+        logger.info(
+            "fenced commit deferred (rows locked by another transaction) engine=%s workflows=%s",
+            engine_id,
+            sorted(busy),
+        )
+    return FenceResult(held, lost, children, busy)
+
+
+def _lock_general(engine_id: str, batch: list[WorkflowWrites], using: str) -> tuple[set[str], set[str]]:
+    """The general path's fence: our claims, plus the claims of the active descendants that the
+    batch's finishing runs close, in one sorted statement that skips locked rows. Returns (our claims
+    held, finishing runs whose family could not be locked whole: left for the next pass)."""
+    epochs = {w.workflow_id: w.epoch for w in batch}
+    ending = {w.workflow_id: w.run_id for w in batch if w.finish is not None}
+    families = active_descendants(ending, using) if ending else {}
+    members = {child for family in families.values() for child in family}
+    if not members:
+        return lock_claims(engine_id, epochs, using, wait=False), set()
+    held, locked = lock_batch_and_family(engine_id, epochs, members, using)
+    busy = {root for root, family in families.items() if root in held and not family <= locked}
+    # A child started between the read and the lock (its parent's commit) is not locked: look again.
+    again = active_descendants({root: ending[root] for root in families if root in held}, using)
+    busy |= {root for root, family in again.items() if not family <= locked}
+    return held, busy
 
 
 def _close_families(
@@ -312,7 +401,7 @@ _FENCE_CTES = (
     "raw AS (SELECT %s::jsonb AS j), "
     f"f AS MATERIALIZED (SELECT c.workflow_id FROM {CLAIM_TABLE} c WHERE c.engine_id = %s AND "
     "(c.workflow_id, c.epoch) IN (SELECT x->>0, (x->>1)::bigint FROM raw, jsonb_array_elements(raw.j->'f') x) "
-    "ORDER BY c.workflow_id FOR NO KEY UPDATE), "
+    "ORDER BY c.workflow_id FOR NO KEY UPDATE SKIP LOCKED), "
     f"k AS MATERIALIZED (SELECT DISTINCT parent_id AS workflow_id FROM {WORKFLOW_TABLE} WHERE parent_id = "
     "ANY(ARRAY(SELECT x->>0 FROM raw, jsonb_array_elements(raw.j->'e') x)) "
     f"AND status IN ({', '.join(['%s'] * len(ACTIVE_STATUSES))})), "
@@ -674,10 +763,9 @@ def fenced_messages(
     so a handler runs only where its outcome can commit, and a takeover waits for the commit."""
     with transaction.atomic(using=using):
         sessions.allow_user_code(using)  # build() runs update handlers
-        held = lock_claims(engine_id, epochs, using)
+        held = lock_claims(engine_id, epochs, using, wait=False)
         batch = [w for w in build(held) if w.workflow_id in held and not w.empty] if held else []
         write_steps(batch, now, using)
         apply_messages(batch, now, using)
-    lost_ids = sorted(set(epochs) - held)
-    lost = why_lost(engine_id, lost_ids, using) if lost_ids else {}
-    return FenceResult(held, lost)
+    lost, busy = classify_unheld(engine_id, {wid: e for wid, e in epochs.items() if wid not in held}, using)
+    return FenceResult(held, lost, busy=busy)

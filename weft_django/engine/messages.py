@@ -106,7 +106,7 @@ def deliver_messages(
     past updates nothing handled). Returns whether anything was done."""
     busy = False
     if queries_waiting:
-        busy |= answer_queries(engine, now)
+        busy |= answer_queries(engine, now, writes)
     state = _state(engine)
     ids = {wid for wid in workflow_ids if wid in engine.owned}
     ids.update(wid for wid, owned in engine.owned.items() if state.checked.get(wid) is not owned)
@@ -154,6 +154,16 @@ def _open(owned: Owned, writes: dict[str, WorkflowWrites]) -> bool:
     return pending is None or (pending.finish is None and pending.stuck is None)
 
 
+def _settleable(engine: Engine, owned: Owned, writes: dict[str, WorkflowWrites]) -> bool:
+    """Whether an update may be settled on this context now: it is open, and everything its state
+    rests on is durable (an update's outcome must never be committed ahead of a step before it)."""
+    return (
+        engine.owned.get(owned.workflow_id) is owned
+        and _open(owned, writes)
+        and engine.durable(owned.workflow_id, writes)
+    )
+
+
 def deliver_updates(
     engine: Engine,
     workflow_ids: set[str],
@@ -199,6 +209,15 @@ def deliver_updates(
             state.parked[wid] = owned.run.frontier.seq
     if not ready:
         return False
+    # What these workflows recorded earlier in this pass (an activity's result, a memo) commits first:
+    # the update's step and answer must not become durable ahead of it.
+    engine.flush(set(ready), now, writes)
+    for wid in list(ready):
+        if not _settleable(engine, live[wid], writes):
+            del ready[wid]
+            state.checked.pop(wid, None)  # look again on the next pass, once it is durable
+    if not ready:
+        return False
 
     touched: set[str] = set()  # workflows whose in-memory state this transaction changed
     handled: set[str] = set()  # ... by an on_update handler (wait_until is re-checked after commit)
@@ -216,7 +235,7 @@ def deliver_updates(
         ):
             owned = live[wid]
             run = owned.run
-            if not _open(owned, writes):
+            if not _settleable(engine, owned, writes):
                 continue
             assert run.frontier is not None
             w = batch.get(wid)
@@ -276,6 +295,8 @@ def deliver_updates(
         with engine._lock:
             engine._lost |= set(result.lost)
         engine._wake.set()
+    for wid in result.busy:  # its claim row was locked by another transaction: nothing was settled
+        state.checked.pop(wid, None)
     for wid in handled:
         owned = engine.owned.get(wid)
         if owned is not None:
@@ -424,12 +445,18 @@ NOT_OWNED = (
 )
 
 
-def answer_queries(engine: Engine, now: datetime) -> bool:
-    """Answer the pending query requests addressed to this engine. Returns whether any were taken."""
+def answer_queries(engine: Engine, now: datetime, writes: dict[str, WorkflowWrites]) -> bool:
+    """Answer the pending query requests addressed to this engine. Returns whether any were taken.
+
+    A live context answers only from durable state: what its workflow recorded earlier in this pass
+    is committed first (``engine.flush``); a request whose workflow's commit was deferred waits."""
     using = engine.using
     pending = QueryRequest.objects.using(using).filter(engine_id=engine.engine_id, status=QueryStatus.PENDING)
-    if not pending.exists():  # cheap, and takes no write lock (SQLite) when nothing waits
+    # Cheap, and takes no write lock (SQLite) when nothing waits.
+    asked = set(pending.values_list("workflow_id", flat=True)[:QUERY_BATCH])
+    if not asked:
         return False
+    engine.flush({wid for wid in asked if wid in writes}, now, writes)
     answered: list[str] = []
     with transaction.atomic(using=using):
         rows = pending.order_by("created_at")
@@ -449,6 +476,8 @@ def answer_queries(engine: Engine, now: datetime) -> bool:
             owned = engine.owned.get(wid)
             epoch, holder = claims.get(wid, (None, None))
             if owned is not None and (epoch, holder) == (owned.epoch, engine.engine_id):
+                if not engine.durable(wid, writes):
+                    continue  # its commit was deferred: answered on a later pass
                 fields = _answer(engine, wid, name, arg, has_arg)
             elif holder == engine.engine_id and owned is None:
                 continue  # claimed by us and about to be loaded: answered on a later pass

@@ -65,6 +65,7 @@ class Progress:
     _wake: threading.Event
     stopping: threading.Event
     refused_commits: int
+    _reload: dict[str, int]
 
     def _stuck(
         self,
@@ -90,17 +91,23 @@ class Progress:
             )
         return w
 
+    def _collect_recorded(self, owned: Owned, writes: dict[str, WorkflowWrites]) -> None:
+        """Move what the generator recorded by itself (memo steps, respond() answers of
+        wait_for_update) into this workflow's writes for the next fenced commit."""
+        run = owned.run
+        if run.new_steps:
+            self._writes(owned, writes).steps.extend(run.new_steps)
+            run.new_steps = []
+        if run.responses:
+            self._writes(owned, writes).update_responses.extend(run.responses)
+            run.responses = []
+
     def _advance_effects(self, wid: str, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]) -> None:
         owned = self.owned.get(wid)
         if owned is None:
             return
         run = owned.run
-        if run.new_steps:
-            self._writes(owned, writes).steps.extend(run.new_steps)
-            run.new_steps = []
-        if run.responses:  # respond() of wait_for_update: recorded in the next fenced commit
-            self._writes(owned, writes).update_responses.extend(run.responses)
-            run.responses = []
+        self._collect_recorded(owned, writes)
         if run.finished:
             w = self._writes(owned, writes)
             if run.stuck is not None:
@@ -329,7 +336,9 @@ class Progress:
         task = outcome.task
         owned = self.owned.get(task.workflow_id)
         current = owned.inflight.get(task.seq) if owned else None
-        if owned is None or current is None or current.key != task.key:
+        # The very task dispatched for this context, not one with an equal key: after a reload at the
+        # same epoch, the old context's attempt has the new one's (run, seq, attempt, epoch).
+        if owned is None or current is not task:
             logger.info(
                 "late activity result discarded workflow=%s seq=%s attempt=%s epoch=%s",
                 task.workflow_id,
@@ -341,6 +350,9 @@ class Progress:
         del owned.inflight[task.seq]
         if outcome.refused:
             self.refused_commits += 1
+            # Reloaded from the durable log at the same epoch (if the claim is not ours any more, the
+            # next fenced commit says so), not left to wait for its own claim to expire.
+            self._reload[owned.workflow_id] = owned.epoch
             self._drop(owned.workflow_id, reason="an atomic activity's commit was refused; reloading")
             return
         if outcome.ok:
