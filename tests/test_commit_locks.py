@@ -262,3 +262,60 @@ def test_a_stalled_commit_is_reported_not_raised(monkeypatch):
         except DatabaseError as exc:  # pragma: no cover - the old behaviour under a lock_timeout
             pytest.fail(f"the fence waited and failed: {exc}")
     assert result.busy == {"r21-s"} and not result.lost
+
+
+# -- item 5: a signal that arrives while the run's terminal commit is in flight ---------------------
+
+
+def test_a_signal_acknowledged_during_the_terminal_commit_is_recorded_dropped(monkeypatch):
+    """signal() takes no lock, so it can commit after the terminal commit's drop statement read the
+    mailbox and before that commit ends: signal() returned normally, the run ended completed, and on
+    2ae2264 the signal stayed ``buffered`` on the finished run forever. Now the engine's message
+    cleanup records it as dropped (docs/concepts.md § Signals). A signal sent after the end is refused."""
+    from weft_django.engine import messages
+
+    weft.start("tests.sum", args=[1, 2], id="r21-late-signal")
+    got = ownership.acquire("engine-a", limit=10, ttl=TTL, renew_interval=RENEW, using=USING)
+    epoch = got["r21-late-signal"][0]
+    run = str(Workflow.objects.get(pk="r21-late-signal").run_id)
+    ending = fencing.WorkflowWrites(
+        "r21-late-signal",
+        run,
+        epoch,
+        steps=[StepRecord(0, "activity", "add", "completed", "3", attempts=1)],
+        finish=fencing.Finish("completed", result="3"),
+    )
+    sent: list[BaseException | None] = []
+    real_close = fencing._close_families
+
+    def close_after_a_signal(*args: Any, **kwargs: Any) -> Any:
+        # Inside the terminal commit's transaction, after its mailbox was closed: a caller signals.
+        def send() -> None:
+            try:
+                weft.signal("r21-late-signal", "late", 1)
+                sent.append(None)
+            except BaseException as exc:
+                sent.append(exc)
+            finally:
+                connections.close_all()
+
+        thread = threading.Thread(target=send)
+        thread.start()
+        thread.join(20)
+        return real_close(*args, **kwargs)
+
+    monkeypatch.setattr(fencing, "_fits_one_statement", lambda batch, using: False)
+    monkeypatch.setattr(fencing, "_close_families", close_after_a_signal)
+    result = fencing.fenced_commit("engine-a", [ending], db_now(USING), USING)
+    assert result.committed == {"r21-late-signal"}
+    assert sent == [None]  # acknowledged: signal() returned normally
+    assert Workflow.objects.get(pk="r21-late-signal").status == "completed"
+    from weft_django.models import BufferedSignal
+
+    assert BufferedSignal.objects.get(workflow_id="r21-late-signal").state == "buffered"  # the race itself
+    engine = Engine("r21-cleanup-engine")
+    messages.cleanup_messages(engine, db_now(USING))
+    assert BufferedSignal.objects.get(workflow_id="r21-late-signal").state == "dropped"
+    with pytest.raises(weft.WorkflowTerminalError):
+        weft.signal("r21-late-signal", "later", 2)
+    assert BufferedSignal.objects.filter(workflow_id="r21-late-signal").count() == 1

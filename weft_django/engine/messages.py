@@ -45,10 +45,10 @@ from django.db.models import Exists, OuterRef
 
 from ..codec import decode, encode, encode_payload
 from ..exceptions import QueryNotFoundError, WeftError
-from ..models import PendingUpdate, QueryRequest, Workflow, WorkflowClaim
+from ..models import BufferedSignal, PendingUpdate, QueryRequest, Workflow, WorkflowClaim
 from ..notify import send_many
 from ..operations import WaitForUpdate
-from ..status import ACTIVE_STATUSES, QueryStatus, UpdateStatus
+from ..status import ACTIVE_STATUSES, QueryStatus, SignalState, UpdateStatus
 from .driver import Leaf, StepRecord, describe_exception
 from .fencing import UpdateDone, UpdateRaceLost, WorkflowWrites, fenced_messages
 from .progress import AdmittedRow
@@ -530,10 +530,33 @@ def cleanup_interval(engine: Engine) -> float:
     return max(1.0, min(60.0, engine.settings.update_response_retention.total_seconds() / 4))
 
 
+def drop_late_signals(using: str) -> int:
+    """Mark dropped the buffered signals whose run is no longer active (bounded per pass).
+
+    signal() takes no lock (a slow caller must never stall the owner or renewal), so a signal can
+    commit while the run's terminal commit is in flight, after the statement that drops the run's
+    unconsumed signals read them. signal() returned normally (the signal was recorded); the run ended
+    without consuming it, so it is dropped, as one sent a moment earlier would have been. Returns how
+    many were marked."""
+    same_run_active = Workflow.objects.using(using).filter(
+        pk=OuterRef("workflow_id"), run_id=OuterRef("run_id"), status__in=list(ACTIVE_STATUSES)
+    )
+    signals = BufferedSignal.objects.using(using)
+    late = list(
+        signals.filter(state=SignalState.BUFFERED)
+        .exclude(Exists(same_run_active))
+        .values_list("pk", flat=True)[:CLEANUP_BATCH]
+    )
+    if not late:
+        return 0
+    return signals.filter(pk__in=late, state=SignalState.BUFFERED).update(state=SignalState.DROPPED)
+
+
 def cleanup_messages(engine: Engine, now: datetime) -> bool:
     """Engine-scoped chore: expire admitted updates whose caller stopped waiting (and died), fail the
-    open updates of runs that ended without closing them, and delete settled update responses and
-    query requests older than UPDATE_RESPONSE_RETENTION. Bounded per pass."""
+    open updates of runs that ended without closing them, drop the signals that arrived as their run
+    ended (drop_late_signals), and delete settled update responses and query requests older than
+    UPDATE_RESPONSE_RETENTION. Bounded per pass."""
     using = engine.using
     cutoff = now - engine.settings.update_response_retention
     started = time.monotonic()
@@ -564,6 +587,7 @@ def cleanup_messages(engine: Engine, now: datetime) -> bool:
             completed_at=now,
             error={"type": "WorkflowTerminalError", "message": "The workflow ended before the update was answered."},
         )
+    done += drop_late_signals(using)
     settled = [UpdateStatus.COMPLETED, UpdateStatus.REJECTED, UpdateStatus.FAILED, UpdateStatus.EXPIRED]
     old_updates = list(
         PendingUpdate.objects.using(using)
