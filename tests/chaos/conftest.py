@@ -1,7 +1,8 @@
 """The chaos suite's opt-in marker and its private PostgreSQL cluster.
 
 Tests marked ``chaos_full`` (the long run, with PostgreSQL restarts) are deselected unless asked for:
-``pytest -m chaos_full tests/chaos`` or ``WEFT_CHAOS_FULL=1``. The bounded variant runs in the normal suite.
+``pytest -m chaos_full tests/chaos``, ``WEFT_CHAOS_LONG=1`` or ``WEFT_CHAOS_FULL=1``. The bounded variant runs
+in the normal suite.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ OPT_IN = "chaos_full"
 def opted_in(config: pytest.Config) -> bool:
     expression = str(config.getoption("-m") or "")
     asked = OPT_IN in expression and f"not {OPT_IN}" not in expression
-    return asked or os.environ.get("WEFT_CHAOS_FULL") == "1"
+    return asked or "1" in (os.environ.get("WEFT_CHAOS_FULL"), os.environ.get("WEFT_CHAOS_LONG"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

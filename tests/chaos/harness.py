@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -24,6 +25,8 @@ from django.db import DatabaseError, InterfaceError, connections
 from django.db.models import Count
 
 import weft_django as weft
+from tests.chaos import audit
+from tests.chaos.audit import AckedMessage
 from tests.chaos.invariants import AckedSignal, AckedUpdate, Expectations, check
 from tests.testapp.models import ActivityCall
 from weft_django import client as weft_client
@@ -33,6 +36,8 @@ from weft_django.status import ACTIVE_STATUSES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCHEDULE_ID = "chaos-tick"
+# Workflows whose code is one step after another (the audit's order check applies to their runs).
+SEQUENTIAL_TYPES = {"tests.chaos_mixed", "tests.chaos_leaf", "tests.chaos_approve", "tests.scheduled_run"}
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,10 @@ class Plan:
     # until it has none. Env: WEFT_CHAOS_FREEZE_WHEN.
     freeze_when: str = field(default_factory=lambda: os.environ.get("WEFT_CHAOS_FREEZE_WHEN", "any"))
     deadline_s: float = 600.0  # the whole run
+    # tests.chaos_approve workflows: an activity, then wait_for_update("approve"), a signal "poke" and a
+    # last activity; the client times "approve", "poke" and a "late" signal against the activities.
+    approvals: int = 0
+    audit: bool = True  # record every write (tests/chaos/audit.py) and check the log afterwards
 
 
 class ChaosEngine:
@@ -143,6 +152,7 @@ class Run:
     faults: dict[str, int] = field(default_factory=dict)
     notes: dict[str, int] = field(default_factory=dict)  # how faults landed (not faults themselves)
     signals: list[AckedSignal] = field(default_factory=list)
+    acked: list[AckedMessage] = field(default_factory=list)  # for the audit: what the client was told is durable
     updates: list[AckedUpdate] = field(default_factory=list)
     dead: set[str] = field(default_factory=set)
     liveness_violations: list[str] = field(default_factory=list)
@@ -264,6 +274,7 @@ class Run:
             trail.append("signal ok")
         with self._lock:
             self.signals.append(AckedSignal(key, "go", f"{key}:go"))
+            self.acked.append(AckedMessage(key, "signal", f"{key}:go"))
         # The rejected one first: once both valid ones are applied the workflow may end at once.
         for amount, suffix in ((-5, "bad"), (1, "add1"), (2, "add2")):
             ack = AckedUpdate(key, "add", f"{key}:{suffix}", "completed")
@@ -284,6 +295,81 @@ class Run:
                     ack.responses.append(error.issues)
             with self._lock:
                 self.updates.append(ack)
+                if ack.outcome == "completed":
+                    self.acked.append(AckedMessage(key, "update", ack.key, via="handler"))
+
+    def drive_approve(self, key: str, seconds: float, timing: str, deadline: float) -> None:
+        trail: list[str] = []
+        try:
+            self._drive_approve(key, seconds, timing, deadline, trail)
+        except WeftError as error:
+            with self._lock:
+                self.client_errors.append(f"{key}: {type(error).__name__}: {error} (after {trail})")
+        finally:
+            connections.close_all()
+
+    def _when(self, key: str, activity: str, seconds: float, timing: str, deadline: float) -> None:
+        """Wait for the moment a message should land: "early" at once (it waits at the frontier while
+        the activity runs), "completing" just before the activity's first attempt returns (it started
+        ``seconds`` ago: its ActivityCall row), "after" once its step is settled."""
+        if timing == "early":
+            return
+        while time.monotonic() < deadline and not self.stopping.is_set():
+            if timing == "completing":
+                started = _tolerant(
+                    lambda: (
+                        ActivityCall.objects.filter(name="chaos_flip", key__startswith=f"{activity}@")
+                        .order_by("created_at")
+                        .values_list("created_at", flat=True)
+                        .first()
+                    )
+                )
+                if started is not None:
+                    # Land within the last tenth of the activity's sleep (its row was written as it began).
+                    time.sleep(max(0.0, seconds * 0.9 - (time.time() - started.timestamp())))
+                    return
+            elif _tolerant(
+                lambda: (
+                    Step.objects.filter(workflow_id=key, name__endswith="chaos_flip", status="completed")
+                    .filter(seq=0 if activity.endswith(":a") else 3)
+                    .exists()
+                ),
+                False,
+            ):
+                return
+            time.sleep(0.02)
+
+    def _drive_approve(self, key: str, seconds: float, timing: str, deadline: float, trail: list[str]) -> None:
+        self._when(key, f"{key}:a", seconds, timing, deadline)
+        self._call(lambda: weft.signal(key, "poke", key, signal_id=f"{key}:poke"), deadline, trail)
+        trail.append("poke ok")
+        with self._lock:
+            self.signals.append(AckedSignal(key, "poke", f"{key}:poke"))
+            self.acked.append(AckedMessage(key, "signal", f"{key}:poke"))
+        ack = AckedUpdate(key, "approve", f"{key}:approve", "completed", via="wait")
+        ack.responses.append(
+            self._call(
+                lambda: weft.update(key, "approve", key, idempotency_key=f"{key}:approve", timeout="30s"),
+                deadline,
+                trail,
+            )
+        )
+        trail.append("approve ok")
+        with self._lock:
+            self.updates.append(ack)
+            self.acked.append(AckedMessage(key, "update", ack.key, via="wait"))
+        # The last activity: a signal nobody waits for, sent as the run is about to end. It must end
+        # dropped (or consumed), never left buffered on the finished run.
+        self._when(key, f"{key}:last", seconds, "after" if timing == "after" else "completing", deadline)
+        try:
+            self._call(lambda: weft.signal(key, "late", key, signal_id=f"{key}:late"), deadline, trail)
+        except WeftError as error:  # the run ended first: refused, so not acknowledged
+            trail.append(f"late refused: {type(error).__name__}")
+            return
+        trail.append("late ok")
+        with self._lock:
+            self.signals.append(AckedSignal(key, "late", f"{key}:late", consumed_expected=False))
+            self.acked.append(AckedMessage(key, "signal", f"{key}:late"))
 
 
 def _running() -> Any:
@@ -331,8 +417,24 @@ def expected_result(key: str, child: bool) -> dict[str, Any]:
     }
 
 
+APPROVAL_TIMINGS = ("early", "completing", "after")
+
+
 def run_chaos(plan: Plan, cluster: Any = None) -> dict[str, Any]:
-    """Run the plan on the ``default`` database; returns the figures (violations included)."""
+    """Run the plan on the ``default`` database; returns the figures (violations included). With
+    ``plan.audit`` the audit triggers are installed for the run and removed afterwards
+    (WEFT_CHAOS_KEEP_AUDIT=1 keeps them and the log, to look at)."""
+    if not plan.audit:
+        return _run_chaos(plan, cluster)
+    audit.install()
+    try:
+        return _run_chaos(plan, cluster)
+    finally:
+        if os.environ.get("WEFT_CHAOS_KEEP_AUDIT") != "1":
+            _tolerant(audit.uninstall)
+
+
+def _run_chaos(plan: Plan, cluster: Any = None) -> dict[str, Any]:
     began = time.monotonic()
     run = Run(plan, cluster)
     deadline = began + plan.deadline_s
@@ -342,6 +444,11 @@ def run_chaos(plan: Plan, cluster: Any = None) -> dict[str, Any]:
         slow, fail, child = i % plan.slow_every == 1, i % plan.fail_every == 2, i % plan.child_every == 0
         specs.append((key, slow, fail, child))
         weft.start("tests.chaos_mixed", id=key, kwargs={"key": key, "slow": slow, "fail": fail, "child": child})
+    approvals = []
+    for i in range(plan.approvals):
+        key, seconds = f"{plan.name}-ap-{i}", 0.2 + 0.15 * (i % 4)
+        approvals.append((key, seconds, APPROVAL_TIMINGS[i % len(APPROVAL_TIMINGS)]))
+        weft.start("tests.chaos_approve", id=key, kwargs={"key": key, "seconds": seconds})
     schedule = weft.schedule(
         "tests.scheduled_run", id=SCHEDULE_ID, every=plan.schedule_every, kwargs={"label": "chaos"}
     )
@@ -349,6 +456,7 @@ def run_chaos(plan: Plan, cluster: Any = None) -> dict[str, Any]:
     run.count("activity_failing_first_attempt", sum(1 for s in specs if s[2]))
     # Steps to expect: activity, sleep, signal, wait_until, [child], activity.
     expected_steps = sum(6 if child else 5 for *_, child in specs) + sum(1 for *_, child in specs if child)
+    expected_steps += 4 * len(approvals)  # activity, update, signal, activity
 
     def progress() -> float:
         done = _tolerant(lambda: Step.objects.filter(status="completed").count(), 0)
@@ -360,6 +468,7 @@ def run_chaos(plan: Plan, cluster: Any = None) -> dict[str, Any]:
         run.start_engine()
     client = ThreadPoolExecutor(plan.client_threads, thread_name_prefix="chaos-client")
     futures = [client.submit(run.drive, key, deadline) for key, *_ in specs]
+    futures += [client.submit(run.drive_approve, key, s, timing, deadline) for key, s, timing in approvals]
     try:
         for fault in plan.faults:
             while progress() < fault.at and time.monotonic() < deadline:
@@ -386,8 +495,10 @@ def run_chaos(plan: Plan, cluster: Any = None) -> dict[str, Any]:
         ):
             time.sleep(0.2)
         # While the engines still run: no live claim may belong to a dead engine past TTL + grace.
+        results: dict[str, Any] = {key: expected_result(key, child) for key, *_, child in specs}
+        results.update({key: {"approved": key, "poke": key} for key, *_ in approvals})
         exp = Expectations(
-            results={key: expected_result(key, child) for key, *_, child in specs},
+            results=results,
             signals=run.signals,
             updates=run.updates,
             dead_engines=set(run.dead),
@@ -406,12 +517,16 @@ def run_chaos(plan: Plan, cluster: Any = None) -> dict[str, Any]:
     exp.results.update({wid: {"id": wid, "label": "chaos"} for wid in scheduled})
     exp.results.update({f"{key}/kid": f"{key}/kid" for key, *_, child in specs if child})
     violations = check(exp)
+    audit_figures: dict[str, Any] = {}
+    if plan.audit:
+        found, audit_figures = audit.check_audit(run.acked, SEQUENTIAL_TYPES)
+        violations.update(found)
     phases["checked"] = time.monotonic() - began
     violations["no claim held by a dead engine"] += run.liveness_violations
     violations["client calls answered as promised"] = run.client_errors
     logs = "".join(e.output() for e in run.engines)
     calls = ActivityCall.objects.filter(name="chaos_io").values_list("key", flat=True)
-    runs_per_attempt = {}
+    runs_per_attempt: dict[str, int] = {}
     for key in calls:
         runs_per_attempt[key] = runs_per_attempt.get(key, 0) + 1
     return {
@@ -423,6 +538,7 @@ def run_chaos(plan: Plan, cluster: Any = None) -> dict[str, Any]:
         "engines_started": len(run.engines),
         "workflows": {
             "mixed": plan.workflows,
+            "approvals": len(approvals),
             "children": sum(1 for *_, child in specs if child),
             "scheduled_runs": len(scheduled),
             "total": len(exp.results),
@@ -442,6 +558,8 @@ def run_chaos(plan: Plan, cluster: Any = None) -> dict[str, Any]:
             "activity_calls": len(calls),
             **run.notes,
         },
+        "audit": audit_figures,
+        "messages_acknowledged": dict(Counter(a.kind for a in run.acked)),
         "violations": {name: found for name, found in violations.items()},
         "violations_total": sum(len(found) for found in violations.values()),
     }

@@ -611,3 +611,31 @@ def queued_timeouts(ctx, n: int, seconds: float, timeout: float):
     """n quick activities at once, each well within its timeout (tests/chaos/test_engine_findings.py)."""
     slow = slow_step.options(timeout=timeout)
     return (yield ctx.all([ctx.run(slow, f"queued-{i}", seconds) for i in range(n)]))
+
+
+# -- chaos suite: messages timed against activity completions (tests/chaos/audit.py) -------------
+
+
+@weft.activity(timeout="10s", retry=weft.RetryPolicy(max_attempts=6, initial_backoff="20ms", max_backoff="200ms"))
+def chaos_flip(key: str, seconds: float) -> int:
+    """Records that it started (the client times its messages from that row), sleeps, and returns its
+    attempt number: a re-run after a lost commit returns another value."""
+    attempt = weft.activity_info().attempt
+    _count("chaos_flip", f"{key}@{attempt}")
+    time.sleep(seconds)
+    return attempt
+
+
+@weft.workflow(name="tests.chaos_approve")
+def chaos_approve(ctx, key: str, seconds: float = 0.3):
+    """An activity, then an update taken by wait_for_update, then a signal, then a last activity: the
+    chaos client sends "approve", "poke" and "late" timed to land as the activities complete. The
+    result is fixed by what the client sends (the activities' values only pick a branch, as in issue
+    21 item 1: a re-run activity that returns another value would need another history)."""
+    first = yield ctx.run(chaos_flip, f"{key}:a", seconds)
+    payload, respond = yield ctx.wait_for_update("approve")
+    respond({"key": key, "approved": payload})
+    poke = yield ctx.wait_for_signal("poke", timeout="10m")
+    if first >= 1:  # always: the branch depends on the recorded value
+        yield ctx.run(chaos_flip, f"{key}:last", seconds)
+    return {"approved": payload, "poke": poke}
