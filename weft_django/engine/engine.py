@@ -650,6 +650,7 @@ class Engine(Progress):
         if row.execution_deadline is not None:
             self.timers.push(row.execution_deadline, row.id, TimerKind.EXECUTION_DEADLINE, -1)
         run.start()
+        self._restore_wait_starts(owned, row.started_at)  # a wait's step records when it really began
         if owned.clear_stuck:
             self._writes(owned, writes).clear_stuck = True
         return owned

@@ -91,6 +91,30 @@ class Progress:
             )
         return w
 
+    def _restore_wait_starts(self, owned: Owned, run_started_at: datetime | None) -> None:
+        """After a load (a takeover, a restart): when each wait pending at the replayed frontier began,
+        which its step records as ``started_at`` when it settles (the admin's timeline). A sleep or a
+        signal wait with a timeout began when its timer was armed (fire time - duration); any other
+        wait when the workflow reached that frontier: the latest end of the steps before it."""
+        frontier = owned.run.frontier
+        if frontier is None or not frontier.leaves:
+            return
+        first = min(leaf.seq for leaf in frontier.leaves)
+        ends = [step.completed_at for seq, step in owned.run.steps.items() if seq < first and step.completed_at]
+        reached = max(ends, default=run_started_at)
+        for leaf in owned.run.pending_leaves():
+            op, began = leaf.op, reached
+            if isinstance(op, Sleep) and (TimerKind.SLEEP, leaf.seq) in owned.timers:
+                began = owned.timers[(TimerKind.SLEEP, leaf.seq)].fire_at - op.duration
+            elif (
+                isinstance(op, WaitForSignal)
+                and op.timeout is not None
+                and (TimerKind.SIGNAL_TIMEOUT, leaf.seq) in owned.timers
+            ):
+                began = owned.timers[(TimerKind.SIGNAL_TIMEOUT, leaf.seq)].fire_at - op.timeout
+            if began is not None and not isinstance(op, RunActivity):
+                owned.armed_at[leaf.seq] = began
+
     def _collect_recorded(self, owned: Owned, writes: dict[str, WorkflowWrites]) -> None:
         """Move what the generator recorded by itself (memo steps, respond() answers of
         wait_for_update) into this workflow's writes for the next fenced commit."""
