@@ -37,6 +37,7 @@ from ..operations import StartChild, WaitForSignal
 from ..registry import registry
 from ..status import OwnershipMode, TimerKind, WorkflowStatus
 from . import observe, ownership, sessions
+from .containment import contain_tick_failure, internal_error, load_each
 from .driver import AppliedRecord, StepRecord, WorkflowRun
 from .executors import ActivityExecutors
 from .fencing import WorkflowWrites, fenced_commit
@@ -575,7 +576,13 @@ class Engine(Progress):
     ) -> None:
         # Runs, steps, applied updates, timers (and on PostgreSQL the admitted updates, for the first
         # mailbox look): one round trip per chunk of ids on PostgreSQL (engine/progress.py).
-        loaded = load(list(claimed), self.using)
+        unreadable: set[str] = set()  # made stuck in ``writes``: that commit releases their claims
+        try:
+            loaded = load(list(claimed), self.using)
+        except DatabaseError:
+            raise
+        except Exception as exc:  # a row the loader cannot convert: only its workflow is left out
+            loaded, unreadable = load_each(self, claimed, now, writes, exc)
         release: dict[str, int] = {}
         for wid, epoch in claimed.items():
             row = loaded.runs.get(wid)

@@ -1,0 +1,183 @@
+"""Keeping one workflow's failure inside that workflow.
+
+The driver never lets a row that cannot be decoded, or its own bug, escape (engine/driver.py: the run
+fails or gets stuck). This module is the net behind it, for an exception raised anywhere else in a
+pass by the handling of one workflow (a bug in weft, a row the loader cannot convert):
+
+- ``contain_tick_failure``: a pass raised something that is not a DatabaseError. The workflow whose
+  handling raised it (found in the traceback: the innermost frame working on an owned workflow) is
+  made stuck with an EngineInternalError naming the exception, in a commit of its own; nothing else
+  of the pass was committed, so every other owned workflow is reloaded from the database, as after
+  a database error. The engine goes on.
+- ``load_each``: the batched loader raised for a chunk of claimed workflows: load them one by one,
+  so the one whose row cannot be read is the only one left out (made stuck when its run can be
+  named, released otherwise).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from datetime import datetime
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from django.db import DatabaseError, connections
+
+from ..clock import db_now
+from ..exceptions import EngineInternalError
+from ..models import Workflow
+from .activities import AttemptTask
+from .driver import WorkflowRun
+from .fencing import WorkflowWrites
+from .progress import Loaded, Owned, RunRow, load
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+logger = logging.getLogger("weft_django.engine.engine")
+_NAMES = ("wid", "workflow_id")
+
+
+def culprit(exc: BaseException, owned: dict[str, Any]) -> str | None:
+    """The owned workflow whose handling raised ``exc``: the innermost traceback frame with a local
+    that is one (an Owned, a WorkflowRun, an AttemptTask, a WorkflowWrites, a RunRow, or a ``wid``)."""
+    frames = []
+    tb: TracebackType | None = exc.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        for name, value in frame.f_locals.items():
+            wid = _workflow_of(name, value)
+            if wid is not None and wid in owned:
+                return wid
+    return None
+
+
+def _workflow_of(name: str, value: Any) -> str | None:
+    if isinstance(value, Owned | AttemptTask | WorkflowWrites):
+        return value.workflow_id
+    if isinstance(value, WorkflowRun):
+        return value.ctx.workflow_id
+    if isinstance(value, RunRow):
+        return value.id
+    if name in _NAMES and isinstance(value, str):
+        return value
+    return None
+
+
+def contain_tick_failure(engine: Engine, exc: Exception) -> bool:
+    """Called by Engine.tick() for an exception of a pass that is not a DatabaseError. Returns True:
+    the reloads are work still to do (run_until_idle must not stop before them)."""
+    wid = culprit(exc, engine.owned)
+    logger.error(
+        "engine pass failed engine=%s workflow=%s; %s",
+        engine.engine_id,
+        wid,
+        "making it stuck and reloading the others" if wid else "reloading its workflows",
+        exc_info=exc,
+    )
+    if wid is not None:
+        _make_stuck(engine, wid, exc)
+    # Nothing of the pass was committed: replay the others from what is durable.
+    engine._reload.update({w: o.epoch for w, o in engine.owned.items()})
+    if hasattr(engine, "_carried"):
+        engine._carried = {}
+    for owned in list(engine.owned.values()):
+        engine._drop(owned.workflow_id, reason=None)
+    time.sleep(0.2)
+    return True
+
+
+def internal_error(wid: str, exc: Exception) -> EngineInternalError:
+    return EngineInternalError(
+        f"Workflow {wid!r}: the engine failed while handling it ({type(exc).__name__}: {exc}). This is a bug in "
+        "weft_django, not in the workflow code; the workflow is retried with back-off and the engine serves "
+        "its other workflows meanwhile. Please report it with the engine's log."
+    )
+
+
+def _make_stuck(engine: Engine, wid: str, exc: Exception) -> None:
+    owned = engine.owned[wid]
+    error = internal_error(wid, exc)
+    writes: dict[str, WorkflowWrites] = {}
+    try:
+        now = db_now(engine.using)
+        engine._stuck(wid, owned.run_id, owned.epoch, owned.stuck_attempts, error, now, writes)
+        engine._commit(list(writes.values()), now)
+    except Exception:
+        logger.exception("could not record workflow=%s as stuck engine=%s", wid, engine.engine_id)
+        connections[engine.using].close()
+    engine._drop(wid, reason=None)
+
+
+def load_each(
+    engine: Engine,
+    claimed: dict[str, int],
+    now: datetime,
+    writes: dict[str, WorkflowWrites],
+    error: Exception,
+) -> tuple[Loaded, set[str]]:
+    """``load`` raised ``error`` (not a DatabaseError) for these claimed ids: load them one at a time.
+    Returns what loaded, and the ids made stuck in ``writes`` (those that did not load and whose run
+    id can be read; the caller releases the claims of the rest)."""
+    logger.error(
+        "loading %d claimed workflows failed engine=%s; loading them one by one",
+        len(claimed),
+        engine.engine_id,
+        exc_info=error,
+    )
+    merged = Loaded({}, {}, {}, {}, None)
+    stuck: set[str] = set()
+    for wid, epoch in claimed.items():
+        try:
+            one = load([wid], engine.using)
+        except DatabaseError:
+            raise
+        except Exception as exc:
+            if _unloadable(engine, wid, epoch, exc, now, writes):
+                stuck.add(wid)
+            continue
+        merged.runs.update(one.runs)
+        merged.steps.update(one.steps)
+        merged.applied.update(one.applied)
+        merged.timers.update(one.timers)
+    return merged, stuck
+
+
+def _unloadable(
+    engine: Engine, wid: str, epoch: int, exc: Exception, now: datetime, writes: dict[str, WorkflowWrites]
+) -> bool:
+    run = _raw_run(wid, engine.using)
+    message = (
+        f"Workflow {wid!r}: its rows cannot be read by the engine ({type(exc).__name__}: {exc}). Repair the row "
+        "(a column holding a value of the wrong type), or cancel the workflow; it is retried with back-off."
+    )
+    logger.error("workflow rows unreadable workflow=%s engine=%s error=%s", wid, engine.engine_id, exc)
+    if run is None:
+        return False
+    engine._stuck(wid, run[0], epoch, run[1], EngineInternalError(message), now, writes)
+    return True
+
+
+def _raw_run(wid: str, using: str) -> tuple[str, int] | None:
+    """(run id, stuck attempts) read without the ORM's conversions, or None."""
+    try:
+        with connections[using].cursor() as cursor:
+            cursor.execute(
+                f"SELECT run_id, stuck_attempts FROM {Workflow._meta.db_table} WHERE id = %s",
+                [wid],
+            )
+            row = cursor.fetchone()
+    except DatabaseError:
+        raise
+    except Exception:
+        return None
+    if row is None:
+        return None
+    try:
+        return str(uuid.UUID(str(row[0]))), int(row[1] or 0)
+    except (ValueError, TypeError):
+        return None
