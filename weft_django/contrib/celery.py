@@ -57,11 +57,23 @@ def run_activity(
 
 
 @shared_task(name=RUN_MAINTENANCE, ignore_result=True)
-def run_maintenance_task(engine_id: str | None = None) -> None:
-    """weft.run_maintenance() as a Celery task, for BACKGROUND_TASKS = "manual" (schedule it with beat)."""
+def run_maintenance_task(engine_id: str | None = None, **ignored: Any) -> None:
+    """weft.run_maintenance() as a Celery task, for BACKGROUND_TASKS = "manual" (schedule it with beat).
+
+    The pass always runs under an engine id of its own (host, pid, a random suffix), never one taken
+    from the message: whoever can publish to the broker could otherwise run it as another, live
+    engine and end that engine's registration when the pass stops (docs/security.md). An
+    ``engine_id`` in the message (older beat entries passed one) is ignored and logged."""
     from ..engine.maintenance import run_maintenance
 
-    run_maintenance(engine_id)
+    if engine_id is not None or ignored:
+        logger.warning(
+            "run_maintenance task: ignoring the engine id %r and arguments %s of the message; the pass "
+            "runs under an engine id of its own",
+            engine_id,
+            sorted(ignored),
+        )
+    run_maintenance()
 
 
 def celery_app() -> Celery:
