@@ -12,7 +12,6 @@ import asyncio
 import logging
 import threading
 import time
-import unicodedata
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
@@ -23,9 +22,8 @@ from django.db import IntegrityError, connections, transaction
 from django.db.models import Count, IntegerField, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 
-from . import codec, notify, prepared, transitions
+from . import codec, notify, prepared, transitions, validation
 from .clock import db_now, workflow_now_sql
-from .durations import InvalidDuration, to_nonnegative_timedelta
 from .engine import observe
 from .epochs import next_epoch, next_epoch_sql
 from .exceptions import (
@@ -51,6 +49,15 @@ from .models import (
 from .queries_and_updates import admit, await_update, query_on_thread, update_on_thread
 from .registry import WorkflowDefinition, resolve_workflow
 from .status import TERMINAL_STATUSES, SignalState, TimerKind, WorkflowStatus
+from .validation import (  # noqa: F401 - MAX_*: re-exported for the admin's forms
+    MAX_ID_LENGTH,
+    MAX_KEY_LENGTH,
+    MAX_NAME_LENGTH,
+    validate_key,
+    validate_name,
+    validate_reason,
+    validate_workflow_id,
+)
 from .waits import Wait, afinish, close_connections, finish, submit, wait_executor, wait_for_end
 
 logger = logging.getLogger(__name__)
@@ -72,60 +79,24 @@ SUMMARY_FIELDS = (
     "pending_timers",
 )
 
-MAX_ID_LENGTH = 255
-MAX_KEY_LENGTH = 320  # signal ids and idempotency keys; an activity_info().idempotency_key fits
-MAX_NAME_LENGTH = 255
 ON_CONFLICT = ("error", "use_existing", "start_new")
 _UNSET: Any = object()
 
 
 # ---------------------------------------------------------------------------------------- validation
+#
+# Every text, duration and moment is checked by weft_django.validation (NUL, lone surrogates, length,
+# MAX_DURATION); the names below are kept for the modules that import them from here.
+
+_validate_key = validate_key
+_validate_name = validate_name
+_duration = validation.duration
 
 
 def _alias() -> str:
     from .conf import database_alias
 
     return database_alias()
-
-
-def validate_workflow_id(value: object, name: str = "id") -> str:
-    """Return ``value`` if it is a valid workflow id, else raise InvalidWorkflowIdError."""
-    if not isinstance(value, str):
-        raise InvalidWorkflowIdError(f"{name} must be a str (got {type(value).__name__}: {value!r}).")
-    if not 1 <= len(value) <= MAX_ID_LENGTH:
-        raise InvalidWorkflowIdError(
-            f"{name} must be 1 to {MAX_ID_LENGTH} characters long (got {len(value)}); use a shorter, non-empty id."
-        )
-    for index, char in enumerate(value):
-        if unicodedata.category(char) == "Cc":
-            raise InvalidWorkflowIdError(
-                f"{name} must not contain control characters (found {char!r} at index {index}); "
-                f"remove it from {value!r}."
-            )
-    return value
-
-
-def _validate_key(value: object, name: str) -> str:
-    if not isinstance(value, str) or not 1 <= len(value) <= MAX_KEY_LENGTH:
-        shown = f"{len(value)} characters" if isinstance(value, str) else f"{type(value).__name__}: {value!r}"
-        raise InvalidArgumentError(f"{name} must be a str of 1 to {MAX_KEY_LENGTH} characters (got {shown}).")
-    return value
-
-
-def _validate_name(value: object, name: str) -> str:
-    if not isinstance(value, str) or not 1 <= len(value) <= MAX_NAME_LENGTH:
-        raise InvalidArgumentError(f"{name} must be a str of 1 to {MAX_NAME_LENGTH} characters (got {value!r}).")
-    return value
-
-
-def _duration(value: object, name: str, *, positive: bool = False) -> timedelta:
-    try:
-        result = to_nonnegative_timedelta(value, name)
-    except InvalidDuration as exc:
-        raise InvalidArgumentError(str(exc)) from None
-    if positive and result <= timedelta(0):
-        raise InvalidArgumentError(f"{name} must be greater than zero (got {value!r}).")
-    return result
 
 
 def _encode_input(args: Any, kwargs: Any) -> str:
@@ -157,14 +128,7 @@ def _start_time(start_after: Any, start_at: Any) -> timedelta | datetime | None:
     if start_after is not None:
         return _duration(start_after, "start_after")
     if start_at is not None:
-        if not isinstance(start_at, datetime):
-            raise InvalidArgumentError(f"start_at must be a datetime (got {type(start_at).__name__}: {start_at!r}).")
-        if start_at.utcoffset() is None:
-            raise InvalidArgumentError(
-                f"start_at must be timezone-aware (got the naive {start_at!r}); use "
-                f"django.utils.timezone.make_aware() or pass tzinfo."
-            )
-        return start_at
+        return validation.start_moment(start_at)
     return None
 
 
@@ -626,7 +590,7 @@ def _buffer_signal(id: str, name: str, text: str, signal_id: str | None, using: 
 
 def cancel(id: str, reason: str | None = None) -> None:
     """Cancel workflow ``id`` (see WorkflowHandle.cancel)."""
-    transitions.cancel(validate_workflow_id(id), reason, using=_alias())
+    WorkflowHandle(id).cancel(reason)
 
 
 # ---------------------------------------------------------------------------------------- messages
@@ -839,13 +803,22 @@ def _deadline(timeout: Any) -> float | None:
 # ------------------------------------------------------------------------------------------ handle
 
 
+def _status(stored: str) -> WorkflowStatus | str:
+    try:
+        return WorkflowStatus(stored)
+    except ValueError:
+        return stored  # an odd row: shown as stored (the admin and `weft describe` mark it)
+
+
 class WorkflowHandle:
-    """A reference to workflow ``id`` (its latest run). Cheap: every method reads or writes fresh."""
+    """A reference to workflow ``id`` (its latest run). Cheap: every method reads or writes fresh.
+
+    ``id`` is checked as ``weft.start`` checks it: InvalidWorkflowIdError for an id no run can have."""
 
     __slots__ = ("id",)
 
     def __init__(self, id: str) -> None:
-        self.id = id
+        self.id = validate_workflow_id(id)
 
     def __repr__(self) -> str:
         return f"<WorkflowHandle {self.id!r}>"
@@ -857,16 +830,20 @@ class WorkflowHandle:
         return hash((WorkflowHandle, self.id))
 
     @property
-    def status(self) -> WorkflowStatus:
-        """The run's status, read from the database now."""
+    def status(self) -> WorkflowStatus | str:
+        """The run's status, read from the database now (the stored text when it is not a
+        WorkflowStatus: a row written by hand or by another version)."""
         status = Workflow.objects.using(_alias()).filter(pk=self.id).values_list("status", flat=True).first()
         if status is None:
             raise WorkflowNotFoundError(f'No workflow "{self.id}" exists (never started, or purged).')
-        return WorkflowStatus(status)
+        return _status(status)
 
     def describe(self) -> dict[str, Any]:
         """id, status, workflow_type, version, run_id, owner_engine, epoch, claim_expires_at,
-        created_at, started_at, finished_at, current_step, pending_timers (one query)."""
+        created_at, started_at, finished_at, current_step, pending_timers (one query).
+
+        ``status`` is a WorkflowStatus, or the stored text for a status weft does not know (an odd
+        row). Raises WorkflowNotFoundError for an unknown id."""
         using = _alias()
         claim = WorkflowClaim.objects.using(using).filter(pk=OuterRef("pk"))
         last_step = Step.objects.using(using).filter(run_id=OuterRef("run_id")).order_by("-seq")
@@ -906,7 +883,7 @@ class WorkflowHandle:
             described["current_step"] = (
                 None if last_seq is None else f"#{last_seq} {last_kind}" + (f" {last_name}" if last_name else "")
             )
-        described["status"] = WorkflowStatus(described["status"])
+        described["status"] = _status(described["status"])
         return described
 
     def signal(self, name: str, payload: Any = None, *, signal_id: str | None = None) -> None:
@@ -914,8 +891,11 @@ class WorkflowHandle:
         signal(self.id, name, payload, signal_id=signal_id)
 
     def cancel(self, reason: str | None = None) -> None:
-        """Cancel the run; WorkflowTerminalError if it already ended."""
-        transitions.cancel(self.id, reason, using=_alias())
+        """Cancel the run, storing ``reason`` (None, or a str of at most 1000 characters) with it.
+
+        Raises InvalidArgumentError for a bad reason (nothing is written), WorkflowTerminalError if the
+        run already ended and WorkflowNotFoundError for an unknown id."""
+        transitions.cancel(self.id, validate_reason(reason), using=_alias())
 
     def suspend(self) -> None:
         """running -> suspended; WorkflowStateError otherwise."""
@@ -945,8 +925,11 @@ class WorkflowHandle:
 
     def result(self, timeout: Any = None) -> Any:
         """Wait until the run ends; return its value or raise WorkflowFailedError,
-        WorkflowCancelledError or WorkflowTimedOutError. The builtin TimeoutError when ``timeout``
-        (a duration) runs out first. Reads committed data only, on its own connection."""
+        WorkflowCancelledError or WorkflowTimedOutError.
+
+        ``timeout`` (a duration up to ``durations.MAX_DURATION``, None: no limit) running out first
+        raises WaitTimeoutError, which is also a builtin TimeoutError. A bad ``timeout`` raises
+        InvalidArgumentError. Reads committed data only, on its own connection."""
         future, abandoned = self._submit_wait(timeout)
         try:
             row = future.result()

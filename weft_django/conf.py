@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 
-from .durations import InvalidDuration, to_ms
+from .durations import MAX_DURATION_TEXT, DurationTooLong, InvalidDuration, to_ms
 from .exceptions import ConfigurationError
 
 DEFAULTS: dict[str, Any] = {
@@ -108,6 +108,9 @@ class _Validation:
     def duration_ms(self, name: str, value: Any) -> int | None:
         try:
             return to_ms(value, name)
+        except DurationTooLong as exc:
+            self.report("E002", str(exc), f"Use a duration of at most {MAX_DURATION_TEXT}.")
+            return None
         except InvalidDuration as exc:
             self.report("E002", str(exc), DURATION_HINT)
             return None

@@ -29,6 +29,7 @@ from .exceptions import (
 )
 from .models import PendingUpdate, QueryRequest, Workflow, WorkflowClaim
 from .status import TERMINAL_STATUSES, QueryStatus, UpdateStatus, WorkflowStatus
+from .validation import validate_key, validate_name
 from .waits import Wait
 
 REROUTE_CHECK = 1.0  # a pending query re-reads its workflow's holder this often (the engine may have died)
@@ -162,7 +163,12 @@ _SETTLED = (UpdateStatus.COMPLETED, UpdateStatus.REJECTED, UpdateStatus.FAILED, 
 
 def admit(workflow_id: str, name: str, text: str, key: str | None, wait: Wait, using: str) -> str:
     """Inside a transaction: admit the update (or find the one with this idempotency key) and send the
-    wake-up. Returns the update's id. An expired request with the same key is admitted again."""
+    wake-up. Returns the update's id. An expired request with the same key is admitted again.
+    InvalidArgumentError for a bad name or key (the client checks them first; checked again here, the
+    last step before they are written)."""
+    validate_name(name, "name")
+    if key is not None:
+        validate_key(key, "idempotency_key")
     row = Workflow.objects.using(using).filter(pk=workflow_id).values("run_id", "status").first()
     if row is None:
         raise WorkflowNotFoundError(

@@ -42,6 +42,7 @@ from .exceptions import InvalidScheduleError, ScheduleNotFoundError, WorkflowTer
 from .models import Schedule, Timer, Workflow
 from .registry import WorkflowDefinition, registry, resolve_workflow
 from .status import ACTIVE_STATUSES, OverlapPolicy, TimerKind, WorkflowStatus
+from .validation import check_text, validate_note
 
 if TYPE_CHECKING:
     from .client import WorkflowHandle
@@ -50,6 +51,7 @@ MAX_SCHEDULE_ID_LENGTH = 200  # the run ids add 21 characters and must fit the 2
 MAX_EVERY_SECONDS = 2**31 - 1
 MAX_JITTER_MS = 2**31 - 1
 MAX_TIMEZONE_LENGTH = 64
+MAX_CRON_LENGTH = 200
 NEXT_FIRE_TIMES = 5
 OVERLAP_POLICIES: tuple[str, ...] = tuple(str(value) for value in OverlapPolicy.values)
 CRON_ALIASES = {
@@ -204,21 +206,18 @@ def _invalid(message: str) -> InvalidScheduleError:
 
 
 def validate_schedule_id(value: object) -> str:
-    if not isinstance(value, str) or not 1 <= len(value) <= MAX_SCHEDULE_ID_LENGTH:
-        shown = f"{len(value)} characters" if isinstance(value, str) else f"{type(value).__name__}: {value!r}"
-        raise _invalid(
-            f"id must be a str of 1 to {MAX_SCHEDULE_ID_LENGTH} characters (got {shown}); it names the "
-            f"schedule, and its runs are called id@<time>."
-        )
-    if any(ord(char) < 32 or ord(char) == 127 for char in value):
-        raise _invalid(f"id must not contain control characters (got {value!r}).")
-    return value
+    """A schedule id: a str of 1 to 200 characters, no control characters, no lone surrogates.
+    Raises InvalidScheduleError otherwise."""
+    hint = " It names the schedule, and its runs are called id@<time>."
+    return check_text(
+        value, "id", max_length=MAX_SCHEDULE_ID_LENGTH, controls=True, error=InvalidScheduleError, hint=hint
+    )
 
 
 def _cron(value: object, schedule_id: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise _invalid(f'cron must be a cron expression such as "30 2 * * *" (got {value!r}).')
-    text = value.strip()
+    text = check_text(value, "cron", max_length=MAX_CRON_LENGTH, error=InvalidScheduleError).strip()
     fields = CRON_ALIASES.get(text.lower(), text).split()
     if len(fields) != 5:
         raise _invalid(
@@ -545,7 +544,7 @@ class ScheduleHandle:
     __slots__ = ("id",)
 
     def __init__(self, id: str) -> None:
-        self.id = id
+        self.id = validate_schedule_id(id)
 
     def __repr__(self) -> str:
         return f"<ScheduleHandle {self.id!r}>"
@@ -558,8 +557,7 @@ class ScheduleHandle:
 
     def pause(self, note: str = "") -> None:
         """Stop firing until resume(); occurrences meanwhile are neither fired nor counted as missed."""
-        if not isinstance(note, str):
-            raise _invalid(f"note must be a str (got {type(note).__name__}).")
+        validate_note(note, InvalidScheduleError)
         using = _alias()
         with transaction.atomic(using=using):
             row = _locked(self.id, using)

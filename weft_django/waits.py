@@ -22,7 +22,7 @@ from typing import Any
 from django.db import close_old_connections, connections
 
 from . import notify
-from .exceptions import WorkflowNotFoundError
+from .exceptions import WaitTimeoutError, WorkflowNotFoundError
 from .models import Workflow
 from .status import TERMINAL_STATUSES
 
@@ -31,6 +31,11 @@ logger = logging.getLogger(__name__)
 WAIT_THREADS = 64
 LISTEN_RECHECK = 2.0  # re-read the row this often even while listening, in case a wake-up was lost
 POLL_FIRST, POLL_MAX = 0.05, 0.5
+
+
+class ResultTimeoutError(WaitTimeoutError, TimeoutError):
+    """result() ran past its ``timeout`` (or close_connections() ended the wait). Catch it as
+    ``weft.WaitTimeoutError`` or as the builtin ``TimeoutError`` (API.md): it is both."""
 
 
 def submit(fn: Any, *args: Any) -> tuple[Any, threading.Event]:
@@ -314,9 +319,9 @@ def _reuse_or_close(alias: str) -> None:
 
 
 def close_connections(timeout: float = 5.0) -> None:
-    """End every result() wait in progress (its caller gets TimeoutError), stop the weft-wait threads
-    and close the result listeners' connections. For test teardown (before the test database is
-    dropped) and orderly shutdown; the next result() starts them again."""
+    """End every result() wait in progress (its caller gets ResultTimeoutError, a TimeoutError), stop
+    the weft-wait threads and close the result listeners' connections. For test teardown (before the
+    test database is dropped) and orderly shutdown; the next result() starts them again."""
     global _executor
     with _executor_lock:
         executor, _executor = _executor, None
@@ -399,11 +404,15 @@ def wait_for_end(workflow_id: str, alias: str, deadline: float | None, abandoned
                 return row
             remaining = _remaining(deadline)
             if remaining <= 0:
-                raise TimeoutError(
-                    f'Workflow "{workflow_id}" is still {row["status"]}; the wait for its result timed out.'
+                raise ResultTimeoutError(
+                    f'Workflow "{workflow_id}" is still {row["status"]}; the wait for its result timed out. '
+                    f"Call result() again (the run goes on), or pass a longer timeout."
                 )
             if abandoned.is_set():
-                raise TimeoutError("the caller stopped waiting")
+                raise ResultTimeoutError(
+                    f'The wait for the result of workflow "{workflow_id}" was ended (close_connections(), or the '
+                    f"caller stopped waiting); the run goes on. Call result() again."
+                )
             if listener is not None and listener.listening.is_set():
                 event.wait(min(remaining, LISTEN_RECHECK))
             else:
