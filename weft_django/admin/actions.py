@@ -17,7 +17,7 @@ from django.template.response import TemplateResponse
 from django.utils.translation import ngettext
 
 from .. import client, transitions
-from ..exceptions import WorkflowNotFoundError, WorkflowStateError, WorkflowTerminalError
+from ..exceptions import InvalidArgumentError, WorkflowNotFoundError, WorkflowStateError, WorkflowTerminalError
 from ..models import Workflow
 from ..status import TERMINAL_STATUSES
 from .payloads import PayloadInputError, parse_payload
@@ -40,8 +40,12 @@ CODENAMES = {
     "signal": "signal_workflow",
     "purge": "purge_workflow",
 }
-REFUSALS = (WorkflowTerminalError, WorkflowStateError, WorkflowNotFoundError)
+# InvalidArgumentError: a cancel reason or signal refused by weft_django.validation (nothing written).
+REFUSALS = (WorkflowTerminalError, WorkflowStateError, WorkflowNotFoundError, InvalidArgumentError)
 SHOWN_FAILURES = 5
+# The cancel form's reason is cut here, so "cancelled in the Django admin by <user>: <reason>" stays
+# within validation.MAX_REASON_LENGTH (Django user names are at most 150 characters).
+ADMIN_REASON_LENGTH = 500
 
 
 @dataclass

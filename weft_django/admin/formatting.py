@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import pprint
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.utils import timezone
@@ -65,11 +65,50 @@ def pretty_json(value: Any) -> str:
 
 
 def status_badge(status: str) -> SafeString:
+    """The status as a coloured badge; a status weft does not know (an odd row) is shown as stored,
+    marked "unknown status"."""
     try:
         label = WorkflowStatus(status).label
     except ValueError:
-        label = status
+        return format_html(
+            '<span class="weft-badge weft-odd" title="not a status weft knows: the row was edited by hand or '
+            'written by another version">{} (unknown status)</span>',
+            status,
+        )
     return format_html('<span class="weft-badge weft-status-{}">{}</span>', status, label)
+
+
+def status_text(status: str) -> str:
+    """The status for plain text (``manage.py weft``): as stored, marked when weft does not know it."""
+    return status if status in WorkflowStatus.values else f"{status} (unknown status)"
+
+
+def local(value: datetime) -> datetime | None:
+    """``value`` in the current time zone, or None when that is not a Python datetime (a timestamp
+    within a day of year 1 or 9999: an odd row)."""
+    try:
+        return timezone.localtime(value)
+    except (OverflowError, ValueError):
+        return None
+
+
+def when_text(value: datetime | None, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
+    """A timestamp as local time text ("-" for None); one out of the local time zone's range is
+    shown in UTC, marked "out of range"."""
+    if value is None:
+        return "-"
+    shown = local(value)
+    if shown is None:
+        return f"{value.astimezone(UTC).strftime(fmt)} UTC (out of range)"
+    return shown.strftime(fmt)
+
+
+def error_text(error: Any) -> str:
+    """ "Type: message" of an error column for plain text; a value that is not a dict (an odd row) is
+    shown as JSON, marked "not an error object"."""
+    if isinstance(error, dict):
+        return error_summary(error)
+    return f"{pretty_json(error)} (not an error object)"
 
 
 def state_badge(state: str, label: str | None = None) -> SafeString:
@@ -90,11 +129,9 @@ def moment(value: datetime | None, *, short: bool = False) -> SafeString | str:
     changelist columns); the full value on hover."""
     if value is None:
         return "-"
-    return format_html(
-        '<span class="weft-moment" title="{}">{}</span>',
-        value.isoformat(),
-        timezone.localtime(value).strftime("%m-%d %H:%M:%S" if short else "%Y-%m-%d %H:%M:%S"),
-    )
+    text = when_text(value, "%m-%d %H:%M:%S" if short and local(value) is not None else "%Y-%m-%d %H:%M:%S")
+    css = "weft-moment weft-odd" if local(value) is None else "weft-moment"
+    return format_html('<span class="{}" title="{}">{}</span>', css, value.isoformat(), text)
 
 
 def short_step(label: str | None) -> str | None:

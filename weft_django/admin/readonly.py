@@ -3,6 +3,7 @@ Nobody adds, edits or deletes them here; the engine and the public API are their
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin
@@ -18,7 +19,7 @@ from ..conf import database_alias, get_settings
 from ..models import BufferedSignal, Engine, PendingUpdate, Timer, WorkflowClaim
 from .clocks import claim_now, workflow_now
 from .filters import ClaimStateFilter
-from .formatting import error_summary, format_duration, pretty_json, pretty_payload, relative, state_badge
+from .formatting import error_summary, format_duration, moment, pretty_json, pretty_payload, relative, state_badge
 from .health import engine_state
 
 
@@ -56,14 +57,27 @@ def _pre(text: str) -> SafeString:
     return format_html('<pre class="weft-pre">{}</pre>', text)
 
 
+def moment_column(field: str, description: str) -> Callable[[Any, Any], SafeString | str]:
+    """A sortable column (and read-only field) for the timestamp ``field``: Django's own rendering
+    raises OverflowError for a time a day from the ends of Python's dates (an odd row); ``moment``
+    shows it in UTC, marked."""
+
+    @admin.display(description=description, ordering=field)
+    def show(self: Any, obj: Any) -> SafeString | str:
+        return moment(getattr(obj, field))
+
+    show.__name__ = f"{field}_display"
+    return show
+
+
 @admin.register(WorkflowClaim)
 class WorkflowClaimAdmin(ReadOnlyAdmin):
     list_display = (
         "workflow_link",
         "engine_id",
         "epoch",
-        "claimed_at",
-        "expires_at",
+        "claimed_at_display",
+        "expires_at_display",
         "expiry_display",
         "last_holder_display",
     )
@@ -72,6 +86,8 @@ class WorkflowClaimAdmin(ReadOnlyAdmin):
     ordering = ("expires_at",)
     fields = list_display
     readonly_fields = fields
+    claimed_at_display = moment_column("claimed_at", "claimed at")
+    expires_at_display = moment_column("expires_at", "expires at")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return (
@@ -103,9 +119,9 @@ class EngineAdmin(ReadOnlyAdmin):
         "host",
         "pid",
         "mode",
-        "started_at",
+        "started_at_display",
         "heartbeat_display",
-        "stopped_at",
+        "stopped_at_display",
         "claims_held",
     )
     list_filter = ("mode",)
@@ -117,13 +133,16 @@ class EngineAdmin(ReadOnlyAdmin):
         "host",
         "pid",
         "mode",
-        "started_at",
-        "heartbeat_at",
+        "started_at_display",
+        "heartbeat_at_display",
         "heartbeat_display",
-        "stopped_at",
+        "stopped_at_display",
         "claims_held",
     )
     readonly_fields = fields
+    started_at_display = moment_column("started_at", "started at")
+    heartbeat_at_display = moment_column("heartbeat_at", "heartbeat at")
+    stopped_at_display = moment_column("stopped_at", "stopped at")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         held = (
@@ -158,12 +177,13 @@ class EngineAdmin(ReadOnlyAdmin):
 
 @admin.register(Timer)
 class TimerAdmin(ReadOnlyAdmin):
-    list_display = ("workflow_link", "kind", "seq", "attempt", "fire_at", "due_display")
+    list_display = ("workflow_link", "kind", "seq", "attempt", "fire_at_display", "due_display")
     list_filter = ("kind",)
     search_fields = ("workflow_id",)
     ordering = ("fire_at",)
-    fields = ("workflow_link", "run_id", "kind", "seq", "attempt", "fire_at", "due_display")
+    fields = ("workflow_link", "run_id", "kind", "seq", "attempt", "fire_at_display", "due_display")
     readonly_fields = fields
+    fire_at_display = moment_column("fire_at", "fire at")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return (
@@ -182,12 +202,22 @@ class TimerAdmin(ReadOnlyAdmin):
 
 @admin.register(BufferedSignal)
 class BufferedSignalAdmin(ReadOnlyAdmin):
-    list_display = ("workflow_link", "name", "signal_id", "state", "consumed_seq", "created_at")
+    list_display = ("workflow_link", "name", "signal_id", "state", "consumed_seq", "created_at_display")
     list_filter = ("state",)
     search_fields = ("workflow_id", "name", "signal_id")
     ordering = ("-id",)
-    fields = ("workflow_link", "run_id", "name", "signal_id", "state", "consumed_seq", "created_at", "payload_display")
+    fields = (
+        "workflow_link",
+        "run_id",
+        "name",
+        "signal_id",
+        "state",
+        "consumed_seq",
+        "created_at_display",
+        "payload_display",
+    )
     readonly_fields = fields
+    created_at_display = moment_column("created_at", "created at")
 
     @admin.display(description="payload")
     def payload_display(self, obj: BufferedSignal) -> SafeString:
@@ -196,7 +226,7 @@ class BufferedSignalAdmin(ReadOnlyAdmin):
 
 @admin.register(PendingUpdate)
 class PendingUpdateAdmin(ReadOnlyAdmin):
-    list_display = ("workflow_link", "name", "status", "created_at", "completed_at", "outcome")
+    list_display = ("workflow_link", "name", "status", "created_at_display", "completed_at_display", "outcome")
     list_filter = ("status",)
     search_fields = ("workflow_id", "name", "idempotency_key")
     ordering = ("-created_at",)
@@ -207,13 +237,15 @@ class PendingUpdateAdmin(ReadOnlyAdmin):
         "name",
         "idempotency_key",
         "status",
-        "created_at",
-        "completed_at",
+        "created_at_display",
+        "completed_at_display",
         "payload_display",
         "result_display",
         "error_display",
     )
     readonly_fields = fields
+    created_at_display = moment_column("created_at", "created at")
+    completed_at_display = moment_column("completed_at", "completed at")
 
     @admin.display(description="outcome")
     def outcome(self, obj: PendingUpdate) -> str:

@@ -6,7 +6,7 @@ has passed (workflow time), and a child is kept while its parent is still active
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from functools import reduce
 from operator import or_
 from typing import Any
@@ -37,9 +37,12 @@ def daily_counts(using: str, now: datetime, days: int = 14) -> list[DayCounts]:
     today = timezone.localtime(now).date()
     first = today - timedelta(days=days - 1)
     since = timezone.make_aware(datetime.combine(first, datetime.min.time()))
+    # Up to the end of today: a finished_at in the future (an odd row, near year 9999) is not counted,
+    # and its local date (possibly year 10000) is never computed.
+    until = timezone.make_aware(datetime.combine(today + timedelta(days=1), datetime.min.time()))
     rows = (
         Workflow.objects.using(using)
-        .filter(status__in=TERMINAL_ORDER, finished_at__gte=since)
+        .filter(status__in=TERMINAL_ORDER, finished_at__gte=since, finished_at__lt=until)
         .annotate(day=TruncDate("finished_at", tzinfo=timezone.get_current_timezone()))
         .values("day", "status")
         .annotate(n=Count("pk"))
@@ -110,6 +113,15 @@ def retention_due(
     return Workflow.objects.using(using).filter(reduce(or_, parts)).exclude(_kept_for_parent(using))
 
 
+def _due(finished_at: datetime, keep: timedelta) -> datetime:
+    """When a run finished at ``finished_at`` becomes due; the last datetime when that is past year
+    9999 (a finished_at near year 9999: an odd row)."""
+    try:
+        return finished_at + keep
+    except OverflowError:
+        return datetime.max.replace(tzinfo=UTC)
+
+
 @dataclass(frozen=True)
 class RetentionRow:
     status: str
@@ -134,7 +146,7 @@ def retention_plan(using: str, now: datetime, retention: dict[str, timedelta | N
             .values_list("finished_at", flat=True)
             .first()
         )
-        rows.append(RetentionRow(status.value, keep, due, None if oldest_kept is None else oldest_kept + keep))
+        rows.append(RetentionRow(status.value, keep, due, None if oldest_kept is None else _due(oldest_kept, keep)))
     return rows
 
 
@@ -157,7 +169,7 @@ def next_removals(
         for workflow_id, workflow_type, finished_at in rows:
             if finished_at is None:  # excluded by the filter; for the type checker
                 continue
-            due_at: datetime = finished_at + keep
+            due_at = _due(finished_at, keep)
             candidates.append(
                 {
                     "id": workflow_id,

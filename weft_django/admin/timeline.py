@@ -13,11 +13,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.utils.timezone import localtime
-
 from ..models import Step, Timer, Workflow
 from ..status import ACTIVE_STATUSES, WORKFLOW_SCOPED_TIMERS, StepKind, StepStatus, TimerKind, WorkflowStatus
-from .formatting import format_duration
+from .formatting import format_duration, local, when_text
 
 MAX_BARS = 200
 MIN_WIDTH = 0.6  # percent: an instant step is still a visible sliver
@@ -46,7 +44,7 @@ class Bar:
     @property
     def title(self) -> str:
         since = "waited from the end of the previous step," if self.inferred_start else "from"
-        start, end = (localtime(moment).strftime("%H:%M:%S.%f")[:-3] for moment in (self.start, self.end))
+        start, end = (_clock(moment) for moment in (self.start, self.end))
         text = f"{self.label}: {self.state}, {self.duration} ({since} {start} to {end})"
         return text + (f" — {self.detail}" if self.detail else "")
 
@@ -69,6 +67,12 @@ class Timeline:
     @property
     def span(self) -> str:
         return "-" if self.start is None or self.end is None else format_duration(self.end - self.start)
+
+
+def _clock(moment: datetime) -> str:
+    """ "14:03:07.250" in the current time zone (out of its range: in UTC, marked)."""
+    text = when_text(moment, "%H:%M:%S.%f")
+    return text[:12] if local(moment) is not None else text
 
 
 def _step_label(step: Step) -> str:
@@ -123,7 +127,7 @@ def build_timeline(workflow: Workflow, steps: Iterable[Step], timers: Iterable[T
             if timer.kind not in WORKFLOW_SCOPED_TIMERS and timer.kind != TimerKind.DELAYED_START:
                 continue
             start = origin if timer.kind == TimerKind.DELAYED_START else previous_end
-            when = f"fires at {localtime(timer.fire_at):%Y-%m-%d %H:%M:%S}"
+            when = f"fires at {when_text(timer.fire_at)}"
             bars.append(Bar(_timer_label(timer), "timer", "pending", min(start, timer.fire_at), timer.fire_at, when))
             open_bars = True
         if not open_bars and workflow.status != WorkflowStatus.PENDING:

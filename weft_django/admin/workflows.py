@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
+from django.db import DataError
 from django.db.models import DateTimeField, QuerySet, Value
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -17,8 +18,10 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from ..conf import database_alias
+from ..exceptions import InvalidArgumentError
 from ..models import BufferedSignal, PendingUpdate, Step, Timer, Workflow
 from ..status import ACTIVE_STATUSES, TERMINAL_STATUSES, WorkflowStatus
+from ..validation import validate_reason
 from . import actions, health, views
 from .clocks import claim_now, workflow_now
 from .filters import ActivityFilter, OwnershipFilter
@@ -49,7 +52,7 @@ def _error_block(error: Any) -> SafeString | str:
     if not error:
         return "-"
     if not isinstance(error, dict):
-        return _pre(pretty_json(error))
+        return format_html('<span class="weft-odd">not an error object</span>{}', _pre(pretty_json(error)))
     extra = {k: v for k, v in error.items() if k not in ("type", "message", "traceback")}
     return format_html(
         '<div class="weft-error"><strong>{}</strong>{}{}</div>',
@@ -373,11 +376,32 @@ class WorkflowAdmin(admin.ModelAdmin):
             return TemplateResponse(request, "admin/weft_django/workflow/cancel.html", context)
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
-        reason = request.POST.get("reason", "").strip()[:500] if action == "cancel" else ""
-        actions.run_transition(self, request, action, [workflow_id], reason)
+        reason = request.POST.get("reason", "").strip() if action == "cancel" else ""
+        try:
+            validate_reason(reason)  # NUL or a lone surrogate: refused before anything is written
+        except InvalidArgumentError as exc:
+            self.message_user(request, f"Nothing was cancelled: {exc}", messages.ERROR)
+            return HttpResponseRedirect(change_url)
+        actions.run_transition(self, request, action, [workflow_id], reason[: actions.ADMIN_REASON_LENGTH])
         return HttpResponseRedirect(change_url)
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         extra = dict(extra_context or {})
         extra["weft_links"] = views.links(self)
-        return super().changelist_view(request, extra)
+        response = super().changelist_view(request, extra)
+        if isinstance(response, TemplateResponse) and response.context_data and "cl" in response.context_data:
+            try:
+                response.render()
+            except (OverflowError, DataError):
+                # Django's date hierarchy turns the oldest and newest created_at into local dates; a
+                # row a day from year 1 or 9999 (an odd row) makes that overflow. Show the list
+                # without the hierarchy rather than an error page.
+                response.context_data["cl"].date_hierarchy = None
+                self.message_user(
+                    request,
+                    "The date hierarchy is hidden: a workflow's created_at is too close to year 1 or 9999 to "
+                    "show in this time zone (an odd row, edited by hand?). Sort by created to find it.",
+                    messages.WARNING,
+                )
+                response.render()
+        return response

@@ -22,7 +22,6 @@ from uuid import UUID
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import Count
-from django.utils import timezone
 
 from ...client import SUMMARY_FIELDS
 from ...durations import InvalidDuration, to_nonnegative_timedelta
@@ -65,7 +64,9 @@ def _json_default(value: Any) -> Any:
 
 
 def _when(value: datetime | None) -> str:
-    return "-" if value is None else timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S")
+    from ...admin.formatting import when_text
+
+    return when_text(value)  # never raises: a time out of the local zone's range is shown in UTC, marked
 
 
 def _claim_expiry(expires_at: datetime | None, now: datetime) -> str | None:
@@ -212,7 +213,7 @@ class Command(BaseCommand):
 
     # -- reading ---------------------------------------------------------------------------------
     def _list(self, options: dict[str, Any]) -> None:
-        from ...admin.formatting import short_step
+        from ...admin.formatting import short_step, status_text
         from ...admin.health import current_step, with_ownership
         from ...clock import db_clock
         from ...models import Workflow
@@ -246,7 +247,7 @@ class Command(BaseCommand):
                     (
                         d["id"],
                         d["workflow_type"],
-                        d["status"],
+                        status_text(d["status"]),
                         d["owner_engine"],
                         d["epoch"],
                         _claim_expiry(d["claim_expires_at"], now) if d["owner_engine"] else None,
@@ -260,6 +261,7 @@ class Command(BaseCommand):
         self._print(f"\n{len(described)} workflow(s) shown (--limit {options['limit']}).")
 
     def _describe(self, options: dict[str, Any]) -> None:
+        from ...admin.formatting import error_text, status_text
         from ...client import get_handle
         from ...models import Workflow
 
@@ -271,12 +273,11 @@ class Command(BaseCommand):
             Workflow.objects.using(self._using).filter(pk=options["id"]).values("error", "stuck_error", "cancel_reason")
         )
         details: dict[str, Any] = dict(extra.first() or {})
-        lines = [(key, described[key]) for key in DESCRIBE_KEYS]
+        lines = [(key, status_text(described[key]) if key == "status" else described[key]) for key in DESCRIBE_KEYS]
         if details.get("error"):
-            lines.append(("error", f"{details['error'].get('type', 'Error')}: {details['error'].get('message', '')}"))
+            lines.append(("error", error_text(details["error"])))
         if details.get("stuck_error"):
-            stuck = details["stuck_error"]
-            lines.append(("stuck on", f"{stuck.get('type', 'Error')}: {stuck.get('message', '')}"))
+            lines.append(("stuck on", error_text(details["stuck_error"])))
         if details.get("cancel_reason"):
             lines.append(("cancel reason", details["cancel_reason"]))
         width = max(len(key) for key, _ in lines)
