@@ -61,3 +61,15 @@ def test_a_signal_wait_taken_over_keeps_its_real_start(weft_clock, weft_run_unti
     step = Step.objects.filter(workflow_id=handle.id, kind="signal").order_by("seq").first()
     assert step is not None
     assert step.completed_at - step.started_at >= timedelta(seconds=45), (step.started_at, step.completed_at)
+
+
+def test_a_first_sleep_armed_late_spans_its_own_duration(weft_clock, weft_run_until_idle):
+    """A run whose first sleep is armed long after its start (no engine ran meanwhile): the sleep's
+    step spans the sleep, from when its timer was armed, not from the run's start."""
+    handle = weft.start("tests.sleeper", args=[30], id="r21-late-first-sleep")
+    weft_clock.advance(120)  # no engine for two minutes
+    weft_run_until_idle()
+    weft_clock.advance(31)
+    weft_run_until_idle()
+    step = Step.objects.get(workflow_id=handle.id, seq=0)
+    assert timedelta(seconds=30) <= step.completed_at - step.started_at < timedelta(seconds=60)

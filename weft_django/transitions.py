@@ -246,14 +246,31 @@ def active_descendants(runs: dict[str, str], using: str) -> dict[str, set[str]]:
     return found
 
 
+FAMILY_LOCK_ROUNDS = 5  # reads of a family that keeps growing while cancel locks it (then _lock waits)
+
+
 def lock_family(workflow_id: str, using: str) -> None:
     """Lock the claim of ``workflow_id`` and of every active descendant its end would close, in ONE
     statement in workflow_id order (the global lock order), before any write: a child whose id sorts
     before its parent's can then never deadlock against an engine's batch commit."""
     run_id = Workflow.objects.using(using).filter(pk=workflow_id).values_list("run_id", flat=True).first()
-    family = active_descendants({workflow_id: str(run_id)}, using).get(workflow_id, set()) if run_id else set()
-    ids = sorted({workflow_id} | family)
-    list(WorkflowClaim.objects.using(using).select_for_update().filter(pk__in=ids).order_by("pk").values_list("pk"))
+    locked: set[str] = set()
+    wanted = {workflow_id}
+    for _ in range(FAMILY_LOCK_ROUNDS):
+        # A child started between the read and the lock (its parent's commit, before ours got the
+        # parent's claim) is found by the next read; once the parent's claim is ours, none can appear.
+        list(
+            WorkflowClaim.objects.using(using)
+            .select_for_update()
+            .filter(pk__in=sorted(wanted))
+            .order_by("pk")
+            .values_list("pk")
+        )
+        locked |= wanted
+        family = active_descendants({workflow_id: str(run_id)}, using).get(workflow_id, set()) if run_id else set()
+        wanted = locked | family
+        if wanted == locked:
+            return
 
 
 def close_children(parent_id: str, parent_run_id: str, status: str, using: str) -> None:

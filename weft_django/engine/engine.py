@@ -164,6 +164,7 @@ class Engine(Progress):
         # An activity waiting out its retry back-off is still being processed, not parked.
         if (
             self._carried
+            or self._reload
             or self.executor.running
             or any(
                 o.inflight or o.dispatch or any(kind == TimerKind.ACTIVITY_RETRY for kind, _ in o.timers)
@@ -280,10 +281,17 @@ class Engine(Progress):
     def _drain(self) -> None:
         """Let running activities finish for at most drain_timeout and commit their results."""
         deadline = time.monotonic() + self.drain_timeout
-        while self.executor.running and time.monotonic() < deadline:
+        while (self.executor.running or self._carried) and time.monotonic() < deadline:
             self.tick(claim=False)
             self._wait(0.05)
         self.tick(claim=False)
+        if self._carried:  # nothing of them is durable: the next owner replays those workflows
+            logger.warning(
+                "shutting down with deferred commits engine=%s workflows=%s (rows still locked elsewhere)",
+                self.engine_id,
+                sorted(self._carried),
+            )
+            self._carried = {}
 
     def _wait(self, seconds: float | None = None) -> None:
         timeout = seconds if seconds is not None else self.settings.poll_interval.total_seconds()
@@ -315,6 +323,7 @@ class Engine(Progress):
             connections[self.using].close()
             logger.exception("database error in tick engine=%s; retrying", self.engine_id)
             self._reload.update({wid: o.epoch for wid, o in self.owned.items()})
+            self._carried = {}  # nothing of them is durable: the reload replays from what is
             for owned in list(self.owned.values()):
                 self._drop(owned.workflow_id, reason=None)
             time.sleep(0.2)
@@ -461,6 +470,7 @@ class Engine(Progress):
             or (self.mode == OwnershipMode.LEASE and self._lease_epoch is None)
             or not self.executor.outcomes.empty()
             or self.executor._celery is not None  # remote outcomes are found by polling
+            or (self._carried and clock >= self._carry_retry_at)
         ):
             return False
         renew = self.settings.workflow_claim_renew_interval.total_seconds()
@@ -742,7 +752,9 @@ class Engine(Progress):
     def durable(self, workflow_id: str, writes: dict[str, WorkflowWrites]) -> bool:
         """Whether everything this workflow's live state rests on is committed (nothing pending)."""
         pending = writes.get(workflow_id)
-        return (pending is None or pending.empty) and workflow_id not in self._carried
+        owned = self.owned.get(workflow_id)
+        recorded = owned is not None and bool(owned.run.new_steps or owned.run.responses)
+        return (pending is None or pending.empty) and workflow_id not in self._carried and not recorded
 
     def _dispatch(self) -> None:
         if self.stopping.is_set():

@@ -452,11 +452,13 @@ def answer_queries(engine: Engine, now: datetime, writes: dict[str, WorkflowWrit
     is committed first (``engine.flush``); a request whose workflow's commit was deferred waits."""
     using = engine.using
     pending = QueryRequest.objects.using(using).filter(engine_id=engine.engine_id, status=QueryStatus.PENDING)
-    # Cheap, and takes no write lock (SQLite) when nothing waits.
-    asked = set(pending.values_list("workflow_id", flat=True)[:QUERY_BATCH])
+    # Cheap, and takes no write lock (SQLite) when nothing waits; in the order the requests are taken.
+    asked = set(pending.order_by("created_at").values_list("workflow_id", flat=True)[:QUERY_BATCH])
     if not asked:
         return False
-    engine.flush({wid for wid in asked if wid in writes}, now, writes)
+    # Every owned workflow asked about: also one whose settlement was committed elsewhere (an atomic
+    # activity, a Celery worker) but whose generator recorded a memo or a race's winner since.
+    engine.flush({wid for wid in asked if wid in engine.owned}, now, writes)
     answered: list[str] = []
     with transaction.atomic(using=using):
         rows = pending.order_by("created_at")
@@ -477,7 +479,8 @@ def answer_queries(engine: Engine, now: datetime, writes: dict[str, WorkflowWrit
             epoch, holder = claims.get(wid, (None, None))
             if owned is not None and (epoch, holder) == (owned.epoch, engine.engine_id):
                 if not engine.durable(wid, writes):
-                    continue  # its commit was deferred: answered on a later pass
+                    engine._queries_waiting = True  # its commit was deferred: answered on a later pass
+                    continue
                 fields = _answer(engine, wid, name, arg, has_arg)
             elif holder == engine.engine_id and owned is None:
                 continue  # claimed by us and about to be loaded: answered on a later pass

@@ -95,7 +95,9 @@ class Progress:
         """After a load (a takeover, a restart): when each wait pending at the replayed frontier began,
         which its step records as ``started_at`` when it settles (the admin's timeline). A sleep or a
         signal wait with a timeout began when its timer was armed (fire time - duration); any other
-        wait when the workflow reached that frontier: the latest end of the steps before it."""
+        wait when the workflow reached that frontier: the latest end of the steps before it (the run's
+        start for a first wait). A sleep or timed wait whose timer was never armed begins now, when
+        this engine arms it (its timer is armed from now too)."""
         frontier = owned.run.frontier
         if frontier is None or not frontier.leaves:
             return
@@ -104,14 +106,12 @@ class Progress:
         reached = max(ends, default=run_started_at)
         for leaf in owned.run.pending_leaves():
             op, began = leaf.op, reached
-            if isinstance(op, Sleep) and (TimerKind.SLEEP, leaf.seq) in owned.timers:
-                began = owned.timers[(TimerKind.SLEEP, leaf.seq)].fire_at - op.duration
-            elif (
-                isinstance(op, WaitForSignal)
-                and op.timeout is not None
-                and (TimerKind.SIGNAL_TIMEOUT, leaf.seq) in owned.timers
-            ):
-                began = owned.timers[(TimerKind.SIGNAL_TIMEOUT, leaf.seq)].fire_at - op.timeout
+            if isinstance(op, Sleep):
+                timer = owned.timers.get((TimerKind.SLEEP, leaf.seq))
+                began = timer.fire_at - op.duration if timer is not None else None
+            elif isinstance(op, WaitForSignal) and op.timeout is not None:
+                timer = owned.timers.get((TimerKind.SIGNAL_TIMEOUT, leaf.seq))
+                began = timer.fire_at - op.timeout if timer is not None else None
             if began is not None and not isinstance(op, RunActivity):
                 owned.armed_at[leaf.seq] = began
 

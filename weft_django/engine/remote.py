@@ -47,7 +47,7 @@ from ..notify import send
 from ..registry import RetryPolicy, registry
 from ..status import StepStatus
 from .activities import describe_failure
-from .fencing import CLAIM_TABLE, lock_claims
+from .fencing import CLAIM_TABLE, classify_unheld, lock_claims
 
 logger = logging.getLogger(__name__)
 HEARTBEAT_INTERVAL = 1.0  # seconds: a worker writes heartbeat details at most this often
@@ -397,6 +397,7 @@ class Expiry(enum.Enum):
     EXPIRED = "expired"  # fenced out: the worker can no longer commit this attempt
     SETTLED = "settled"  # the worker committed first: use the outcome
     NOT_HELD = "not held"  # this engine no longer holds the workflow at the attempt's epoch
+    BUSY = "busy"  # still ours, but another transaction holds the claim row: try again on a later poll
 
 
 class RemoteControl(AttemptControl):
@@ -438,8 +439,10 @@ def record_sent(entries: list[tuple[AttemptKey, str, str]], using: str) -> None:
 def expire(engine_id: str, key: AttemptKey, activity: str, using: str) -> tuple[Expiry, RemoteOutcome | None]:
     """Time the attempt out under this engine's claim, unless the worker's outcome is in already."""
     with transaction.atomic(using=using):
-        if not lock_claims(engine_id, {key.workflow_id: key.epoch}, using):
-            return Expiry.NOT_HELD, None
+        # On the engine's loop thread: never wait for a claim row another transaction holds.
+        if not lock_claims(engine_id, {key.workflow_id: key.epoch}, using, wait=False):
+            _, busy = classify_unheld(engine_id, {key.workflow_id: key.epoch}, using)
+            return (Expiry.BUSY if busy else Expiry.NOT_HELD), None
         step = (
             Step.objects.using(using)
             .filter(run_id=key.run_id, seq=key.seq)
