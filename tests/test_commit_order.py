@@ -188,33 +188,40 @@ def test_a_failed_batch_commit_cannot_leave_an_answered_update_in_a_history_that
     assert _update_status(handle.id) == "failed"  # closed by the run's end, never "completed"
 
 
-def test_a_query_is_answered_only_from_durable_state(monkeypatch):
-    """A query served in the pass that settled the activity answers from state the database holds
-    (on 2ae2264 it answered 0 while step 0 was still running in the database)."""
-    handle = weft.start("tests.r21_flip_then_approve", id="r21-query")
-    engine = Engine("r21-query-engine")
-    answered: list[tuple[Any, str | None]] = []
+def _ask_when_the_outcome_waits(monkeypatch: Any, workflow_id: str, query: str, seq: int) -> list[tuple[Any, Any]]:
+    """Run an engine to the workflow's gated step 0, let its outcome arrive, ask ``query`` in the
+    pass that settles it, and return [(the answer, the status of step ``seq`` in the database when
+    it was answered)]."""
+    engine = Engine(f"{workflow_id}-engine")
+    answered: list[tuple[Any, Any]] = []
     real_answer = messages._answer
 
     def answer(eng: Engine, wid: str, *args: Any) -> dict[str, Any]:
         fields = real_answer(eng, wid, *args)
-        answered.append((fields.get("result"), _step(wid, 0)))
+        answered.append((fields.get("result"), _step(wid, seq)))
         return fields
 
     monkeypatch.setattr(messages, "_answer", answer)
     engine.start()
     try:
-        _tick_until(engine, lambda: _step(handle.id, 0) == "running" and engine.executor.running, "step 0 running")
+        _tick_until(engine, lambda: _step(workflow_id, 0) == "running" and engine.executor.running, "step 0 running")
         GATE.set()
         _outcome_waiting(engine)
         QueryRequest.objects.create(
-            workflow_id=handle.id, engine_id=engine.engine_id, name="a", created_at=db_now(), deadline=db_now()
+            workflow_id=workflow_id, engine_id=engine.engine_id, name=query, created_at=db_now(), deadline=db_now()
         )
         engine._queries_waiting = True
         _tick_until(engine, lambda: answered, "the query to be answered")
     finally:
         engine.shutdown()
-    assert answered == [("0", "completed")]
+    return answered
+
+
+def test_a_query_is_answered_only_from_durable_state(monkeypatch):
+    """A query served in the pass that settled the activity answers from state the database holds
+    (on 2ae2264 it answered 0 while step 0 was still running in the database)."""
+    handle = weft.start("tests.r21_flip_then_approve", id="r21-query")
+    assert _ask_when_the_outcome_waits(monkeypatch, handle.id, "a", 0) == [("0", "completed")]
 
 
 def test_a_refused_atomic_attempt_of_an_old_context_does_not_drop_the_reloaded_one():
@@ -286,30 +293,8 @@ def test_a_query_after_a_self_committed_outcome_answers_only_durable_memos(monke
     generator's memo step sits in memory only. The query must not answer from that memo before it
     is durable (the review found it answered 100 with no memo step in the database)."""
     handle = weft.start("tests.r21_atomic_then_memo", id="r21-memo-query")
-    engine = Engine("r21-memo-engine")
-    answered: list[tuple[Any, str | None]] = []
-    real_answer = messages._answer
-
-    def answer(eng: Engine, wid: str, *args: Any) -> dict[str, Any]:
-        fields = real_answer(eng, wid, *args)
-        answered.append((fields.get("result"), _step(wid, 1)))
-        return fields
-
-    monkeypatch.setattr(messages, "_answer", answer)
-    engine.start()
-    try:
-        _tick_until(engine, lambda: _step(handle.id, 0) == "running" and engine.executor.running, "step 0 running")
-        GATE.set()
-        _outcome_waiting(engine)
-        QueryRequest.objects.create(
-            workflow_id=handle.id, engine_id=engine.engine_id, name="m", created_at=db_now(), deadline=db_now()
-        )
-        engine._queries_waiting = True
-        _tick_until(engine, lambda: answered, "the query to be answered")
-    finally:
-        engine.shutdown()
-    value, memo_step = answered[0]
-    assert value is None or memo_step == "completed", answered
+    (value, memo_step), *_ = _ask_when_the_outcome_waits(monkeypatch, handle.id, "m", 1)
+    assert value is None or memo_step == "completed", (value, memo_step)
 
 
 def test_a_refused_atomic_attempt_of_a_cancelled_run_is_released_not_a_crash():
