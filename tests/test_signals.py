@@ -10,9 +10,9 @@ import pytest
 from django.db import transaction
 
 import weft_django as weft
+from weft_django import events as observe
 from weft_django import signals
 from weft_django.clock import db_now
-from weft_django.engine import observe
 from weft_django.engine.driver import StepRecord
 from weft_django.engine.engine import Engine
 from weft_django.engine.fencing import WorkflowWrites

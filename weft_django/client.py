@@ -22,9 +22,8 @@ from django.db import IntegrityError, connections, transaction
 from django.db.models import Count, IntegerField, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 
-from . import codec, notify, prepared, transitions, validation
+from . import codec, events, notify, prepared, transitions, validation
 from .clock import db_now, workflow_now_sql
-from .engine import observe
 from .epochs import next_epoch, next_epoch_sql
 from .exceptions import (
     IdempotencyKeyPurgedError,
@@ -206,7 +205,7 @@ def _insert_run(plan: _Plan, workflow_id: str, using: str) -> None:
     if timer is not None:
         timer.save(using=using, force_insert=True)
     notify.send("w", workflow_id, using)
-    observe.workflow_started(run, using)
+    events.workflow_started(run, using)
 
 
 def _try_insert_run(plan: _Plan, workflow_id: str, using: str) -> bool:
@@ -351,7 +350,7 @@ def _insert_run_sql(plan: _Plan, workflow_id: str, using: str) -> bool:
     connection = connections[using]
     with connection.cursor() as cursor:
         prepared.execute(cursor, connection, sql, params)  # outside atomic(): prepared (planning > run)
-        return observe.started_if(cursor.fetchone() is not None, workflow_id, using)
+        return events.started_if(cursor.fetchone() is not None, workflow_id, using)
 
 
 def _replace_run(plan: _Plan, workflow_id: str, using: str) -> bool:
@@ -372,7 +371,7 @@ def _replace_run(plan: _Plan, workflow_id: str, using: str) -> bool:
     if timer is not None:
         timer.save(using=using, force_insert=True)
     notify.send("w", workflow_id, using)
-    observe.workflow_started(run, using)
+    events.workflow_started(run, using)
     return True
 
 

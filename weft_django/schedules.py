@@ -33,10 +33,9 @@ from typing import TYPE_CHECKING, Any
 from croniter import CroniterError, croniter
 from django.db import IntegrityError, transaction
 
-from . import codec, notify, transitions
+from . import codec, events, notify, transitions
 from .clock import db_now
 from .durations import InvalidDuration, to_ms
-from .engine import observe
 from .epochs import next_epoch
 from .exceptions import InvalidScheduleError, ScheduleNotFoundError, WorkflowTerminalError
 from .models import Schedule, Timer, Workflow
@@ -426,7 +425,7 @@ def _insert_run(
     transitions.write_claim(workflow_id, next_epoch(using), using)
     if not queued:
         notify.send("w", workflow_id, using)
-    observe.workflow_started(run, using)
+    events.workflow_started(run, using)
     return True
 
 

@@ -27,9 +27,8 @@ from typing import Any, TypeVar
 from django.db import DatabaseError, connections, transaction
 from django.db.models import QuerySet, Subquery
 
-from . import notify
+from . import events, notify
 from .clock import db_now
-from .engine import observe
 from .epochs import next_epoch, next_epoch_sql
 from .exceptions import WorkflowNotFoundError, WorkflowStateError, WorkflowTerminalError
 from .models import (
@@ -195,7 +194,7 @@ def _end_run(row: dict[str, Any], status: WorkflowStatus, using: str, *, reason:
     _close_mailbox(workflow_id, status, now, using)
     Timer.objects.using(using).filter(workflow_id=workflow_id).delete()
     _close_children(row, status, using)
-    observe.workflow_ended(row, status, reason, using)  # the signal waits for this transaction's commit
+    events.workflow_ended(row, status, reason, using)  # the signal waits for this transaction's commit
     if row["parent_id"] and row["parent_seq"] is not None:
         from .engine.children import report_child_end
 

@@ -25,11 +25,11 @@ from typing import Any, Protocol
 
 from django.db import close_old_connections, transaction
 
+from .. import events
 from ..activity_runtime import ActivityInfo, AttemptControl, bind
 from ..codec import decode, encode_payload
 from ..exceptions import ActivityTimeoutError
 from ..registry import ActivityDefinition
-from . import observe
 
 logger = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ class ThreadExecutor:
         close_old_connections()
         bind(task.control)
         try:
-            outcome = observe.timed_attempt(self._attempt, task)
+            outcome = events.timed_attempt(self._attempt, task)
         finally:
             bind(None)
             close_old_connections()

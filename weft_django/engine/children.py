@@ -13,11 +13,11 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
+from .. import events
 from ..codec import decode, encode
 from ..epochs import next_epoch
 from ..models import BufferedSignal, Workflow, WorkflowClaim
 from ..notify import send_many
-from . import observe
 from .driver import CORRUPT_RECORD, Outcome
 
 MAILBOX_PREFIX = "__weft_child__:"
@@ -74,7 +74,7 @@ def start_children(
                 epoch = next_epoch(using)
                 WorkflowClaim.objects.using(using).create(workflow_id=child.child_id, epoch=epoch, run_created_at=now)
                 claimed[child.child_id] = epoch
-                observe.child_started(child, using)  # the signal waits for the parent's commit
+                events.child_started(child, using)  # the signal waits for the parent's commit
         except IntegrityError:
             report_child_end(
                 child.child_id,

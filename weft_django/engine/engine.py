@@ -21,6 +21,7 @@ from typing import Any
 from django.db import DatabaseError, close_old_connections, connections
 from django.db.models import Q
 
+from .. import events
 from ..clock import db_now, offset_generation
 from ..conf import WeftSettings, get_settings
 from ..context import WorkflowContext
@@ -36,7 +37,7 @@ from ..models import BufferedSignal, Timer, Workflow, WorkflowClaim
 from ..operations import StartChild, WaitForSignal
 from ..registry import registry
 from ..status import OwnershipMode, TimerKind, WorkflowStatus
-from . import observe, ownership, sessions
+from . import ownership, sessions
 from .containment import contain_tick_failure, internal_error, load_each
 from .driver import AppliedRecord, StepRecord, WorkflowRun
 from .executors import ActivityExecutors
@@ -263,7 +264,7 @@ class Engine(Progress):
         self.executor.shutdown(0)
         try:
             ownership.release(self.engine_id, {wid: o.epoch for wid, o in self.owned.items()}, self.using)
-            observe.claims_released(self, len(self.owned))
+            events.claims_released(self, len(self.owned))
             if self._lease_epoch is not None:
                 ownership.release_store_lease(self.engine_id, self._lease_epoch, self.using)
             ownership.stop_engine(self.engine_id, self.using)
@@ -526,7 +527,7 @@ class Engine(Progress):
                 renew_interval=self.settings.workflow_claim_renew_interval,
                 using=self.using,
             )
-            observe.claims_acquired(self.engine_id, got, self.using)
+            events.claims_acquired(self.engine_id, got, self.using)
             claimed.update({wid: epoch for wid, (epoch, _) in got.items()})
             if len(got) >= self._capacity():
                 self._last_claim_scan = 0.0  # a full batch: more may be waiting, scan again next tick
@@ -553,7 +554,7 @@ class Engine(Progress):
                     previous,
                     self.mode,
                 )
-                observe.claim_taken_over(self, wid, epoch, previous)
+                events.claim_taken_over(self, wid, epoch, previous)
             claimed.update({wid: epoch for wid, (epoch, _) in got.items()})
         if clock - self._last_takeover_scan >= self.settings.workflow_claim_renew_interval.total_seconds():
             self._last_takeover_scan = clock
@@ -570,7 +571,7 @@ class Engine(Progress):
                 logger.warning(
                     "took over workflow=%s engine=%s epoch=%s previous=%s", wid, self.engine_id, epoch, previous
                 )
-                observe.claim_taken_over(self, wid, epoch, previous)
+                events.claim_taken_over(self, wid, epoch, previous)
             claimed.update({wid: epoch for wid, (epoch, _) in got.items()})
             if len(got) >= self._capacity():
                 self._last_takeover_scan = 0.0  # a full pass: start the next one at once
@@ -713,7 +714,7 @@ class Engine(Progress):
                     self._reload[owned.workflow_id] = owned.epoch
                     self._drop(owned.workflow_id, reason=None)
             return set()
-        observe.committed(self, batch, result)  # after the commit: signals, metrics, status counts
+        events.committed(self, batch, result)  # after the commit: signals, metrics, status counts
         if result.children:
             self._last_claim_scan = 0.0  # children were started: look for claimable work on the next tick
         self.refused_commits += len(result.lost)
@@ -810,7 +811,7 @@ class Engine(Progress):
             logger.warning(
                 "stopped driving workflow=%s engine=%s epoch=%s reason=%s", wid, self.engine_id, owned.epoch, reason
             )
-        observe.claim_lost(self, owned, reason)
+        events.claim_lost(self, owned, reason)
         for task in owned.inflight.values():
             task.control.request_stop(reason or "the engine reloads the workflow")
         owned.run.close()
@@ -857,7 +858,7 @@ class Engine(Progress):
                     lost = ownership.renew(self.engine_id, epochs, self.settings.workflow_claim_ttl, self.using)
                     ownership.heartbeat_engine(self.engine_id, self.using)
                 except DatabaseError as exc:  # a storage error is not a loss: try again next tick
-                    observe.renewal_failed(self, exc)
+                    events.renewal_failed(self, exc)
                     logger.warning("claim renewal failed engine=%s error=%s", self.engine_id, exc)
                     close_old_connections()
                     continue

@@ -20,11 +20,11 @@ from typing import Any
 
 from django.db import connections, transaction
 
+from .. import events
 from ..clock import _python_now, workflow_now_sql
 from ..epochs import next_epoch, next_epoch_sql
 from ..models import Engine
 from ..notify import send
-from . import observe
 from .fencing import CLAIM_TABLE
 
 logger = logging.getLogger(__name__)
@@ -302,7 +302,7 @@ def fire_delayed_starts(engine_id: str, *, limit: int, ttl: timedelta, using: st
                 )
             started[wid] = epoch
         Timer.objects.using(using).filter(workflow_id__in=locked, kind=TimerKind.DELAYED_START).delete()
-    observe.claims_acquired(engine_id, started, using)
+    events.claims_acquired(engine_id, started, using)
     return started
 
 

@@ -260,13 +260,13 @@ class StatusReporter:
     running activity attempts, what was committed since the last line, timers due and how late."""
 
     def __init__(self, engine: Any, interval: float) -> None:
-        from ...engine import observe
+        from ... import events
 
         self.engine = engine
         self.interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="weft-status", daemon=True)
-        self._previous = observe.stats(engine.engine_id).snapshot()
+        self._previous = events.stats(engine.engine_id).snapshot()
 
     def start(self) -> None:
         self._thread.start()
@@ -289,15 +289,15 @@ class StatusReporter:
     def line(self) -> str:
         from django.db.models import Count, Min
 
+        from ... import events
         from ...clock import db_now
-        from ...engine import observe
         from ...models import Timer
 
         engine = self.engine
         now = db_now(engine.using)
         due = Timer.objects.using(engine.using).filter(fire_at__lte=now).aggregate(n=Count("id"), oldest=Min("fire_at"))
         lag = (now - due["oldest"]).total_seconds() if due["oldest"] is not None else 0.0
-        current = observe.stats(engine.engine_id).snapshot()
+        current = events.stats(engine.engine_id).snapshot()
         before, self._previous = self._previous, current
         return (
             f"status engine={engine.engine_id} claims={len(engine.owned)} "

@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 from django.dispatch import Signal
 
-from .. import metrics, signals
+from . import metrics, signals
 
 if TYPE_CHECKING:
-    from ..models import Workflow
-    from .activities import AttemptOutcome, AttemptTask
-    from .children import ChildStart
-    from .fencing import FenceResult, WorkflowWrites
-    from .progress import Owned
+    from .engine.activities import AttemptOutcome, AttemptTask
+    from .engine.children import ChildStart
+    from .engine.fencing import FenceResult, WorkflowWrites
+    from .engine.progress import Owned
+    from .models import Workflow
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def stats(engine_id: str) -> EngineStats:
 
 
 def _models() -> tuple[type, type, type]:
-    from ..models import Step, Workflow, WorkflowClaim
+    from .models import Step, Workflow, WorkflowClaim
 
     return Workflow, WorkflowClaim, Step
 
@@ -246,7 +246,7 @@ def _finish_kwargs(engine: Any, writes: WorkflowWrites) -> Callable[[], dict[str
 
 
 def _decoded(text: str | None) -> Any:
-    from ..codec import decode
+    from .codec import decode
 
     return decode(text)
 
