@@ -1,0 +1,110 @@
+"""The database differences, as one backend class per vendor behind one interface.
+
+``backend(using)`` returns the backend of a connection alias. Code outside ``weft_django.store``
+never reads ``connection.vendor``: it asks the backend what the database can do (``listens``,
+``skips_locked``, ...) or calls a store function that hides the difference. New vendor-specific
+behaviour is a method here, with an implementation in each subclass.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DEFAULT_DB_ALIAS, connections
+
+
+class Backend:
+    """What every supported database offers weft, and how to say it in SQL.
+
+    Attributes:
+        vendor: Django's vendor name of the connection.
+        listens: the database delivers LISTEN/NOTIFY wake-ups (else engines poll).
+        skips_locked: row locks can be taken with SKIP LOCKED (else the database has one writer).
+        bounds_sessions: server-side session limits (lock_timeout, idle_in_transaction...) exist.
+        batches_statements: several statements can run in one round trip with one CTE statement.
+        has_clock: the database has its own clock (else the machine's clock is the database's).
+    """
+
+    vendor: ClassVar[str] = ""
+    listens: ClassVar[bool] = False
+    skips_locked: ClassVar[bool] = False
+    bounds_sessions: ClassVar[bool] = False
+    batches_statements: ClassVar[bool] = False
+    has_clock: ClassVar[bool] = False
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+
+    @property
+    def connection(self) -> Any:
+        """The Django connection wrapper of this alias (per thread, as Django keeps them)."""
+        return connections[self.alias]
+
+    def lock_clause(self, *, no_key: bool = False, skip_locked: bool = False) -> str:
+        """The row-lock suffix of a SELECT; empty where the database has one writer at a time.
+
+        Args:
+            no_key: take FOR NO KEY UPDATE (does not block inserts referencing the row).
+            skip_locked: skip rows another transaction holds instead of waiting.
+        """
+        return ""
+
+    # -- engine side: claims, the fenced commit, mailbox, timers, engines, epochs, sessions ------
+
+    # -- client side: runs, schedules, clock, notify, prepared statements, testing --------------
+
+    # -- histories: loading workflows to resume them ----------------------------------------------
+
+
+class PostgreSQLBackend(Backend):
+    vendor = "postgresql"
+    listens = True
+    skips_locked = True
+    bounds_sessions = True
+    batches_statements = True
+    has_clock = True
+
+    def lock_clause(self, *, no_key: bool = False, skip_locked: bool = False) -> str:
+        clause = " FOR NO KEY UPDATE" if no_key else " FOR UPDATE"
+        return clause + (" SKIP LOCKED" if skip_locked else "")
+
+    # -- engine side: claims, the fenced commit, mailbox, timers, engines, epochs, sessions ------
+
+    # -- client side: runs, schedules, clock, notify, prepared statements, testing --------------
+
+    # -- histories: loading workflows to resume them ----------------------------------------------
+
+
+class SQLiteBackend(Backend):
+    vendor = "sqlite"
+
+    # -- engine side: claims, the fenced commit, mailbox, timers, engines, epochs, sessions ------
+
+    # -- client side: runs, schedules, clock, notify, prepared statements, testing --------------
+
+    # -- histories: loading workflows to resume them ----------------------------------------------
+
+
+_BACKENDS: dict[str, type[Backend]] = {"postgresql": PostgreSQLBackend, "sqlite": SQLiteBackend}
+_cache: dict[str, Backend] = {}
+
+
+def backend(using: str | None = None) -> Backend:
+    """The backend of connection alias ``using`` (default: the default alias).
+
+    Raises:
+        ImproperlyConfigured: the alias's database is neither PostgreSQL nor SQLite.
+    """
+    alias = using or DEFAULT_DB_ALIAS
+    found = _cache.get(alias)
+    if found is None:
+        vendor = connections[alias].vendor
+        cls = _BACKENDS.get(vendor)
+        if cls is None:
+            raise ImproperlyConfigured(
+                f"weft_django supports PostgreSQL and SQLite; database {alias!r} is {vendor}. "
+                "Point WEFT['DATABASE'] at a PostgreSQL or SQLite alias."
+            )
+        found = _cache[alias] = cls(alias)
+    return found
