@@ -232,7 +232,7 @@ def scenario_parked(options: argparse.Namespace, stamp: str) -> dict[str, Any]:
     from django.db.models import Count
 
     import weft_django as weft
-    from benchmarks import run as base
+    from benchmarks import harness as base
     from benchmarks.benchapp.workflows import parked, sleeper
     from weft_django.engine import ownership
     from weft_django.models import Timer, WorkflowClaim
@@ -243,7 +243,9 @@ def scenario_parked(options: argparse.Namespace, stamp: str) -> dict[str, Any]:
     base.RESULTS.mkdir(exist_ok=True)
     log = base.RESULTS / f"{stamp}-parked-engine.log"
     trace_out = base.RESULTS / f"{stamp}-parked-engine-sql.json" if options.trace_sql else None
-    engine = base.Engine("bench-1", options.engine_concurrency, options.engine_verbosity, trace_out, log, options.weft)
+    engine = base.EngineProcess(
+        "bench-1", options.engine_concurrency, options.engine_verbosity, trace_out, log, options.weft
+    )
     result: dict[str, Any] = {
         "scenario": "parked",
         "workflows": n,
@@ -339,7 +341,7 @@ def scenario_parked(options: argparse.Namespace, stamp: str) -> dict[str, Any]:
 
 
 def report_parked(r: dict[str, Any]) -> list[str]:
-    from benchmarks.run import table
+    from benchmarks.harness import table
 
     e, p = r["rss_kb_empty"], r["rss_kb_parked"]
     growth = (p["VmRSS"] - e["VmRSS"]) / 1024
@@ -519,7 +521,7 @@ def scenario_timers(options: argparse.Namespace, stamp: str) -> dict[str, Any]:
 
 
 def report_timers(r: dict[str, Any]) -> list[str]:
-    from benchmarks.run import table
+    from benchmarks.harness import table
 
     rows = []
     for lv in r["levels"]:
