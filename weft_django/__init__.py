@@ -41,39 +41,48 @@ _EXPORTS: dict[str, str] = {
     "WorkflowStatus": "weft_django.status",
 }
 
+# Every WeftError subclass (weft_django/exceptions.py; the tree is in its docstring and docs/errors.md).
 _EXCEPTIONS = [
     "WeftError",
     "ConfigurationError",
+    "WorkflowDefinitionError",
+    "InvalidArgumentError",
+    "InvalidWorkflowIdError",
+    "InvalidScheduleError",
     "WorkflowNotRegisteredError",
+    "VersionMismatchError",
     "WorkflowAlreadyExistsError",
+    "IdempotencyKeyPurgedError",
     "WorkflowNotFoundError",
+    "ScheduleNotFoundError",
     "WorkflowTerminalError",
     "WorkflowStateError",
     "WorkflowFailedError",
     "WorkflowCancelledError",
     "WorkflowTimedOutError",
+    "WaitTimeoutError",
     "ActivityError",
+    "ActivityTimeoutError",
     "ActivityCancelledError",
     "ChildWorkflowError",
+    "QueryNotFoundError",
     "QueryFailedError",
+    "QueryTimeoutError",
     "UpdateValidationError",
     "UpdateFailedError",
     "UpdateTimeoutError",
-    "QueryNotFoundError",
-    "QueryTimeoutError",
-    "WaitTimeoutError",
-    "NonDeterminismError",
-    "VersionMismatchError",
     "PayloadSizeExceededError",
     "PayloadNotSerializableError",
-    "IdempotencyKeyPurgedError",
+    "CorruptPayloadError",
+    "NonDeterminismError",
+    "EngineInternalError",
     "WorkflowNotLocallyOwnedError",
     "WorkflowClaimUnavailableError",
     "OwnershipModeMismatchError",
     "EngineLeaseAcquisitionTimeoutError",
-    "WorkflowDefinitionError",
 ]
 _EXPORTS.update({name: "weft_django.exceptions" for name in _EXCEPTIONS})
+_EXPORTS["ResultTimeoutError"] = "weft_django.waits"
 
 __all__ = sorted(_EXPORTS)
 
@@ -111,3 +120,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .registry import RetryPolicy, activity, workflow
     from .schedules import ScheduleHandle, get_schedule, schedule
     from .status import WorkflowStatus
+    from .waits import ResultTimeoutError

@@ -1,4 +1,29 @@
-"""The WeftError hierarchy. Every message says what to do about it."""
+"""The WeftError hierarchy. Every message says what to do about it.
+
+Every class here is importable from ``weft_django`` (``from weft_django import WorkflowFailedError``)
+and listed in docs/errors.md. The tree::
+
+    WeftError
+    ├── ConfigurationError (also ImproperlyConfigured)      settings.WEFT is invalid
+    ├── WorkflowDefinitionError (also TypeError)            a @workflow / @activity definition is invalid
+    ├── InvalidArgumentError (also ValueError)              an argument to the API is invalid
+    │   ├── InvalidWorkflowIdError
+    │   └── InvalidScheduleError
+    ├── WorkflowNotRegisteredError, VersionMismatchError    the code for a run is not in this process
+    ├── WorkflowAlreadyExistsError, IdempotencyKeyPurgedError   starting
+    ├── WorkflowNotFoundError, ScheduleNotFoundError (also LookupError)
+    ├── WorkflowTerminalError, WorkflowStateError           a transition the run's status does not allow
+    ├── WorkflowFailedError, WorkflowCancelledError, WorkflowTimedOutError   how a run ended (result())
+    ├── WaitTimeoutError                                    a wait ran past its timeout
+    │   └── ResultTimeoutError (also TimeoutError)          result(timeout=) before the run ended
+    ├── ActivityError, ActivityTimeoutError, ActivityCancelledError, ChildWorkflowError   inside workflows
+    ├── QueryNotFoundError, QueryFailedError, QueryTimeoutError
+    ├── UpdateValidationError, UpdateFailedError, UpdateTimeoutError
+    ├── PayloadSizeExceededError, PayloadNotSerializableError, CorruptPayloadError (also ValueError)
+    ├── NonDeterminismError, EngineInternalError            a run that cannot go on (stuck, shown in the admin)
+    └── WorkflowNotLocallyOwnedError, WorkflowClaimUnavailableError, OwnershipModeMismatchError,
+        EngineLeaseAcquisitionTimeoutError                  ownership
+"""
 
 from __future__ import annotations
 
@@ -16,23 +41,24 @@ class ConfigurationError(WeftError, ImproperlyConfigured):
 
 
 class WorkflowNotRegisteredError(WeftError):
-    pass
+    """No @workflow of this name (and version) is registered in this process: import its module."""
 
 
 class WorkflowAlreadyExistsError(WeftError):
-    pass
+    """A workflow with this id exists and ``on_conflict`` says to refuse (``start(..., on_conflict=)``)."""
 
 
 class WorkflowNotFoundError(WeftError):
-    pass
+    """No workflow has this id (never started, or purged)."""
 
 
 class WorkflowTerminalError(WeftError):
-    pass
+    """The run has ended; a signal, update or transition needs a running one."""
 
 
 class WorkflowStateError(WeftError):
-    pass
+    """The run's status does not allow this transition (suspend a running run, resume a suspended
+    one, retry a failed one)."""
 
 
 def _error_dict(error: dict[str, Any] | None) -> dict[str, Any]:
@@ -48,11 +74,11 @@ class WorkflowFailedError(WeftError):
 
 
 class WorkflowCancelledError(WeftError):
-    pass
+    """The run was cancelled (raised by ``result()``)."""
 
 
 class WorkflowTimedOutError(WeftError):
-    pass
+    """The run passed its execution timeout (raised by ``result()``)."""
 
 
 class ActivityError(WeftError):
@@ -128,6 +154,8 @@ class ActivityCancelledError(WeftError):
 
 
 class ChildWorkflowError(WeftError):
+    """A child workflow ended without completing; thrown into the parent. ``.child_id``, ``.status``, ``.error``."""
+
     def __init__(self, message: str, *, child_id: str, status: str, error: dict[str, Any] | None = None):
         super().__init__(message)
         self.child_id = child_id
@@ -136,12 +164,16 @@ class ChildWorkflowError(WeftError):
 
 
 class QueryFailedError(WeftError):
+    """The query handler raised. ``.error`` is the handler's error as a dict."""
+
     def __init__(self, message: str, error: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.error = _error_dict(error)
 
 
 class UpdateValidationError(WeftError):
+    """The update's validator refused it; nothing was applied. ``.issues`` lists each problem."""
+
     def __init__(self, name: str, issues: list[dict[str, Any]]) -> None:
         self.name = name
         self.issues = issues
@@ -150,21 +182,23 @@ class UpdateValidationError(WeftError):
 
 
 class UpdateFailedError(WeftError):
+    """The update handler raised; the run goes on. ``.error`` is the handler's error as a dict."""
+
     def __init__(self, message: str, error: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.error = _error_dict(error)
 
 
 class UpdateTimeoutError(WeftError):
-    pass
+    """No engine answered the update within its timeout; it may still be applied later."""
 
 
 class QueryNotFoundError(WeftError):
-    pass
+    """The workflow registered no query handler of this name."""
 
 
 class QueryTimeoutError(WeftError):
-    pass
+    """No engine answered the query within its timeout."""
 
 
 class WaitTimeoutError(WeftError):
@@ -180,10 +214,12 @@ class VersionMismatchError(WeftError):
 
 
 class PayloadSizeExceededError(WeftError):
-    pass
+    """An encoded payload is larger than WEFT["PAYLOAD_MAX_BYTES"]."""
 
 
 class PayloadNotSerializableError(WeftError):
+    """A value cannot be encoded exactly by the codec. ``.path`` names where in the value."""
+
     def __init__(self, message: str, path: str = "") -> None:
         super().__init__(message)
         self.path = path
@@ -206,23 +242,23 @@ class EngineInternalError(WeftError):
 
 
 class IdempotencyKeyPurgedError(WeftError):
-    pass
+    """The idempotency key belonged to a run that retention has purged."""
 
 
 class WorkflowNotLocallyOwnedError(WeftError):
-    pass
+    """The workflow is not held by this engine (a query or update reached the wrong engine)."""
 
 
 class WorkflowClaimUnavailableError(WeftError):
-    pass
+    """The workflow's claim could not be taken (another engine holds it)."""
 
 
 class OwnershipModeMismatchError(WeftError):
-    pass
+    """This engine's OWNERSHIP_MODE differs from the one the store was started with."""
 
 
 class EngineLeaseAcquisitionTimeoutError(WeftError):
-    pass
+    """The store-wide engine lease (single-engine modes) was not acquired in time."""
 
 
 __all__ = [name for name, value in list(globals().items()) if isinstance(value, type) and issubclass(value, WeftError)]
