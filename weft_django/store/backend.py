@@ -8,6 +8,7 @@ behaviour is a method here, with an implementation in each subclass.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, ClassVar
 
 from django.core.exceptions import ImproperlyConfigured
@@ -55,6 +56,15 @@ class Backend:
     # -- client side: runs, schedules, clock, notify, prepared statements, testing --------------
 
     # -- histories: loading workflows to resume them ----------------------------------------------
+    prepares_statements: ClassVar[bool] = False  # hot reads run as named prepared statements
+
+    def column_datetime(self, value: Any) -> datetime | None:
+        """A datetime column read by a raw statement, as the ORM would return it (aware, UTC).
+
+        Args:
+            value: the column's value as the database driver returned it (None stays None).
+        """
+        raise NotImplementedError
 
 
 class PostgreSQLBackend(Backend):
@@ -74,6 +84,10 @@ class PostgreSQLBackend(Backend):
     # -- client side: runs, schedules, clock, notify, prepared statements, testing --------------
 
     # -- histories: loading workflows to resume them ----------------------------------------------
+    prepares_statements = True
+
+    def column_datetime(self, value: Any) -> datetime | None:
+        return value  # psycopg returns aware datetimes for timestamptz
 
 
 class SQLiteBackend(Backend):
@@ -84,6 +98,13 @@ class SQLiteBackend(Backend):
     # -- client side: runs, schedules, clock, notify, prepared statements, testing --------------
 
     # -- histories: loading workflows to resume them ----------------------------------------------
+    def column_datetime(self, value: Any) -> datetime | None:
+        """SQLite gives naive UTC datetimes (or text): converted as the ORM converts them."""
+        if value is None:
+            return None
+        connection = self.connection
+        converted: datetime = connection.ops.convert_datetimefield_value(value, None, connection)
+        return converted
 
 
 _BACKENDS: dict[str, type[Backend]] = {"postgresql": PostgreSQLBackend, "sqlite": SQLiteBackend}
