@@ -81,13 +81,7 @@ class Claimer:
         scan_due = requested or (scan and clock - self.last_claim_scan >= poll)
         if force or scan_due:
             self.last_claim_scan = clock
-            got = ownership.acquire(
-                self.engine_id,
-                limit=self.capacity,
-                ttl=self.settings.workflow_claim_ttl,
-                renew_interval=self.settings.workflow_claim_renew_interval,
-                using=self.using,
-            )
+            got = self._acquire(takeover=False)
             events.claims_acquired(self.engine_id, got, self.using)
             claimed.update({wid: epoch for wid, (epoch, _) in got.items()})
             if len(got) >= self.capacity:
@@ -117,14 +111,7 @@ class Claimer:
         if clock - self.last_takeover_scan >= self.settings.workflow_claim_renew_interval.total_seconds():
             self.last_takeover_scan = clock
             self._detect_second_instance()
-            got = ownership.acquire(
-                self.engine_id,
-                limit=self.capacity,
-                ttl=self.settings.workflow_claim_ttl,
-                renew_interval=self.settings.workflow_claim_renew_interval,
-                using=self.using,
-                takeover=True,
-            )
+            got = self._acquire(takeover=True)
             for wid, (epoch, previous) in got.items():
                 logger.warning(
                     "took over workflow=%s engine=%s epoch=%s previous=%s", wid, self.engine_id, epoch, previous
@@ -134,6 +121,16 @@ class Claimer:
             if len(got) >= self.capacity:
                 self.last_takeover_scan = 0.0  # a full pass: start the next one at once
         return claimed
+
+    def _acquire(self, *, takeover: bool) -> dict[str, tuple[int, str | None]]:
+        return ownership.acquire(
+            self.engine_id,
+            limit=self.capacity,
+            ttl=self.settings.workflow_claim_ttl,
+            renew_interval=self.settings.workflow_claim_renew_interval,
+            using=self.using,
+            takeover=takeover,
+        )
 
     def _detect_second_instance(self) -> None:
         if not self.settings.detect_second_instance or self.mode == OwnershipMode.WORKFLOW_LEASE:

@@ -8,6 +8,7 @@ behaviour is a method here, with an implementation in each subclass.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -58,12 +59,9 @@ class Backend:
     # -- histories: loading workflows to resume them ----------------------------------------------
     prepares_statements: ClassVar[bool] = False  # hot reads run as named prepared statements
 
-    def column_datetime(self, value: Any) -> datetime | None:
-        """A datetime column read by a raw statement, as the ORM would return it (aware, UTC).
-
-        Args:
-            value: the column's value as the database driver returned it (None stays None).
-        """
+    def datetime_reader(self) -> Callable[[Any], datetime | None]:
+        """A converter (for this thread's connection) of datetime columns read by a raw statement
+        into what the ORM would return: aware UTC datetimes, None for NULL."""
         raise NotImplementedError
 
 
@@ -86,8 +84,8 @@ class PostgreSQLBackend(Backend):
     # -- histories: loading workflows to resume them ----------------------------------------------
     prepares_statements = True
 
-    def column_datetime(self, value: Any) -> datetime | None:
-        return value  # psycopg returns aware datetimes for timestamptz
+    def datetime_reader(self) -> Callable[[Any], datetime | None]:
+        return _unchanged  # psycopg returns aware datetimes for timestamptz
 
 
 class SQLiteBackend(Backend):
@@ -98,13 +96,19 @@ class SQLiteBackend(Backend):
     # -- client side: runs, schedules, clock, notify, prepared statements, testing --------------
 
     # -- histories: loading workflows to resume them ----------------------------------------------
-    def column_datetime(self, value: Any) -> datetime | None:
+    def datetime_reader(self) -> Callable[[Any], datetime | None]:
         """SQLite gives naive UTC datetimes (or text): converted as the ORM converts them."""
-        if value is None:
-            return None
         connection = self.connection
-        converted: datetime = connection.ops.convert_datetimefield_value(value, None, connection)
-        return converted
+        convert = connection.ops.convert_datetimefield_value
+
+        def read(value: Any) -> datetime | None:
+            return None if value is None else convert(value, None, connection)
+
+        return read
+
+
+def _unchanged(value: Any) -> Any:
+    return value
 
 
 _BACKENDS: dict[str, type[Backend]] = {"postgresql": PostgreSQLBackend, "sqlite": SQLiteBackend}

@@ -300,7 +300,7 @@ def _load_batched(cursor: Any, workflow_ids: list[str], using: str) -> Loaded:
     admitted: dict[str, list[AdmittedRow]] = {}
     loaded = Loaded({}, {}, {}, {}, admitted)
     table = Workflow._meta.db_table
-    aware = backend(using).column_datetime
+    aware = backend(using).datetime_reader()
     for chunk in _chunks(workflow_ids):
         marks = ", ".join(["%s"] * len(chunk))
         of_runs = f"SELECT run_id FROM {table} WHERE id IN ({marks})"  # noqa: S608
@@ -351,7 +351,7 @@ def load_runs(workflow_ids: list[str], using: str) -> dict[str, RunRow]:
         using: the connection alias.
     """
     rows: dict[str, RunRow] = {}
-    aware = backend(using).column_datetime
+    aware = backend(using).datetime_reader()
     _read_chunked(using, workflow_ids, _runs_sql, lambda values: _decode_runs(values, aware, rows))
     return rows
 
@@ -364,7 +364,7 @@ def load_steps(run_ids: list[str], using: str) -> dict[str, dict[int, StepRecord
         using: the connection alias.
     """
     steps: dict[str, dict[int, StepRecord]] = {run_id: {} for run_id in run_ids}
-    aware = backend(using).column_datetime
+    aware = backend(using).datetime_reader()
     _read_chunked(using, _run_keys(run_ids, using), _steps_sql, lambda values: _decode_steps(values, aware, steps))
     return steps
 
@@ -390,7 +390,7 @@ def load_timers(workflow_ids: list[str], using: str) -> dict[str, list[Timer]]:
         using: the connection alias.
     """
     timers: dict[str, list[Timer]] = {}
-    aware = backend(using).column_datetime
+    aware = backend(using).datetime_reader()
     _read_chunked(using, workflow_ids, _timers_sql, lambda values: _decode_timers(values, aware, using, timers))
     return timers
 
