@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 import weft_django as weft
 from tests.testapp.workflows import add
 from weft_django.clock import db_now
-from weft_django.engine import engine as engine_module
+from weft_django.engine import loader as loader_module
 from weft_django.engine import progress
 from weft_django.engine.driver import AppliedRecord
 from weft_django.engine.engine import Engine
@@ -23,6 +23,7 @@ from weft_django.engine.messages import _state as mailbox_state
 from weft_django.engine.messages import deliver_messages
 from weft_django.engine.wakeups import Listener
 from weft_django.models import AppliedUpdate, PendingUpdate, Step, Timer, Workflow, WorkflowClaim
+from weft_django.store import histories
 from weft_django.testing import running_engine, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
@@ -90,7 +91,7 @@ def _unfenced_update_reads(queries: list[dict[str, Any]]) -> list[str]:
 def test_a_claimed_batch_loads_in_one_round_trip_and_runs_as_before(monkeypatch):
     ids = _parked_batch()
     loads: list[tuple[list[str], list[dict[str, Any]]]] = []
-    real_load = engine_module.load
+    real_load = loader_module.load
 
     def counting_load(workflow_ids: list[str], using: str) -> progress.Loaded:
         with CaptureQueriesContext(connections[using]) as captured:
@@ -98,7 +99,7 @@ def test_a_claimed_batch_loads_in_one_round_trip_and_runs_as_before(monkeypatch)
         loads.append((list(workflow_ids), captured.captured_queries))
         return loaded
 
-    monkeypatch.setattr(engine_module, "load", counting_load)
+    monkeypatch.setattr(loader_module, "load", counting_load)
     engine = _started("load-rt-second")
     try:
         engine.tick()  # claims the batch and loads it
@@ -239,7 +240,7 @@ def test_the_batch_reads_what_the_separate_queries_read(monkeypatch):
     assert len(captured.captured_queries) == 1
     _assert_same_as_orm(batched, orm, admitted=True)
 
-    monkeypatch.setattr(progress, "_client_binding", lambda cursor: False)  # e.g. server-side binding
+    monkeypatch.setattr(histories, "_client_binding", lambda cursor: False)  # e.g. server-side binding
     with CaptureQueriesContext(connections["default"]) as captured:
         separate = progress.load(ids + missing, "default")
     assert len(captured.captured_queries) == 4  # runs, steps, applied updates, timers

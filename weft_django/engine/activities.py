@@ -18,7 +18,6 @@ import logging
 import queue
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Protocol
@@ -27,9 +26,13 @@ from django.db import close_old_connections, transaction
 
 from .. import events
 from ..activity_runtime import ActivityInfo, AttemptControl, bind
+from ..clock import db_now
 from ..codec import decode, encode_payload
 from ..exceptions import ActivityTimeoutError
 from ..registry import ActivityDefinition
+from ..store import runs
+from .driver import describe_exception
+from .fencing import lock_claims
 
 logger = logging.getLogger(__name__)
 
@@ -88,13 +91,30 @@ class AttemptOutcome:
     refused: bool = False  # an atomic activity found the claim gone: nothing was written
 
 
-def describe_failure(exc: BaseException) -> dict[str, Any]:
-    return {
-        "type": type(exc).__name__,
-        "qualified_type": f"{type(exc).__module__}.{type(exc).__qualname__}",
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(exc)),
-    }
+describe_failure = (
+    describe_exception  # merged into engine.driver.describe_exception (issue 15): re-export until callers move
+)
+
+
+def commit_atomic_attempt(engine_id: str, using: str, task: AttemptTask, result: str) -> None:
+    """Called inside an atomic activity's transaction, after the user's writes: lock the claim
+    last (it still conflicts with a takeover), check that the step still waits for this very
+    attempt, and write the step in the same transaction.
+
+    Args:
+        engine_id: the engine that holds the claim.
+        using: the connection alias.
+        task: the attempt.
+        result: codec text of the activity's value.
+
+    Raises:
+        FenceRefused: the claim is gone, or the step no longer waits for this attempt (the user's
+            writes roll back).
+    """
+    if not lock_claims(engine_id, {task.workflow_id: task.epoch}, using):
+        raise FenceRefused("claim")
+    if not runs.complete_attempt(task.run_id, task.seq, task.attempt, task.epoch, result, db_now(using), using):
+        raise FenceRefused("attempt")
 
 
 class Executor(Protocol):
@@ -210,7 +230,7 @@ class ThreadExecutor:
                 type(exc).__name__,
             )
             return AttemptOutcome(
-                task, ok=False, error=describe_failure(exc), retryable=definition.retry.is_retryable(exc)
+                task, ok=False, error=describe_exception(exc), retryable=definition.retry.is_retryable(exc)
             )
 
     def _attempt_atomic(self, task: AttemptTask, args: list[Any], kwargs: dict[str, Any]) -> AttemptOutcome:

@@ -18,26 +18,33 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError
 
-from ..clock import db_now
 from ..exceptions import EngineInternalError
-from ..models import Workflow
+from ..store import runs
+from ..store.histories import Loaded, RunRow, load
 from .activities import AttemptTask
 from .driver import WorkflowRun
 from .fencing import WorkflowWrites
-from .progress import Loaded, Owned, RunRow, load
-
-if TYPE_CHECKING:
-    from .engine import Engine
+from .owned import Owned, mark_stuck
 
 logger = logging.getLogger("weft_django.engine.engine")
 _NAMES = ("wid", "workflow_id")
+
+
+class Loop(Protocol):
+    """What containment needs from the engine loop."""
+
+    engine_id: str
+    owned: dict[str, Owned]
+
+    def commit_stuck(self, wid: str, error: EngineInternalError) -> None: ...
+
+    def reload_all(self) -> None: ...
 
 
 def culprit(exc: BaseException, owned: dict[str, Any]) -> str | None:
@@ -68,9 +75,14 @@ def _workflow_of(name: str, value: Any) -> str | None:
     return None
 
 
-def contain_tick_failure(engine: Engine, exc: Exception) -> bool:
+def contain_tick_failure(engine: Loop, exc: Exception) -> bool:
     """Called by Engine.tick() for an exception of a pass that is not a DatabaseError. Returns True:
-    the reloads are work still to do (run_until_idle must not stop before them)."""
+    the reloads are work still to do (run_until_idle must not stop before them).
+
+    Args:
+        engine: the loop whose pass raised.
+        exc: what it raised.
+    """
     wid = culprit(exc, engine.owned)
     logger.error(
         "engine pass failed engine=%s workflow=%s; %s",
@@ -80,18 +92,14 @@ def contain_tick_failure(engine: Engine, exc: Exception) -> bool:
         exc_info=exc,
     )
     if wid is not None:
-        _make_stuck(engine, wid, exc)
-    # Nothing of the pass was committed: replay the others from what is durable.
-    engine._reload.update({w: o.epoch for w, o in engine.owned.items()})
-    if hasattr(engine, "_carried"):
-        engine._carried = {}
-    for owned in list(engine.owned.values()):
-        engine._drop(owned.workflow_id, reason=None)
+        engine.commit_stuck(wid, internal_error(wid, exc))
+    engine.reload_all()  # nothing of the pass was committed: replay the others from what is durable
     time.sleep(0.2)
     return True
 
 
 def internal_error(wid: str, exc: Exception) -> EngineInternalError:
+    """The error a workflow is stuck with when the engine failed handling it (a bug in weft)."""
     return EngineInternalError(
         f"Workflow {wid!r}: the engine failed while handling it ({type(exc).__name__}: {exc}). This is a bug in "
         "weft_django, not in the workflow code; the workflow is retried with back-off and the engine serves "
@@ -99,22 +107,9 @@ def internal_error(wid: str, exc: Exception) -> EngineInternalError:
     )
 
 
-def _make_stuck(engine: Engine, wid: str, exc: Exception) -> None:
-    owned = engine.owned[wid]
-    error = internal_error(wid, exc)
-    writes: dict[str, WorkflowWrites] = {}
-    try:
-        now = db_now(engine.using)
-        engine._stuck(wid, owned.run_id, owned.epoch, owned.stuck_attempts, error, now, writes)
-        engine._commit(list(writes.values()), now)
-    except Exception:
-        logger.exception("could not record workflow=%s as stuck engine=%s", wid, engine.engine_id)
-        connections[engine.using].close()
-    engine._drop(wid, reason=None)
-
-
 def load_each(
-    engine: Engine,
+    engine_id: str,
+    using: str,
     claimed: dict[str, int],
     now: datetime,
     writes: dict[str, WorkflowWrites],
@@ -122,22 +117,26 @@ def load_each(
 ) -> tuple[Loaded, set[str]]:
     """``load`` raised ``error`` (not a DatabaseError) for these claimed ids: load them one at a time.
     Returns what loaded, and the ids made stuck in ``writes`` (those that did not load and whose run
-    id can be read; the caller releases the claims of the rest)."""
+    id can be read; the caller releases the claims of the rest).
+
+    Raises:
+        DatabaseError: the database failed.
+    """
     logger.error(
         "loading %d claimed workflows failed engine=%s; loading them one by one",
         len(claimed),
-        engine.engine_id,
+        engine_id,
         exc_info=error,
     )
     merged = Loaded({}, {}, {}, {}, None)
     stuck: set[str] = set()
     for wid, epoch in claimed.items():
         try:
-            one = load([wid], engine.using)
+            one = load([wid], using)
         except DatabaseError:
             raise
         except Exception as exc:
-            if _unloadable(engine, wid, epoch, exc, now, writes):
+            if _unloadable(engine_id, using, wid, epoch, exc, now, writes):
                 stuck.add(wid)
             continue
         merged.runs.update(one.runs)
@@ -148,36 +147,15 @@ def load_each(
 
 
 def _unloadable(
-    engine: Engine, wid: str, epoch: int, exc: Exception, now: datetime, writes: dict[str, WorkflowWrites]
+    engine_id: str, using: str, wid: str, epoch: int, exc: Exception, now: datetime, writes: dict[str, WorkflowWrites]
 ) -> bool:
-    run = _raw_run(wid, engine.using)
+    run = runs.run_of_unreadable(wid, using)
     message = (
         f"Workflow {wid!r}: its rows cannot be read by the engine ({type(exc).__name__}: {exc}). Repair the row "
         "(a column holding a value of the wrong type), or cancel the workflow; it is retried with back-off."
     )
-    logger.error("workflow rows unreadable workflow=%s engine=%s error=%s", wid, engine.engine_id, exc)
+    logger.error("workflow rows unreadable workflow=%s engine=%s error=%s", wid, engine_id, exc)
     if run is None:
         return False
-    engine._stuck(wid, run[0], epoch, run[1], EngineInternalError(message), now, writes)
+    mark_stuck(engine_id, wid, run[0], epoch, run[1], EngineInternalError(message), now, writes)
     return True
-
-
-def _raw_run(wid: str, using: str) -> tuple[str, int] | None:
-    """(run id, stuck attempts) read without the ORM's conversions, or None."""
-    try:
-        with connections[using].cursor() as cursor:
-            cursor.execute(
-                f"SELECT run_id, stuck_attempts FROM {Workflow._meta.db_table} WHERE id = %s",
-                [wid],
-            )
-            row = cursor.fetchone()
-    except DatabaseError:
-        raise
-    except Exception:
-        return None
-    if row is None:
-        return None
-    try:
-        return str(uuid.UUID(str(row[0]))), int(row[1] or 0)
-    except (ValueError, TypeError):
-        return None

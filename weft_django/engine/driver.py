@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import traceback
 from collections.abc import Generator
-from datetime import datetime
 from typing import Any
 
 from ..codec import decode, encode_payload
@@ -24,48 +23,7 @@ from ..exceptions import (
 )
 from ..operations import All, Inert, Memo, Operation, Race, WaitForUpdate
 from ..registry import WorkflowDefinition
-
-
-@dataclasses.dataclass
-class StepRecord:
-    seq: int
-    kind: str
-    name: str
-    status: str  # running | completed | failed
-    result: str | None = None
-    error: dict[str, Any] | None = None
-    attempts: int = 0
-    started_at: datetime | None = None
-    completed_at: datetime | None = None
-
-    @property
-    def settled(self) -> bool:
-        return self.status in ("completed", "failed")
-
-    @property
-    def outcome(self) -> Outcome:
-        return Outcome(ok=self.status == "completed", text=self.result, error=self.error)
-
-
-@dataclasses.dataclass(frozen=True)
-class AppliedRecord:
-    """An update handler that ran on a live context: replay re-applies it at ``seq`` (the frontier it
-    arrived at), in ``n`` order, without its validator, before that yield's result is fed."""
-
-    seq: int
-    n: int
-    name: str
-    payload: str  # codec text
-    result: str | None = None
-    error: dict[str, Any] | None = None
-    update_id: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    ok: bool
-    text: str | None = None  # codec text of the value when ok
-    error: dict[str, Any] | None = None  # an exception to throw into the workflow when not ok
+from ..store.histories import AppliedRecord, Outcome, StepRecord
 
 
 @dataclasses.dataclass
@@ -163,7 +121,12 @@ def read_input(text: str | None) -> tuple[list[Any], dict[str, Any]]:
 
 
 def describe_exception(exc: BaseException) -> dict[str, Any]:
-    """The shape of ``Workflow.error`` and ``WorkflowFailedError.error``."""
+    """An exception as weft records it: the shape of ``Workflow.error``, ``WorkflowFailedError.error``
+    and an activity attempt's error (type, qualified type, message, traceback).
+
+    Args:
+        exc: the exception to describe.
+    """
     return {
         "type": type(exc).__name__,
         "qualified_type": f"{type(exc).__module__}.{type(exc).__qualname__}",

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from ..conf import WeftSettings
 from ..exceptions import ConfigurationError
 from ..registry import ActivityDefinition, registry
-from .activities import AttemptOutcome, AttemptTask, Executor, ThreadExecutor, describe_failure
+from .activities import AttemptOutcome, AttemptTask, Executor, ThreadExecutor
+from .driver import describe_exception
 
 logger = logging.getLogger(__name__)
 CELERY = "celery"
@@ -71,7 +72,7 @@ class ActivityExecutors:
             remote = self._remote()
         except ConfigurationError as exc:
             logger.error("activity not sent workflow=%s seq=%s error=%s", task.workflow_id, task.seq, exc)
-            self.outcomes.put(AttemptOutcome(task, ok=False, error=describe_failure(exc), retryable=False))
+            self.outcomes.put(AttemptOutcome(task, ok=False, error=describe_exception(exc), retryable=False))
             self._on_done()
             return
         remote.submit(task)
@@ -89,6 +90,20 @@ class ActivityExecutors:
                 self._engine_id, self.outcomes, self._using, self._settings.poll_interval.total_seconds()
             )
         return self._celery
+
+    def take_outcomes(self) -> list[AttemptOutcome]:
+        """The outcomes reported since the last call, in order."""
+        outcomes = []
+        while True:
+            try:
+                outcomes.append(self.outcomes.get_nowait())
+            except queue.Empty:
+                return outcomes
+
+    @property
+    def polls(self) -> bool:
+        """Whether outcomes arrive through the database (remote workers), found only by ``poll``."""
+        return self._celery is not None
 
     @property
     def running(self) -> list[AttemptTask]:

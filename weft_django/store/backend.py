@@ -8,6 +8,8 @@ behaviour is a method here, with an implementation in each subclass.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import datetime
 from typing import Any, ClassVar
 
 from django.core.exceptions import ImproperlyConfigured
@@ -55,6 +57,12 @@ class Backend:
     # -- client side: runs, schedules, clock, notify, prepared statements, testing --------------
 
     # -- histories: loading workflows to resume them ----------------------------------------------
+    prepares_statements: ClassVar[bool] = False  # hot reads run as named prepared statements
+
+    def datetime_reader(self) -> Callable[[Any], datetime | None]:
+        """A converter (for this thread's connection) of datetime columns read by a raw statement
+        into what the ORM would return: aware UTC datetimes, None for NULL."""
+        raise NotImplementedError
 
 
 class PostgreSQLBackend(Backend):
@@ -74,6 +82,10 @@ class PostgreSQLBackend(Backend):
     # -- client side: runs, schedules, clock, notify, prepared statements, testing --------------
 
     # -- histories: loading workflows to resume them ----------------------------------------------
+    prepares_statements = True
+
+    def datetime_reader(self) -> Callable[[Any], datetime | None]:
+        return _unchanged  # psycopg returns aware datetimes for timestamptz
 
 
 class SQLiteBackend(Backend):
@@ -84,6 +96,19 @@ class SQLiteBackend(Backend):
     # -- client side: runs, schedules, clock, notify, prepared statements, testing --------------
 
     # -- histories: loading workflows to resume them ----------------------------------------------
+    def datetime_reader(self) -> Callable[[Any], datetime | None]:
+        """SQLite gives naive UTC datetimes (or text): converted as the ORM converts them."""
+        connection = self.connection
+        convert = connection.ops.convert_datetimefield_value
+
+        def read(value: Any) -> datetime | None:
+            return None if value is None else convert(value, None, connection)
+
+        return read
+
+
+def _unchanged(value: Any) -> Any:
+    return value
 
 
 _BACKENDS: dict[str, type[Backend]] = {"postgresql": PostgreSQLBackend, "sqlite": SQLiteBackend}

@@ -1,8 +1,410 @@
-"""Loading what an engine needs to resume workflows: runs, steps, applied updates, timers, admitted updates."""
+"""Loading what an engine needs to resume workflows: runs, steps, applied updates, timers, admitted
+updates, and the buffered signals and claim holders of the workflows it drives.
+
+The records a history is made of (``StepRecord``, ``AppliedRecord``, ``Outcome``) are defined here,
+below the engine: the driver replays them, the loader reads them, the fenced commit writes them.
+"""
 
 from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from django.db import DatabaseError, connections
+
+from .. import prepared
+from ..models import AppliedUpdate, BufferedSignal, PendingUpdate, Step, Timer, Workflow, WorkflowClaim
+from ..status import SignalState, UpdateStatus
+from .backend import backend
 
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
 
 
 # -- engine side (ownership, the fenced commit, messages, chores) ----------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """How an operation settled: its value as codec text, or the error to throw into the workflow."""
+
+    ok: bool
+    text: str | None = None  # codec text of the value when ok
+    error: dict[str, Any] | None = None  # an exception to throw into the workflow when not ok
+
+
+@dataclasses.dataclass
+class StepRecord:
+    """One row of a run's step log, as the driver replays it and the fenced commit writes it."""
+
+    seq: int
+    kind: str
+    name: str
+    status: str  # running | completed | failed
+    result: str | None = None
+    error: dict[str, Any] | None = None
+    attempts: int = 0
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+
+    @property
+    def settled(self) -> bool:
+        return self.status in ("completed", "failed")
+
+    @property
+    def outcome(self) -> Outcome:
+        return Outcome(ok=self.status == "completed", text=self.result, error=self.error)
+
+
+@dataclasses.dataclass(frozen=True)
+class AppliedRecord:
+    """An update handler that ran on a live context: replay re-applies it at ``seq`` (the frontier it
+    arrived at), in ``n`` order, without its validator, before that yield's result is fed."""
+
+    seq: int
+    n: int
+    name: str
+    payload: str  # codec text
+    result: str | None = None
+    error: dict[str, Any] | None = None
+    update_id: str | None = None
+
+
+class RunRow(NamedTuple):
+    """The columns of a claimed run the engine reads to start driving it (a Workflow row, without
+    building a model instance per run: loading runs is on the claim path of every tick)."""
+
+    id: str
+    run_id: str
+    workflow_type: str
+    version: str
+    status: str
+    input: str
+    started_at: datetime | None
+    execution_deadline: datetime | None
+    stuck_error: Any
+    stuck_attempts: int
+    parent_id: str | None
+    parent_run_id: str | None
+    parent_seq: int | None
+    depth: int
+
+
+class AdmittedRow(NamedTuple):
+    """An admitted update as deliver_updates reads it: ids as strings, in (created_at, id) order."""
+
+    id: str
+    workflow_id: str
+    run_id: str
+    name: str
+
+
+class Loaded(NamedTuple):
+    """What the engine reads to start driving freshly claimed workflows (``load``)."""
+
+    runs: dict[str, RunRow]  # workflow id -> its current run
+    steps: dict[str, dict[int, StepRecord]]  # run id -> {seq: step}
+    applied: dict[str, list[AppliedRecord]]  # run id -> the updates replay re-applies
+    timers: dict[str, list[Timer]]  # workflow id -> its timers
+    admitted: dict[str, list[AdmittedRow]] | None  # workflow id -> admitted updates; None: not read
+
+
+# Column lists and the row decoders are shared by both vendors' paths (one statement batch on
+# PostgreSQL, separate queries on SQLite), so the two cannot drift.
+_RUN_COLUMNS = ", ".join(RunRow._fields)
+_STEP_COLUMNS = "run_id, seq, kind, name, status, result, error, attempts, started_at, completed_at"
+_APPLIED_COLUMNS = "run_id, seq, n, name, payload, result, error, update_id"
+_TIMER_FIELDS = [field.attname for field in Timer._meta.concrete_fields]  # Timer.from_db's positional order
+_TIMER_COLUMNS = ", ".join(str(field.column) for field in Timer._meta.concrete_fields)
+_ADMITTED_COLUMNS = "id, workflow_id, run_id, name"
+_Aware = Callable[[Any], "datetime | None"]
+
+
+def _runs_sql(marks: str) -> str:
+    return f"SELECT {_RUN_COLUMNS} FROM {Workflow._meta.db_table} WHERE id IN ({marks})"  # noqa: S608
+
+
+def _steps_sql(runs: str) -> str:
+    return f"SELECT {_STEP_COLUMNS} FROM {Step._meta.db_table} WHERE run_id IN ({runs})"  # noqa: S608
+
+
+def _applied_sql(runs: str) -> str:
+    return f"SELECT {_APPLIED_COLUMNS} FROM {AppliedUpdate._meta.db_table} WHERE run_id IN ({runs}) ORDER BY seq, n"  # noqa: S608
+
+
+def _timers_sql(marks: str) -> str:
+    return f"SELECT {_TIMER_COLUMNS} FROM {Timer._meta.db_table} WHERE workflow_id IN ({marks})"  # noqa: S608
+
+
+def _admitted_sql(marks: str) -> str:
+    return (
+        f"SELECT {_ADMITTED_COLUMNS} FROM {PendingUpdate._meta.db_table} "  # noqa: S608
+        f"WHERE workflow_id IN ({marks}) AND status = %s ORDER BY created_at, id"
+    )
+
+
+_BUFFERED_SQL = (
+    f"SELECT id, workflow_id, run_id, name, payload FROM {BufferedSignal._meta.db_table} "  # noqa: S608
+    f"WHERE state = '{SignalState.BUFFERED.value}' AND workflow_id = ANY(%s) ORDER BY id"
+)
+
+
+def buffered_signals(workflow_ids: list[str], using: str) -> list[tuple[int, str, Any, str, str]]:
+    """The buffered signals of these workflows, oldest first: (id, workflow id, run id, name, payload).
+    Where the backend prepares statements (PostgreSQL) one prepared statement (a signal's wake-up pass
+    runs it; the ORM's compile alone took longer than the round trip).
+
+    Args:
+        workflow_ids: the workflows to read the mailbox of.
+        using: the connection alias.
+    """
+    if not backend(using).prepares_statements:
+        rows = (
+            BufferedSignal.objects.using(using)
+            .filter(workflow_id__in=workflow_ids, state=SignalState.BUFFERED)
+            .order_by("id")
+            .values_list("id", "workflow_id", "run_id", "name", "payload")
+        )
+        return list(rows)
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        prepared.execute(cursor, connection, _BUFFERED_SQL, [workflow_ids])
+        return list(cursor.fetchall())
+
+
+def buffered_names(workflow_ids: list[str], names: set[str], using: str) -> list[tuple[str, str]]:
+    """(workflow id, name) of the buffered signals (or child-terminal records) of these workflows
+    whose name is one of ``names``.
+
+    Args:
+        workflow_ids: the workflows to look at.
+        names: the signal names (mailbox names) of interest.
+        using: the connection alias.
+    """
+    rows = (
+        BufferedSignal.objects.using(using)
+        .filter(workflow_id__in=workflow_ids, state=SignalState.BUFFERED, name__in=names)
+        .values_list("workflow_id", "name")
+    )
+    return list(rows)
+
+
+def claim_holders(workflow_ids: list[str], using: str) -> dict[str, tuple[int, str | None]]:
+    """The current (epoch, holding engine id) of these workflows' claims, by workflow id (absent: no
+    claim row).
+
+    Args:
+        workflow_ids: the workflows whose claims to read.
+        using: the connection alias.
+    """
+    rows = (
+        WorkflowClaim.objects.using(using)
+        .filter(workflow_id__in=workflow_ids)
+        .values_list("workflow_id", "epoch", "engine_id")
+    )
+    return {wid: (epoch, holder) for wid, epoch, holder in rows}
+
+
+def _uuid_text(value: Any) -> str:
+    return str(uuid.UUID(str(value)))  # uuid on PostgreSQL, hex text on SQLite
+
+
+def _decode_runs(values: list[Any], aware: _Aware, into: dict[str, RunRow]) -> None:
+    for columns in values:
+        row = RunRow(*columns)
+        into[row.id] = row._replace(
+            run_id=_uuid_text(row.run_id),
+            parent_run_id=_uuid_text(row.parent_run_id) if row.parent_run_id else None,
+            started_at=aware(row.started_at),
+            execution_deadline=aware(row.execution_deadline),
+            stuck_error=_json_value(row.stuck_error),
+        )
+
+
+def _decode_steps(values: list[Any], aware: _Aware, into: dict[str, dict[int, StepRecord]]) -> None:
+    for run_id, seq, kind, name, status, result, error, attempts, started, completed in values:
+        steps = into.get(_uuid_text(run_id))
+        if steps is None:  # a run that began after the runs were read (PostgreSQL: a later statement)
+            continue
+        steps[seq] = StepRecord(
+            seq, kind, name, status, result, _json_value(error), attempts, aware(started), aware(completed)
+        )
+
+
+def _decode_applied(values: list[Any], into: dict[str, list[AppliedRecord]]) -> None:
+    for run_id, seq, n, name, payload, result, error, update_id in values:
+        record = AppliedRecord(
+            seq, n, name, payload, result, _json_value(error), _uuid_text(update_id) if update_id else None
+        )
+        into.setdefault(_uuid_text(run_id), []).append(record)
+
+
+def _decode_timers(values: list[Any], aware: _Aware, using: str, into: dict[str, list[Timer]]) -> None:
+    """Timer instances as the ORM builds them (no query: from_db marks them saved, on ``using``)."""
+    for columns in values:
+        fields = dict(zip(_TIMER_FIELDS, columns, strict=True))
+        fields["run_id"] = uuid.UUID(str(fields["run_id"])) if fields["run_id"] else None
+        fields["fire_at"] = aware(fields["fire_at"])
+        timer = Timer.from_db(using, _TIMER_FIELDS, [fields[name] for name in _TIMER_FIELDS])
+        into.setdefault(timer.workflow_id, []).append(timer)
+
+
+def _decode_admitted(values: list[Any], into: dict[str, list[AdmittedRow]]) -> None:
+    for pk, wid, run_id, name in values:
+        into.setdefault(wid, []).append(AdmittedRow(_uuid_text(pk), wid, _uuid_text(run_id), name))
+
+
+def load(workflow_ids: list[str], using: str) -> Loaded:
+    """Everything needed to start driving these claimed workflows. Where the backend batches
+    statements (PostgreSQL, with psycopg 3 binding parameters client-side, Django's default) one
+    round trip per chunk of ids: runs, steps, applied updates, timers and admitted updates in one
+    ``execute``. Elsewhere one query each, and admitted updates are left to deliver_updates
+    (``admitted`` is None).
+
+    Args:
+        workflow_ids: the claimed workflows.
+        using: the connection alias.
+
+    Raises:
+        DatabaseError: the database failed; any other exception: a row could not be converted.
+    """
+    if workflow_ids and backend(using).batches_statements:
+        with connections[using].cursor() as cursor:
+            if _client_binding(cursor):
+                return _load_batched(cursor, workflow_ids, using)
+    runs = load_runs(workflow_ids, using)
+    run_ids = [row.run_id for row in runs.values()]
+    steps, applied = load_steps(run_ids, using), load_applied(run_ids, using)
+    return Loaded(runs, steps, applied, load_timers(workflow_ids, using), None)
+
+
+def _client_binding(cursor: Any) -> bool:
+    """Whether this cursor takes several statements in one execute and returns each result set:
+    psycopg 3's ClientCursor (OPTIONS server_side_binding off). Not a server-side-binding cursor
+    (one statement per prepared query), not psycopg2 (its nextset() is not supported)."""
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - Django on psycopg2
+        return False
+    return isinstance(getattr(cursor, "cursor", None), psycopg.ClientCursor)
+
+
+def _load_batched(cursor: Any, workflow_ids: list[str], using: str) -> Loaded:
+    """The PostgreSQL load: five statements in one query string per chunk of ids. Steps and applied
+    updates are keyed by the runs through a subquery on the same ids. Each statement reads its own
+    snapshot (READ COMMITTED), as the separate queries did; rows of a run that began after the runs
+    statement are dropped (the claim's epoch fences whatever the engine does with the older run)."""
+    admitted: dict[str, list[AdmittedRow]] = {}
+    loaded = Loaded({}, {}, {}, {}, admitted)
+    table = Workflow._meta.db_table
+    aware = backend(using).datetime_reader()
+    for chunk in _chunks(workflow_ids):
+        marks = ", ".join(["%s"] * len(chunk))
+        of_runs = f"SELECT run_id FROM {table} WHERE id IN ({marks})"  # noqa: S608
+        statements = [_runs_sql(marks), _steps_sql(of_runs), _applied_sql(of_runs), _timers_sql(marks)]
+        statements.append(_admitted_sql(marks))
+        cursor.execute(";\n".join(statements), [*chunk * 5, UpdateStatus.ADMITTED.value])
+        runs: dict[str, RunRow] = {}
+        _decode_runs(cursor.fetchall(), aware, runs)
+        loaded.runs.update(runs)
+        steps: dict[str, dict[int, StepRecord]] = {row.run_id: {} for row in runs.values()}
+        _next_result(cursor)
+        _decode_steps(cursor.fetchall(), aware, steps)
+        loaded.steps.update(steps)
+        applied: dict[str, list[AppliedRecord]] = {}
+        _next_result(cursor)
+        _decode_applied(cursor.fetchall(), applied)
+        loaded.applied.update((run_id, records) for run_id, records in applied.items() if run_id in steps)
+        _next_result(cursor)
+        _decode_timers(cursor.fetchall(), aware, using, loaded.timers)
+        _next_result(cursor)
+        _decode_admitted(cursor.fetchall(), admitted)
+    return loaded
+
+
+def _next_result(cursor: Any) -> None:
+    if not cursor.nextset():
+        raise DatabaseError("the load batch returned fewer result sets than it has statements")
+
+
+def _read_chunked(
+    using: str, keys: list[Any], build_sql: Callable[[str], str], decode: Callable[[list[Any]], None]
+) -> None:
+    """Run ``build_sql(placeholders)`` (one of the ``_*_sql`` builders above) for each chunk of ``keys``
+    (no ORM compile) and hand its rows to ``decode``."""
+    if not keys:
+        return
+    with connections[using].cursor() as cursor:
+        for chunk in _chunks(keys):
+            cursor.execute(build_sql(", ".join(["%s"] * len(chunk))), chunk)
+            decode(cursor.fetchall())
+
+
+def load_runs(workflow_ids: list[str], using: str) -> dict[str, RunRow]:
+    """The current run of each of these workflows, by id.
+
+    Args:
+        workflow_ids: the workflows.
+        using: the connection alias.
+    """
+    rows: dict[str, RunRow] = {}
+    aware = backend(using).datetime_reader()
+    _read_chunked(using, workflow_ids, _runs_sql, lambda values: _decode_runs(values, aware, rows))
+    return rows
+
+
+def load_steps(run_ids: list[str], using: str) -> dict[str, dict[int, StepRecord]]:
+    """The step log of each of these runs: {run id: {seq: step}}.
+
+    Args:
+        run_ids: the runs (uuid text).
+        using: the connection alias.
+    """
+    steps: dict[str, dict[int, StepRecord]] = {run_id: {} for run_id in run_ids}
+    aware = backend(using).datetime_reader()
+    _read_chunked(using, _run_keys(run_ids, using), _steps_sql, lambda values: _decode_steps(values, aware, steps))
+    return steps
+
+
+def load_applied(run_ids: list[str], using: str) -> dict[str, list[AppliedRecord]]:
+    """The applied-update log of these runs, for replay: run id -> records in (seq, n) order.
+
+    Args:
+        run_ids: the runs (uuid text).
+        using: the connection alias.
+    """
+    applied: dict[str, list[AppliedRecord]] = {}
+    keys = _run_keys(run_ids, using)
+    _read_chunked(using, keys, _applied_sql, lambda values: _decode_applied(values, applied))
+    return applied
+
+
+def load_timers(workflow_ids: list[str], using: str) -> dict[str, list[Timer]]:
+    """The timers of these workflows (any run), by workflow id.
+
+    Args:
+        workflow_ids: the workflows.
+        using: the connection alias.
+    """
+    timers: dict[str, list[Timer]] = {}
+    aware = backend(using).datetime_reader()
+    _read_chunked(using, workflow_ids, _timers_sql, lambda values: _decode_timers(values, aware, using, timers))
+    return timers
+
+
+def _run_keys(run_ids: list[str], using: str) -> list[Any]:
+    field = Step._meta.get_field("run_id")  # every run_id column is a UUIDField: uuid or hex text
+    connection = connections[using]
+    return [field.get_db_prep_value(uuid.UUID(str(run_id)), connection) for run_id in run_ids]
+
+
+def _json_value(value: Any) -> Any:
+    """A JSONField column as the ORM returns it (Django has psycopg return jsonb as text, like SQLite)."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _chunks(items: list[Any], size: int = 500) -> list[list[Any]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]

@@ -1,0 +1,148 @@
+"""The claimer: takes new and lapsed workflows up to capacity (a claim batch per pass), fires due
+delayed starts, takes over from other engines where the ownership mode says so, and warns about a
+second engine where the mode assumes one."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from .. import events
+from ..clock import db_now
+from ..conf import WeftSettings
+from ..status import OwnershipMode
+from ..store import runs
+from . import ownership
+
+logger = logging.getLogger("weft_django.engine.engine")
+
+
+class Claimer:
+    """When and what the engine claims.
+
+    Args:
+        engine_id: this engine.
+        settings: the engine's settings (poll interval, claim batch size, TTL, renew interval).
+        using: the connection alias.
+        on_taken_over: called for each workflow taken over from another engine (workflow id, epoch,
+            previous holder).
+    """
+
+    def __init__(
+        self,
+        engine_id: str,
+        settings: WeftSettings,
+        using: str,
+        on_taken_over: Callable[[str, int, str | None], None],
+    ) -> None:
+        self.engine_id = engine_id
+        self.settings = settings
+        self.using = using
+        self.mode = settings.ownership
+        self.on_taken_over = on_taken_over
+        self.last_claim_scan = 0.0  # time.monotonic() of the last acquire scan; 0.0: scan on the next pass
+        self.last_takeover_scan = 0.0
+        self.take_over_now = False  # take the claims of other engines on the next pass
+        self._warned_engines: set[str] = set()
+
+    @property
+    def capacity(self) -> int:
+        """How many workflows one pass claims at most."""
+        return self.settings.claim_batch_size
+
+    def scan_soon(self) -> None:
+        """Scan for claimable work on the next pass (children were started, a batch was full)."""
+        self.last_claim_scan = 0.0
+
+    def claimable(self) -> bool:
+        """Whether a run waits for an engine now (an unheld claim, a due delayed start)."""
+        return runs.claimable(db_now(self.using), self.using)
+
+    def takeover_due(self, clock: float) -> bool:
+        """Whether the next pass looks for lapsed claims (once per renew interval; per poll in "lease")."""
+        poll = self.settings.poll_interval.total_seconds()
+        every = (
+            poll if self.mode == OwnershipMode.LEASE else self.settings.workflow_claim_renew_interval.total_seconds()
+        )
+        return clock - self.last_takeover_scan >= every
+
+    def claim(self, *, force: bool, scan: bool) -> dict[str, int]:
+        """Claim what is due this pass. Returns the claimed workflows (id: epoch).
+
+        Args:
+            force: a wake-up named a workflow this engine does not hold (acquire now).
+            scan: a maintenance pass (acquire if POLL_INTERVAL passed, fire due delayed starts).
+        """
+        poll = self.settings.poll_interval.total_seconds()
+        clock = time.monotonic()
+        claimed: dict[str, int] = {}
+        requested = self.last_claim_scan == 0.0  # a full batch or new children: look again now
+        scan_due = requested or (scan and clock - self.last_claim_scan >= poll)
+        if force or scan_due:
+            self.last_claim_scan = clock
+            got = self._acquire(takeover=False)
+            events.claims_acquired(self.engine_id, got, self.using)
+            claimed.update({wid: epoch for wid, (epoch, _) in got.items()})
+            if len(got) >= self.capacity:
+                self.last_claim_scan = 0.0  # a full batch: more may be waiting, scan again next tick
+            if scan_due:  # delayed starts send no wake-up: found by the scan alone
+                claimed.update(
+                    ownership.fire_delayed_starts(
+                        self.engine_id, limit=self.capacity, ttl=self.settings.workflow_claim_ttl, using=self.using
+                    )
+                )
+        if self.take_over_now or (self.mode == OwnershipMode.LEASE and clock - self.last_takeover_scan >= poll):
+            got = ownership.take_over_from_others(
+                self.engine_id, limit=self.capacity, ttl=self.settings.workflow_claim_ttl, using=self.using
+            )
+            self.take_over_now = len(got) >= self.capacity  # more left: take them on the next pass
+            for wid, (epoch, previous) in got.items():
+                logger.warning(
+                    "took over workflow=%s engine=%s epoch=%s previous=%s mode=%s",
+                    wid,
+                    self.engine_id,
+                    epoch,
+                    previous,
+                    self.mode,
+                )
+                self.on_taken_over(wid, epoch, previous)
+            claimed.update({wid: epoch for wid, (epoch, _) in got.items()})
+        if clock - self.last_takeover_scan >= self.settings.workflow_claim_renew_interval.total_seconds():
+            self.last_takeover_scan = clock
+            self._detect_second_instance()
+            got = self._acquire(takeover=True)
+            for wid, (epoch, previous) in got.items():
+                logger.warning(
+                    "took over workflow=%s engine=%s epoch=%s previous=%s", wid, self.engine_id, epoch, previous
+                )
+                self.on_taken_over(wid, epoch, previous)
+            claimed.update({wid: epoch for wid, (epoch, _) in got.items()})
+            if len(got) >= self.capacity:
+                self.last_takeover_scan = 0.0  # a full pass: start the next one at once
+        return claimed
+
+    def _acquire(self, *, takeover: bool) -> dict[str, tuple[int, str | None]]:
+        return ownership.acquire(
+            self.engine_id,
+            limit=self.capacity,
+            ttl=self.settings.workflow_claim_ttl,
+            renew_interval=self.settings.workflow_claim_renew_interval,
+            using=self.using,
+            takeover=takeover,
+        )
+
+    def _detect_second_instance(self) -> None:
+        if not self.settings.detect_second_instance or self.mode == OwnershipMode.WORKFLOW_LEASE:
+            return
+        others = ownership.other_live_engines(self.engine_id, within=self.settings.workflow_claim_ttl, using=self.using)
+        for other in set(others) - self._warned_engines:
+            logger.warning(
+                "second engine instance detected engine=%s other=%s mode=%s: OWNERSHIP=%r assumes one engine; "
+                "use 'workflow-lease' to run several",
+                self.engine_id,
+                other,
+                self.mode,
+                self.mode,
+            )
+        self._warned_engines |= set(others)

@@ -1,0 +1,94 @@
+"""A workflow the engine holds (``Owned``: its live generator and what it waits for), and the small
+helpers every part uses on one: its writes for the next fenced commit, marking it stuck, collecting
+what its generator recorded by itself, the mailbox name a waiting leaf consumes."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from datetime import datetime
+
+from ..exceptions import WeftError
+from ..models import Timer
+from ..operations import StartChild
+from . import steps
+from .activities import AttemptTask
+from .children import mailbox_name
+from .driver import Leaf, WorkflowRun
+from .fencing import WorkflowWrites
+
+logger = logging.getLogger("weft_django.engine.engine")
+
+
+@dataclasses.dataclass
+class Owned:
+    """A workflow this engine holds, with its live generator and what it waits for."""
+
+    workflow_id: str
+    run_id: str
+    epoch: int
+    run: WorkflowRun
+    timers: dict[tuple[str, int], Timer] = dataclasses.field(default_factory=dict)
+    inflight: dict[int, AttemptTask] = dataclasses.field(default_factory=dict)
+    armed: set[int] = dataclasses.field(default_factory=set)
+    dispatch: list[AttemptTask] = dataclasses.field(default_factory=list)
+    stuck_attempts: int = 0
+    clear_stuck: bool = False
+    parent: tuple[str, str, int] | None = None  # (id, run id, seq) of the parent step waiting for us
+    armed_at: dict[int, datetime] = dataclasses.field(default_factory=dict)  # when each wait began
+    depth: int = 0
+
+
+def mailbox_of(leaf: Leaf) -> str:
+    """The buffered-signal name a waiting leaf consumes: its signal, or its child's terminal record."""
+    return mailbox_name(leaf.seq) if isinstance(leaf.op, StartChild) else leaf.op.name
+
+
+def writes_of(owned: Owned, writes: dict[str, WorkflowWrites]) -> WorkflowWrites:
+    """This workflow's writes for the next fenced commit (created empty on first use)."""
+    w = writes.get(owned.workflow_id)
+    if w is None:
+        w = writes[owned.workflow_id] = WorkflowWrites(
+            owned.workflow_id, owned.run_id, owned.epoch, parent=owned.parent
+        )
+    return w
+
+
+def mark_stuck(
+    engine_id: str,
+    wid: str,
+    run_id: str,
+    epoch: int,
+    attempts: int,
+    error: WeftError,
+    now: datetime,
+    writes: dict[str, WorkflowWrites],
+) -> None:
+    """Record in ``writes`` that this workflow is stuck (its commit releases the claim; it is retried
+    after a back-off), and log it.
+
+    Args:
+        engine_id: this engine (for the log).
+        wid, run_id, epoch: the workflow, its run and the claim's epoch.
+        attempts: how often it was stuck before.
+        error: why.
+        now: workflow time.
+        writes: the pass's writes, by workflow id.
+    """
+    record, backoff = steps.stuck_record(attempts, error, now)
+    logger.error(
+        "workflow stuck workflow=%s engine=%s epoch=%s error=%s retry_in=%s", wid, engine_id, epoch, error, backoff
+    )
+    writes.setdefault(wid, WorkflowWrites(wid, run_id, epoch)).stuck = record
+
+
+def collect_recorded(owned: Owned, writes: dict[str, WorkflowWrites]) -> None:
+    """Move what the generator recorded by itself (memo steps, respond() answers of
+    wait_for_update) into this workflow's writes for the next fenced commit."""
+    run = owned.run
+    if run.new_steps:
+        writes_of(owned, writes).steps.extend(run.new_steps)
+        run.new_steps = []
+    if run.responses:
+        writes_of(owned, writes).update_responses.extend(run.responses)
+        run.responses = []

@@ -1,0 +1,165 @@
+"""Renewal: its own thread and connection, renewing the claims the loop holds (and in "lease" mode
+the store-wide lease), heartbeating the engine row, and reporting lost claims to the loop. Also the
+store-wide lease itself (``StoreLease``): acquired by the loop, renewed here."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+from django.db import DatabaseError, close_old_connections, connections
+
+from ..conf import WeftSettings
+from ..exceptions import EngineLeaseAcquisitionTimeoutError
+from . import ownership, sessions
+from .wake import Wake
+
+logger = logging.getLogger("weft_django.engine.engine")
+
+
+class StoreLease:
+    """The store-wide lease of OWNERSHIP="lease": one engine drives every workflow.
+
+    Args:
+        engine_id: this engine.
+        settings: the engine's settings (lease TTL, renew interval, wait timeout).
+        using: the connection alias.
+    """
+
+    def __init__(self, engine_id: str, settings: WeftSettings, using: str) -> None:
+        self.engine_id = engine_id
+        self.settings = settings
+        self.using = using
+        self.epoch: int | None = None  # held at this epoch; None: not held
+        self.lost = False  # renewal found it gone: the loop deposes this engine for every workflow
+
+    def acquire(self) -> bool:
+        """Try to take the lease now. Returns whether this engine holds it."""
+        epoch = ownership.acquire_store_lease(
+            self.engine_id,
+            ttl=self.settings.lease_ttl,
+            renew_interval=self.settings.lease_renew_interval,
+            using=self.using,
+        )
+        if epoch is None:
+            return False
+        logger.info("store lease acquired engine=%s epoch=%s", self.engine_id, epoch)
+        self.epoch, self.lost = epoch, False
+        return True
+
+    def wait(self, stopping: threading.Event) -> bool:
+        """Block until this engine holds the lease (True) or ``stopping`` is set (False).
+
+        Raises:
+            EngineLeaseAcquisitionTimeoutError: not acquired within LEASE_WAIT_TIMEOUT (the engine
+                row is marked stopped first).
+        """
+        deadline = time.monotonic() + self.settings.lease_wait_timeout.total_seconds()
+        while True:
+            if self.acquire():
+                return True
+            if stopping.is_set():
+                return False
+            if time.monotonic() >= deadline:
+                ownership.stop_engine(self.engine_id, self.using)
+                raise EngineLeaseAcquisitionTimeoutError(
+                    f"Engine {self.engine_id!r} could not acquire the store-wide lease within "
+                    f"{self.settings.lease_wait_timeout} (OWNERSHIP='lease' allows one engine at a time; another "
+                    f"engine holds it). Stop the other engine, raise LEASE_WAIT_TIMEOUT, or use "
+                    f"OWNERSHIP='workflow-lease' to run several engines."
+                )
+            time.sleep(min(self.settings.lease_renew_interval.total_seconds(), 1.0))
+
+    def hold(self, depose_all: Callable[[], object]) -> tuple[bool, bool]:
+        """The loop's check on each pass: if renewal found the lease lost, ``depose_all`` (stop driving
+        every workflow) and try to take it again. Returns (held now, newly acquired)."""
+        if self.lost:
+            logger.warning("store lease lost engine=%s: deposed for every workflow", self.engine_id)
+            depose_all()
+            self.epoch, self.lost = None, False
+        if self.epoch is None:
+            acquired = self.acquire()
+            return acquired, acquired
+        return True, False
+
+    def renew(self) -> bool:
+        """Renew the lease if held (renewal thread). Returns False when it was found lost."""
+        epoch = self.epoch
+        if epoch is None or ownership.renew_store_lease(
+            self.engine_id, epoch, ttl=self.settings.lease_ttl, using=self.using
+        ):
+            return True
+        self.lost = True
+        return False
+
+    def release(self) -> None:
+        """Give the lease up (shutdown)."""
+        if self.epoch is not None:
+            ownership.release_store_lease(self.engine_id, self.epoch, self.using)
+
+
+class Renewal:
+    """The renewal thread's part: the loop publishes the claims it holds, the thread renews them.
+
+    Args:
+        engine_id: this engine.
+        settings: the engine's settings (claim TTL, renew interval).
+        using: the connection alias.
+        session_limit: the server-side session bounds of the engine's connections.
+        wake: the loop's wake-ups (lost claims and a lost lease are reported there).
+        lease: the store-wide lease (renewed while held).
+        on_failure: called with a storage error of a renewal (not a loss: tried again next time).
+    """
+
+    def __init__(
+        self,
+        engine_id: str,
+        settings: WeftSettings,
+        using: str,
+        session_limit: timedelta,
+        wake: Wake,
+        lease: StoreLease,
+        on_failure: Callable[[DatabaseError], None],
+    ) -> None:
+        self.engine_id = engine_id
+        self.settings = settings
+        self.using = using
+        self.session_limit = session_limit
+        self.wake = wake
+        self.lease = lease
+        self.on_failure = on_failure
+        self._epochs: dict[str, int] = {}  # what the loop holds, as of its last publish()
+
+    def publish(self, epochs: dict[str, int]) -> None:
+        """The claims the loop holds now (by workflow id: epoch), for the next renewal."""
+        with self.wake.lock:
+            self._epochs = epochs
+
+    def thread(self, stop: threading.Event) -> threading.Thread:
+        """The renewal thread (not started), running until ``stop`` is set."""
+        return threading.Thread(target=self._loop, args=(stop,), name="weft-renew", daemon=True)
+
+    def _loop(self, stop: threading.Event) -> None:
+        interval = self.settings.workflow_claim_renew_interval.total_seconds()
+        sessions.bind(self.using, self.session_limit)
+        try:
+            while not stop.wait(interval):
+                with self.wake.lock:
+                    epochs = dict(self._epochs)
+                try:
+                    if not self.lease.renew():
+                        self.wake.up()
+                    lost = ownership.renew(self.engine_id, epochs, self.settings.workflow_claim_ttl, self.using)
+                    ownership.heartbeat_engine(self.engine_id, self.using)
+                except DatabaseError as exc:  # a storage error is not a loss: try again next tick
+                    self.on_failure(exc)
+                    logger.warning("claim renewal failed engine=%s error=%s", self.engine_id, exc)
+                    close_old_connections()
+                    continue
+                if lost:
+                    self.wake.report_lost(lost)
+        finally:
+            connections.close_all()

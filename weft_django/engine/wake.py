@@ -1,0 +1,67 @@
+"""What wakes the engine loop and what the wake-ups named: NOTIFY payloads (the listener thread),
+lost claims (the renewal thread, a refused settlement), and workflows whose mailbox the next pass
+looks at. Shared by the loop and its threads under one lock."""
+
+from __future__ import annotations
+
+import threading
+
+
+class Wake:
+    """The loop's wake-up event and what arrived with the wake-ups since the last pass.
+
+    Args:
+        engine_id: the engine (a ``q:<engine id>`` payload addresses query requests to it).
+    """
+
+    def __init__(self, engine_id: str) -> None:
+        self.engine_id = engine_id
+        self.lock = threading.Lock()
+        self.event = threading.Event()
+        self.notified: set[str] = set()  # workflows a wake-up named
+        self.rescan = True  # look at everything (a new or reconnected listener, a ":*" wake-up)
+        self.lost: set[str] = set()  # workflows whose claim renewal (or a settlement) found gone
+        self.queries_waiting = True  # a "q:<engine id>" wake-up: query requests addressed to us
+
+    def up(self) -> None:
+        """Wake the loop."""
+        self.event.set()
+
+    def wait(self, timeout: float) -> None:
+        """Sleep until woken or ``timeout`` seconds passed; the wake-up is consumed."""
+        self.event.wait(timeout)
+        self.event.clear()
+
+    def on_notify(self, payload: str | None) -> None:
+        """A NOTIFY payload (None: the listener (re)connected, wake-ups may have been missed)."""
+        with self.lock:
+            if payload is None or payload.endswith(":*"):
+                self.rescan = True
+            elif payload.startswith("w:"):
+                self.notified.add(payload[2:])
+            elif payload == f"q:{self.engine_id}":
+                self.queries_waiting = True
+            else:
+                return
+        self.event.set()
+
+    def look_at(self, workflow_id: str, *, wake: bool = True) -> None:
+        """Have the next pass look at this workflow's mailbox (and wake the loop, unless ``wake`` is off)."""
+        with self.lock:
+            self.notified.add(workflow_id)
+        if wake:
+            self.event.set()
+
+    def report_lost(self, workflow_ids: set[str]) -> None:
+        """These workflows' claims are gone: the next pass stops driving them."""
+        with self.lock:
+            self.lost |= workflow_ids
+        self.event.set()
+
+    def take(self) -> tuple[set[str], set[str], bool]:
+        """What arrived since the last pass, cleared: (lost claims, notified workflows, rescan)."""
+        with self.lock:
+            lost, self.lost = self.lost, set()
+            notified, self.notified = self.notified, set()
+            rescan, self.rescan = self.rescan, False
+        return lost, notified, rescan
