@@ -52,6 +52,16 @@ class Backend:
 
     # -- engine side: claims, the fenced commit, mailbox, timers, engines, epochs, sessions ------
 
+    @classmethod
+    def next_epoch_sql(cls) -> str:
+        """SQL that draws the next epoch: an inline expression where ``batches_statements``, else a
+        complete statement returning one row with the new value (see ``store.epochs``)."""
+        return _SQLITE_NEXT_EPOCH
+
+    def select_next_epoch_sql(self) -> str:
+        """A complete statement that draws the next epoch and returns it as its one row."""
+        return _SQLITE_NEXT_EPOCH
+
     # -- client side: runs, schedules, clock, notify, prepared statements, testing --------------
 
     # -- histories: loading workflows to resume them ----------------------------------------------
@@ -71,6 +81,13 @@ class PostgreSQLBackend(Backend):
 
     # -- engine side: claims, the fenced commit, mailbox, timers, engines, epochs, sessions ------
 
+    @classmethod
+    def next_epoch_sql(cls) -> str:
+        return f"nextval('{SEQUENCE}')"
+
+    def select_next_epoch_sql(self) -> str:
+        return f"SELECT nextval('{SEQUENCE}')"
+
     # -- client side: runs, schedules, clock, notify, prepared statements, testing --------------
 
     # -- histories: loading workflows to resume them ----------------------------------------------
@@ -85,6 +102,15 @@ class SQLiteBackend(Backend):
 
     # -- histories: loading workflows to resume them ----------------------------------------------
 
+
+# The epoch sequence (migration 0002) and SQLite's one-row counter standing in for it.
+SEQUENCE = "weft_django_epoch_seq"
+COUNTER_TABLE = "weft_django_epochcounter"
+# One statement, race-free: creates the counter row on first use, else increments it.
+_SQLITE_NEXT_EPOCH = (
+    f"INSERT INTO {COUNTER_TABLE} (id, value) VALUES (1, 1) "
+    f"ON CONFLICT (id) DO UPDATE SET value = {COUNTER_TABLE}.value + 1 RETURNING value"
+)
 
 _BACKENDS: dict[str, type[Backend]] = {"postgresql": PostgreSQLBackend, "sqlite": SQLiteBackend}
 _cache: dict[str, Backend] = {}
