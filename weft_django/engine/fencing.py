@@ -1,9 +1,8 @@
-"""fenced_commit: the ONLY way an engine writes workflow-scoped state (its batch commit).
-
-The fenced commit itself (the claim lock first, in workflow_id order, then the writes; the
-one-statement commit on PostgreSQL) is ``weft_django.store.commit``; the claim locks are
-``weft_django.store.claims``. What stays here is the engine's side: the events a commit raises
-(a child run started). The other names are re-exported until their callers import the store.
+"""fenced_commit: the ONLY way an engine writes workflow-scoped state (its batch commit). The fenced
+commit itself (the claim lock first, in workflow_id order, then the writes; the one-statement commit
+on PostgreSQL) is ``weft_django.store.commit``; the claim locks are ``weft_django.store.claims``.
+What stays here is the engine's side: what a commit calls back (closing an ended run's children, the
+event of a child run started). The other names are re-exported until their callers import the store.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from ..store.commit import (  # moved to weft_django.store.commit (issue 15): re
     write_steps,
 )
 from ..store.mailbox import BUFFERED_STATE_SQL  # moved to weft_django.store.mailbox (issue 15): re-export
+from ..transitions import close_children
 
 __all__ = [
     "BUFFERED_STATE_SQL",
@@ -54,12 +54,18 @@ __all__ = [
 ]
 
 
+# A run that ends closes its children through the transitions (parent_close_policy); a child started
+# raises the engine's event.
+_HOOKS = commit.CommitHooks(close_children=close_children, child_started=events.child_started)
+
+
 def fenced_commit(
     engine_id: str, batch: list[WorkflowWrites], now: datetime, using: str, claim_ttl: timedelta | None = None
 ) -> FenceResult:
     """Commit every workflow's writes whose claim this engine still holds at the stated epoch
-    (``store.commit.fenced_commit``), raising the engine's events: ``workflow_started`` for each child
-    run the batch starts (sent once the commit lands).
+    (``store.commit.fenced_commit``): a run that ends closes its children (``transitions.close_children``,
+    their parent_close_policy), and each child run the batch starts raises ``workflow_started`` (sent
+    once the commit lands).
 
     Args:
         engine_id: the committing engine; ``batch``: the workflows' writes; ``now``: workflow time.
@@ -69,4 +75,4 @@ def fenced_commit(
         UpdateRaceLost: an update settled in the batch was no longer admitted (all rolled back).
         django.db.DatabaseError: a statement failed.
     """
-    return commit.fenced_commit(engine_id, batch, now, using, claim_ttl, on_child_started=events.child_started)
+    return commit.fenced_commit(engine_id, batch, now, using, claim_ttl, hooks=_HOOKS)

@@ -32,7 +32,7 @@ from django.db import transaction
 from ..models import AppliedUpdate, Step, Timer, Workflow
 from ..notify import send_many
 from ..status import ACTIVE_STATUSES, UpdateStatus
-from ..transitions import active_descendants, close_children
+from ..transitions import active_descendants
 from . import claims, mailbox, sessions
 from .backend import backend
 from .children import ChildStart, report_child_end, start_children
@@ -50,6 +50,7 @@ FAMILY_LOCK_ROUNDS = 3
 
 __all__ = [
     "ONE_STATEMENT_MAX_WORKFLOWS",
+    "CommitHooks",
     "Fence",
     "FenceResult",
     "Finish",
@@ -67,6 +68,17 @@ __all__ = [
 
 
 # -- engine side (ownership, the fenced commit, messages, chores) ----------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class CommitHooks:
+    """What the batch commit calls back into the layers above, inside its transaction:
+    ``close_children(parent_id, parent_run_id, status, using)`` applies the parent-close policy to
+    the active children of a run that ended (the client side's transitions); ``child_started(child,
+    using)`` raises the event of a child run started (sent once the commit lands)."""
+
+    close_children: Callable[[str, str, str, str], None]
+    child_started: Callable[[ChildStart, str], None] | None = None
 
 
 @dataclasses.dataclass
@@ -159,7 +171,7 @@ def fenced_commit(
     using: str,
     claim_ttl: timedelta | None = None,
     *,
-    on_child_started: Callable[[ChildStart, str], None] | None = None,
+    hooks: CommitHooks,
 ) -> FenceResult:
     """Commit every workflow's writes whose claim this engine still holds at the stated epoch.
 
@@ -170,7 +182,7 @@ def fenced_commit(
     Args:
         engine_id: the committing engine; ``batch``: the workflows' writes; ``now``: workflow time.
         using: the connection alias; ``claim_ttl``: the TTL of children's claims (default 30 s).
-        on_child_started: called inside the transaction for each child run started.
+        hooks: the callbacks into the layers above (closing children, the child-started event).
 
     Raises:
         UpdateRaceLost: an update settled in the batch was no longer admitted (all rolled back).
@@ -193,7 +205,7 @@ def fenced_commit(
             locked, families_busy = _lock_general(engine_id, batch, using)
             kept = [w for w in batch if w.workflow_id in locked and w.workflow_id not in families_busy]
             if kept:
-                children = _apply(engine_id, kept, now, using, ttl, on_child_started)
+                children = _apply(engine_id, kept, now, using, ttl, hooks)
         held |= locked - families_busy
         busy |= families_busy
     lost, skipped = claims.classify_unheld(
@@ -239,18 +251,18 @@ def _close_families(
     now: datetime,
     claim_ttl: timedelta,
     using: str,
-    on_child_started: Callable[[ChildStart, str], None] | None = None,
+    hooks: CommitHooks,
 ) -> dict[str, int]:
     """After both commit paths' writes: close the children of finished runs, tell their parents, and
     start the children the batch asked for. Returns the started children's claims."""
     for w in finished:
         assert w.finish is not None
         if w.workflow_id in with_children:
-            close_children(w.workflow_id, w.run_id, w.finish.status, using)
+            hooks.close_children(w.workflow_id, w.run_id, w.finish.status, using)
         if w.parent is not None:
             report_child_end(w.workflow_id, *w.parent, w.finish.status, w.finish.result, w.finish.error, now, using)
     starts = [child for w in batch if w.finish is None for child in w.children]
-    return start_children(engine_id, starts, now, claim_ttl, using, on_child_started) if starts else {}
+    return start_children(engine_id, starts, now, claim_ttl, using, hooks.child_started) if starts else {}
 
 
 def _write_timers_and_stuck(batch: list[WorkflowWrites], now: datetime, using: str) -> None:
@@ -281,10 +293,10 @@ def _apply(
     now: datetime,
     using: str,
     claim_ttl: timedelta,
-    on_child_started: Callable[[ChildStart, str], None] | None = None,
+    hooks: CommitHooks,
 ) -> dict[str, int]:
     if backend(using).batches_statements and step_columns_known():
-        return _apply_in_one_statement(engine_id, batch, now, using, claim_ttl, on_child_started)
+        return _apply_in_one_statement(engine_id, batch, now, using, claim_ttl, hooks)
     write_steps(batch, now, using)
     apply_messages(batch, now, using)  # before the mailbox closes: a respond() in a terminal commit answers
     _write_timers_and_stuck(batch, now, using)
@@ -315,7 +327,7 @@ def _apply(
         claims.release_locked_claims(engine_id, released, using, ended=[w.workflow_id for w in finished])
         send_many("r", [w.workflow_id for w in finished], using)
     with_children = _with_active_children([w.workflow_id for w in finished], using) if finished else set()
-    return _close_families(engine_id, batch, finished, with_children, now, claim_ttl, using, on_child_started)
+    return _close_families(engine_id, batch, finished, with_children, now, claim_ttl, using, hooks)
 
 
 def _apply_in_one_statement(
@@ -324,7 +336,7 @@ def _apply_in_one_statement(
     now: datetime,
     using: str,
     claim_ttl: timedelta,
-    on_child_started: Callable[[ChildStart, str], None] | None,
+    hooks: CommitHooks,
 ) -> dict[str, int]:
     """As ``_apply``, with the common writes (steps, consumed signals, finished runs, their mailboxes,
     timers and claims, the ``r:`` wake-ups) in ONE statement of data-modifying CTEs, instead of one
@@ -339,7 +351,7 @@ def _apply_in_one_statement(
     finished = [w for w in batch if w.finish is not None]
     rows = run_write_statement(engine_id, batch, now, using, fence=False)
     with_children = {value for kind, value in rows if kind == "p"}
-    return _close_families(engine_id, batch, finished, with_children, now, claim_ttl, using, on_child_started)
+    return _close_families(engine_id, batch, finished, with_children, now, claim_ttl, using, hooks)
 
 
 def write_steps(batch: list[WorkflowWrites], now: datetime, using: str) -> None:

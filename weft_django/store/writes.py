@@ -4,13 +4,55 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from datetime import datetime
+from typing import Any, Protocol
 
 from ..models import Timer
 from .children import ChildStart
 
-if TYPE_CHECKING:  # the engine's records, only named in annotations here
-    from ..engine.driver import AppliedRecord, StepRecord
+
+class StepRecord(Protocol):
+    """A step as the store writes it (the engine's ``engine.driver.StepRecord`` is one)."""
+
+    @property
+    def seq(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def result(self) -> str | None: ...
+    @property
+    def error(self) -> dict[str, Any] | None: ...
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def started_at(self) -> datetime | None: ...
+    @property
+    def completed_at(self) -> datetime | None: ...
+    @property
+    def settled(self) -> bool: ...
+
+
+class AppliedRecord(Protocol):
+    """An applied update as the store writes it (the engine's ``engine.driver.AppliedRecord`` is one)."""
+
+    @property
+    def seq(self) -> int: ...
+    @property
+    def n(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def payload(self) -> str: ...
+    @property
+    def result(self) -> str | None: ...
+    @property
+    def error(self) -> dict[str, Any] | None: ...
+    @property
+    def update_id(self) -> str | None: ...
 
 
 @dataclasses.dataclass
