@@ -273,6 +273,26 @@ def release_locked_claims(engine_id: str, workflow_ids: list[str], using: str, *
                 )
 
 
+# The claim parts of the one-statement commit (store/commit_statement.py composes them into its
+# statement). The fence ``f``: our claims at the epochs of the document ``raw``'s ``f`` list, locked in
+# workflow_id order, skipping rows another transaction holds.
+FENCE_CTE = (
+    f"f AS MATERIALIZED (SELECT c.workflow_id FROM {CLAIM_TABLE} c WHERE c.engine_id = %s AND "
+    "(c.workflow_id, c.epoch) IN (SELECT x->>0, (x->>1)::bigint FROM raw, jsonb_array_elements(raw.j->'f') x) "
+    "ORDER BY c.workflow_id FOR NO KEY UPDATE SKIP LOCKED)"
+)
+
+
+def release_cte(ids: str, runnable: str) -> str:
+    """The release CTE of the one-statement commit: clear the holder (epoch kept) of our claims among
+    the SQL array ``ids``, which the statement's fence locked; ``runnable``: the SQL of the new runnable
+    flag. Takes one parameter, the engine id."""
+    return (
+        f"released AS (UPDATE {CLAIM_TABLE} SET engine_id = NULL, claimed_at = NULL, expires_at = NULL, "
+        f"runnable = {runnable} WHERE engine_id = %s AND workflow_id = ANY({ids}))"
+    )
+
+
 def lock_claims(engine_id: str, epochs: dict[str, int], using: str, *, wait: bool = True) -> set[str]:
     """Inside a transaction: lock the claims still held at these epochs; return their workflow ids.
 

@@ -14,7 +14,7 @@ from ..models import Step, Timer, Workflow
 from ..notify import CHANNEL, MAX_PAYLOAD
 from ..status import ACTIVE_STATUSES, SignalState, UpdateStatus
 from .backend import backend
-from .claims import CLAIM_TABLE
+from .claims import FENCE_CTE, release_cte
 from .mailbox import BUFFERED_STATE_SQL, SIGNAL_TABLE, TERMINAL_ERROR_JSON, UPDATE_TABLE
 from .writes import WorkflowWrites, latest_per_seq
 
@@ -64,9 +64,7 @@ def step_columns_known() -> bool:
 _FENCED_ROWS = (("s", "x->>0"), ("c", "x->>2"), ("e", "x->>0"), ("r", "x #>> '{}'"))  # key, its workflow id
 _FENCE_CTES = (
     "raw AS (SELECT %s::jsonb AS j), "
-    f"f AS MATERIALIZED (SELECT c.workflow_id FROM {CLAIM_TABLE} c WHERE c.engine_id = %s AND "
-    "(c.workflow_id, c.epoch) IN (SELECT x->>0, (x->>1)::bigint FROM raw, jsonb_array_elements(raw.j->'f') x) "
-    "ORDER BY c.workflow_id FOR NO KEY UPDATE SKIP LOCKED), "
+    f"{FENCE_CTE}, "
     f"k AS MATERIALIZED (SELECT DISTINCT parent_id AS workflow_id FROM {WORKFLOW_TABLE} WHERE parent_id = "
     "ANY(ARRAY(SELECT x->>0 FROM raw, jsonb_array_elements(raw.j->'e') x)) "
     f"AND status IN ({', '.join(['%s'] * len(ACTIVE_STATUSES))})), "
@@ -215,10 +213,7 @@ def run_write_statement(
         # The fence locked these claims at our epochs in this transaction: clear the holder, keep the
         # epoch; a run that ends is no longer runnable (out of acquire's partial index).
         runnable = f"NOT (workflow_id = ANY({ended_ids}))" if finished else "TRUE"
-        ctes.append(
-            f"released AS (UPDATE {CLAIM_TABLE} SET engine_id = NULL, claimed_at = NULL, expires_at = NULL, "
-            f"runnable = {runnable} WHERE engine_id = %s AND workflow_id = ANY({ids.format(key='r')}))"
-        )
+        ctes.append(release_cte(ids.format(key="r"), runnable))
         params.append(engine_id)
     # The main query sends the r: wake-ups (delivered at commit) and finds the finished runs with
     # active children. It reads the snapshot from before this statement: a child ending in this
