@@ -11,48 +11,18 @@ from datetime import datetime, timedelta
 
 from .. import events
 from ..store import commit
-from ..store.claims import (  # moved to weft_django.store.claims (issue 15): re-export until callers move
-    CLAIM_TABLE,
-    classify_unheld,
-    lock_batch_and_family,
-    lock_claims,
-    release_claims,
-    release_locked_claims,
-    why_lost,
-)
+from ..store.claims import lock_claims  # moved to weft_django.store.claims (issue 15): re-export until callers move
 from ..store.commit import (  # moved to weft_django.store.commit (issue 15): re-export until callers move
     FenceResult,
     Finish,
-    UpdateDone,
-    UpdateRaceLost,
     WorkflowWrites,
-    apply_messages,
-    fenced_messages,
-    write_steps,
 )
-from ..store.mailbox import BUFFERED_STATE_SQL  # moved to weft_django.store.mailbox (issue 15): re-export
+from ..store.mailbox import (  # moved to weft_django.store.mailbox (issue 15): re-export until callers move
+    BUFFERED_STATE_SQL,
+)
 from ..transitions import close_children
 
-__all__ = [
-    "BUFFERED_STATE_SQL",
-    "CLAIM_TABLE",
-    "FenceResult",
-    "Finish",
-    "UpdateDone",
-    "UpdateRaceLost",
-    "WorkflowWrites",
-    "apply_messages",
-    "classify_unheld",
-    "fenced_commit",
-    "fenced_messages",
-    "lock_batch_and_family",
-    "lock_claims",
-    "release_claims",
-    "release_locked_claims",
-    "why_lost",
-    "write_steps",
-]
-
+__all__ = ["BUFFERED_STATE_SQL", "FenceResult", "Finish", "WorkflowWrites", "fenced_commit", "lock_claims"]
 
 # A run that ends closes its children through the transitions (parent_close_policy); a child started
 # raises the engine's event.
