@@ -62,6 +62,16 @@ class Backend:
         """A complete statement that draws the next epoch and returns it as its one row."""
         return _SQLITE_NEXT_EPOCH
 
+    def lock_sql(self, *, no_key: bool = False, skip_locked: bool = False) -> str:
+        """``lock_clause`` for SQL the store formats (a ``*_sql`` builder of constant fragments, the
+        form tests/test_security.py's scan of raw SQL trusts): empty where there is one writer.
+
+        Args:
+            no_key: take FOR NO KEY UPDATE (does not block inserts referencing the row).
+            skip_locked: skip rows another transaction holds instead of waiting.
+        """
+        return ""
+
     # -- client side: runs, schedules, clock, notify, prepared statements, testing --------------
 
     # -- histories: loading workflows to resume them ----------------------------------------------
@@ -87,6 +97,10 @@ class PostgreSQLBackend(Backend):
 
     def select_next_epoch_sql(self) -> str:
         return f"SELECT nextval('{SEQUENCE}')"
+
+    def lock_sql(self, *, no_key: bool = False, skip_locked: bool = False) -> str:
+        clause = " FOR NO KEY UPDATE" if no_key else " FOR UPDATE"
+        return clause + (" SKIP LOCKED" if skip_locked else "")
 
     # -- client side: runs, schedules, clock, notify, prepared statements, testing --------------
 

@@ -283,7 +283,7 @@ FENCE_CTE = (
 )
 
 
-def release_cte(ids: str, runnable: str) -> str:
+def release_cte_sql(ids: str, runnable: str) -> str:
     """The release CTE of the one-statement commit: clear the holder (epoch kept) of our claims among
     the SQL array ``ids``, which the statement's fence locked; ``runnable``: the SQL of the new runnable
     flag. Takes one parameter, the engine id."""
@@ -307,7 +307,7 @@ def lock_claims(engine_id: str, epochs: dict[str, int], using: str, *, wait: boo
     if not ids:
         return set()
     found = backend(using)
-    lock = found.lock_clause(no_key=True, skip_locked=not wait)
+    lock = found.lock_sql(no_key=True, skip_locked=not wait)
     held: set[str] = set()
     with found.connection.cursor() as cursor:
         for chunk in _chunks(ids, CHUNK):
@@ -335,7 +335,7 @@ def lock_batch_and_family(
     if not ids:
         return set(), set()
     found = backend(using)
-    lock = found.lock_clause(no_key=True, skip_locked=True)
+    lock = found.lock_sql(no_key=True, skip_locked=True)
     rows: list[tuple[str, int, str | None]] = []
     with found.connection.cursor() as cursor:
         placeholders = ", ".join(["%s"] * len(ids))
@@ -360,7 +360,7 @@ def lock_ids(workflow_ids: list[str], using: str, *, wait: bool = True) -> set[s
     if not ids:
         return set()
     found = backend(using)
-    lock = found.lock_clause(no_key=True, skip_locked=not wait)
+    lock = found.lock_sql(no_key=True, skip_locked=not wait)
     with found.connection.cursor() as cursor:
         placeholders = ", ".join(["%s"] * len(ids))
         cursor.execute(
@@ -379,7 +379,7 @@ def lock_at_epochs(epochs: dict[str, int], using: str, *, wait: bool = True) -> 
         wait: False skips rows another transaction holds.
     """
     found = backend(using)
-    lock = found.lock_clause(no_key=True, skip_locked=not wait)
+    lock = found.lock_sql(no_key=True, skip_locked=not wait)
     locked: set[str] = set()
     with found.connection.cursor() as cursor:
         for wid in sorted(epochs):  # one statement for the common single attempt
@@ -480,7 +480,7 @@ def start_delayed(engine_id: str, *, limit: int, ttl: timedelta, now: datetime, 
     if not due:
         return {}
     started: dict[str, int] = {}
-    lock = found.lock_clause(skip_locked=True)
+    lock = found.lock_sql(skip_locked=True)
     with transaction.atomic(using=using), found.connection.cursor() as cursor:
         marks = ", ".join(["%s"] * len(due))
         cursor.execute(

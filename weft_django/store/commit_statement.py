@@ -14,7 +14,7 @@ from ..models import Step, Timer, Workflow
 from ..notify import CHANNEL, MAX_PAYLOAD
 from ..status import ACTIVE_STATUSES, SignalState, UpdateStatus
 from .backend import backend
-from .claims import FENCE_CTE, release_cte
+from .claims import FENCE_CTE, release_cte_sql
 from .mailbox import BUFFERED_STATE_SQL, SIGNAL_TABLE, TERMINAL_ERROR_JSON, UPDATE_TABLE
 from .writes import WorkflowWrites, latest_per_seq
 
@@ -213,7 +213,7 @@ def run_write_statement(
         # The fence locked these claims at our epochs in this transaction: clear the holder, keep the
         # epoch; a run that ends is no longer runnable (out of acquire's partial index).
         runnable = f"NOT (workflow_id = ANY({ended_ids}))" if finished else "TRUE"
-        ctes.append(release_cte(ids.format(key="r"), runnable))
+        ctes.append(release_cte_sql(ids.format(key="r"), runnable))
         params.append(engine_id)
     # The main query sends the r: wake-ups (delivered at commit) and finds the finished runs with
     # active children. It reads the snapshot from before this statement: a child ending in this
