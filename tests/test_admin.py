@@ -14,9 +14,9 @@ from django.test.utils import CaptureQueriesContext
 
 import weft_django as weft
 from weft_django.clock import db_clock, db_now
-from weft_django.engine import ownership
 from weft_django.models import BufferedSignal, Engine, PendingUpdate, Timer, Workflow, WorkflowClaim
 from weft_django.status import TimerKind
+from weft_django.store import engines
 
 ADMIN = "/admin/weft_django"
 READ_ONLY_MODELS = ("workflowclaim", "engine", "timer", "bufferedsignal", "pendingupdate")
@@ -30,7 +30,7 @@ def waits(ctx, *args, **kwargs):
 def hold(workflow_id: str, engine_id: str = "engine-x", expires_in: float = 30.0) -> None:
     """Test set-up: make ``engine_id`` the holder of ``workflow_id``'s claim (what acquire() writes)."""
     if not Engine.objects.filter(id=engine_id).exists():
-        ownership.register_engine(engine_id, "workflow-lease", "default")
+        engines.register_engine(engine_id, "workflow-lease", "default")
     now = db_clock()
     WorkflowClaim.objects.filter(pk=workflow_id).update(
         engine_id=engine_id, claimed_at=now, expires_at=now + timedelta(seconds=expires_in)

@@ -184,7 +184,7 @@ def test_a_corrupt_buffered_signal_makes_its_run_stuck_only(weft_run_until_idle)
 
 
 def test_a_corrupt_child_terminal_record_makes_the_parent_stuck_only(weft_run_until_idle):
-    from weft_django.engine.children import mailbox_name
+    from weft_django.store.children import mailbox_name
 
     parent = weft.start("tests.parent_waits_forever", args=["abandon"], id="bad")
     weft_run_until_idle()  # the parent waits for its child, which waits for a signal

@@ -29,6 +29,7 @@ from weft_django.clock import db_clock, db_now
 from weft_django.engine import fencing, ownership
 from weft_django.engine.driver import StepRecord
 from weft_django.models import BufferedSignal, Step, Timer, Workflow, WorkflowClaim
+from weft_django.store import commit as store_commit
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -148,21 +149,21 @@ def commit_held_before_writes() -> Iterator[tuple[threading.Event, threading.Eve
     "engine held just before its commit"): yields (locked, proceed) events. Forces the general path
     (lock, then write, in one transaction); ``statement_held_at_its_writes`` holds the other one."""
     locked, proceed = threading.Event(), threading.Event()
-    original, fits = fencing._apply, fencing._fits_one_statement
-    fencing._fits_one_statement = lambda batch, using: False  # type: ignore[assignment]
+    original, fits = store_commit._apply, store_commit._fits_one_statement
+    store_commit._fits_one_statement = lambda batch, using: False  # type: ignore[assignment]
 
     def held(*args: Any, **kwargs: Any) -> Any:
         locked.set()
         assert proceed.wait(30), "the test never let the commit proceed"
         return original(*args, **kwargs)
 
-    fencing._apply = held  # type: ignore[assignment]
+    store_commit._apply = held  # type: ignore[assignment]
     try:
         yield locked, proceed
     finally:
         proceed.set()
-        fencing._apply = original  # type: ignore[assignment]
-        fencing._fits_one_statement = fits  # type: ignore[assignment]
+        store_commit._apply = original  # type: ignore[assignment]
+        store_commit._fits_one_statement = fits  # type: ignore[assignment]
 
 
 @contextlib.contextmanager
@@ -217,13 +218,15 @@ def claim_of(wid: str) -> tuple[int, str | None]:
     return claim.epoch, claim.engine_id
 
 
-def step_writes(wid: str, run_id: str, epoch: int, seq: int = 0, **extra: Any) -> fencing.WorkflowWrites:
-    return fencing.WorkflowWrites(
+def step_writes(wid: str, run_id: str, epoch: int, seq: int = 0, **extra: Any) -> store_commit.WorkflowWrites:
+    return store_commit.WorkflowWrites(
         wid, run_id, epoch, steps=[StepRecord(seq, "activity", "add", "completed", "3", attempts=1)], **extra
     )
 
 
-def commit(engine: str, writes: list[fencing.WorkflowWrites], now: datetime | None = None) -> fencing.FenceResult:
+def commit(
+    engine: str, writes: list[store_commit.WorkflowWrites], now: datetime | None = None
+) -> store_commit.FenceResult:
     """A fenced commit as the engine makes it: the fence skips claim rows another transaction holds
     (``busy``, nothing written) and the engine tries those workflows again on a later pass."""
     now = now or db_now(USING)
@@ -233,7 +236,7 @@ def commit(engine: str, writes: list[fencing.WorkflowWrites], now: datetime | No
         assert time.monotonic() < deadline, f"rows stayed locked: {result}"
         time.sleep(0.005)
         retry = fencing.fenced_commit(engine, [w for w in writes if w.workflow_id in result.busy], now, USING)
-        result = fencing.FenceResult(
+        result = store_commit.FenceResult(
             result.committed | retry.committed,
             {**result.lost, **retry.lost},
             {**result.children, **retry.children},
@@ -324,7 +327,7 @@ def test_a_one_statement_commit_holds_its_fence_until_its_writes_are_done():
     transaction; a release meanwhile waits for the claim lock, and runs only after the commit."""
     run_id, epoch = start_and_claim("rel-3")
     writes = step_writes("rel-3", run_id, epoch)
-    assert fencing._fits_one_statement([writes], USING)
+    assert store_commit._fits_one_statement([writes], USING)
     with statement_held_at_its_writes("rel-3", run_id) as proceed:
         committing = Background(lambda: commit("engine-a", [writes]))
         wait_for_lock_waiter(ONE_STATEMENT)  # the upsert waits for the blocker's uncommitted step row
@@ -370,8 +373,8 @@ def test_cancel_racing_a_one_statement_commit():
         weft.signal(wid, "go", 1)
         signal_pk = BufferedSignal.objects.get(workflow_id=wid).pk
         writes = step_writes(wid, run_id, epoch, signals_consumed=[(signal_pk, 0)])
-        writes.finish = fencing.Finish("completed", result="3")
-        assert fencing._fits_one_statement([writes], USING)
+        writes.finish = store_commit.Finish("completed", result="3")
+        assert store_commit._fits_one_statement([writes], USING)
         now = db_now(USING)
         result, cancel = race(
             lambda writes=writes, now=now: commit("engine-a", [writes], now),
@@ -477,7 +480,7 @@ def test_engines_racing_acquire_claim_each_workflow_exactly_once():
 # -- (d) cancel vs a fenced commit ----------------------------------------------------------------
 
 
-def _mailbox_writes(wid: str, run_id: str, epoch: int) -> tuple[fencing.WorkflowWrites, datetime]:
+def _mailbox_writes(wid: str, run_id: str, epoch: int) -> tuple[store_commit.WorkflowWrites, datetime]:
     """Writes that add a step and a timer and consume the buffered signal: if they landed after the
     cancel, the timer would outlive the cancel (which deletes every timer of the run)."""
     now = db_now(USING)
@@ -486,7 +489,7 @@ def _mailbox_writes(wid: str, run_id: str, epoch: int) -> tuple[fencing.Workflow
     return step_writes(wid, run_id, epoch, timers_add=[timer], signals_consumed=[(signal_pk, 0)]), now
 
 
-def _check_cancel_vs_commit(wid: str, epoch: int, result: fencing.FenceResult, cancel_epoch: int) -> str:
+def _check_cancel_vs_commit(wid: str, epoch: int, result: store_commit.FenceResult, cancel_epoch: int) -> str:
     assert cancel_epoch > epoch
     assert claim_of(wid) == (cancel_epoch, None)
     assert Workflow.objects.get(pk=wid).status == "cancelled"

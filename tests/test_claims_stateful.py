@@ -59,6 +59,8 @@ from weft_django.models import (
     Workflow,
     WorkflowClaim,
 )
+from weft_django.store import claims as store_claims
+from weft_django.store import commit as store_commit
 
 IDS = ("sm-0", "sm-1", "sm-2")
 ENGINES = ("engine-a", "engine-b")
@@ -269,7 +271,7 @@ class ClaimsMachine(RuleBasedStateMachine):
         seq = data.draw(st.integers(0, 2), label="seq")
         run_id = self.run_of_epoch[epoch]
         marker = f'"m{next(self.markers)}"'
-        writes = fencing.WorkflowWrites(
+        writes = store_commit.WorkflowWrites(
             wid, run_id, epoch, steps=[StepRecord(seq, "activity", "add", "completed", marker, attempts=1)]
         )
         status = fail_seq = None
@@ -281,7 +283,7 @@ class ClaimsMachine(RuleBasedStateMachine):
                 error = {"type": "ActivityError", "message": "boom"}
                 if fail_seq is not None:
                     error["seq"] = fail_seq
-            writes.finish = fencing.Finish(status, result="3" if status == COMPLETED else None, error=error)
+            writes.finish = store_commit.Finish(status, result="3" if status == COMPLETED else None, error=error)
         expected_ok = self._holds(engine, wid, epoch)
         expected_reason = None if expected_ok else self._expected_refusal(wid)
         result = fencing.fenced_commit(engine, [writes], db_now(USING), USING)
@@ -409,7 +411,7 @@ class ClaimsMachine(RuleBasedStateMachine):
             for k in range(depth)
         ]
         with transaction.atomic(using=USING):
-            seen = [(engine, epochs, fencing.lock_claims(engine, epochs, USING)) for engine, epochs in probes]
+            seen = [(engine, epochs, store_claims.lock_claims(engine, epochs, USING)) for engine, epochs in probes]
         for engine, epochs, held in seen:
             expected = {wid for wid, epoch in epochs.items() if self._holds(engine, wid, epoch)}
             assert held == expected, (engine, epochs, held)

@@ -24,6 +24,7 @@ from weft_django.engine import fencing, ownership
 from weft_django.engine.driver import StepRecord
 from weft_django.engine.engine import Engine
 from weft_django.models import Step, Workflow, WorkflowClaim
+from weft_django.store import commit as store_commit
 
 from .test_commit_order import GATE, _outcome_waiting, _step, _tick_until
 
@@ -184,17 +185,17 @@ def test_cancel_of_a_parent_never_deadlocks_with_the_engines_batch_commit(parent
     fence skips rows it would wait for: no deadlock, whichever id sorts first."""
     runs = _family(parent_id, child_id)
     batch = [
-        fencing.WorkflowWrites(wid, run, epoch, steps=[StepRecord(0, "activity", "add", "running", attempts=1)])
+        store_commit.WorkflowWrites(wid, run, epoch, steps=[StepRecord(0, "activity", "add", "running", attempts=1)])
         for wid, (run, epoch) in sorted(runs.items())
     ]
     errors: list[BaseException] = []
-    results: list[fencing.FenceResult] = []
+    results: list[store_commit.FenceResult] = []
 
     def in_thread(call: Callable[[], Any]) -> threading.Thread:
         def run() -> None:
             try:
                 value = call()
-                if isinstance(value, fencing.FenceResult):
+                if isinstance(value, store_commit.FenceResult):
                     results.append(value)
             except BaseException as exc:  # reported by the test
                 errors.append(exc)
@@ -205,7 +206,7 @@ def test_cancel_of_a_parent_never_deadlocks_with_the_engines_batch_commit(parent
         thread.start()
         return thread
 
-    def commit() -> fencing.FenceResult:
+    def commit() -> store_commit.FenceResult:
         return fencing.fenced_commit("engine-a", batch, db_now(USING), USING)
 
     baseline = waiting_on_locks()
@@ -231,12 +232,12 @@ def test_the_engines_terminal_commit_locks_the_children_it_closes_without_waitin
     elsewhere, the parent's end is deferred, not waited for, and lands once the row is free."""
     runs = _family("r21-q", "r21-b-child")
     run, epoch = runs["r21-q"]
-    ending = fencing.WorkflowWrites(
+    ending = store_commit.WorkflowWrites(
         "r21-q",
         run,
         epoch,
         steps=[StepRecord(0, "activity", "add", "completed", "3", attempts=1)],
-        finish=fencing.Finish("completed", result="3"),
+        finish=store_commit.Finish("completed", result="3"),
     )
     with holding("SELECT 1 FROM weft_django_workflowclaim WHERE workflow_id = %s FOR UPDATE", ["r21-b-child"]):
         started = time.monotonic()
@@ -255,7 +256,7 @@ def test_a_stalled_commit_is_reported_not_raised(monkeypatch):
     """Without a wait there is no lock timeout: a fence that meets a locked claim returns it busy."""
     runs = _family("r21-s", "r21-c-child")
     run, epoch = runs["r21-s"]
-    writes = fencing.WorkflowWrites("r21-s", run, epoch, steps=[StepRecord(0, "activity", "add", "running")])
+    writes = store_commit.WorkflowWrites("r21-s", run, epoch, steps=[StepRecord(0, "activity", "add", "running")])
     with holding("SELECT 1 FROM weft_django_workflowclaim WHERE workflow_id = %s FOR UPDATE", ["r21-s"]):
         try:
             result = fencing.fenced_commit("engine-a", [writes], db_now(USING), USING)
@@ -278,15 +279,15 @@ def test_a_signal_acknowledged_during_the_terminal_commit_is_recorded_dropped(mo
     got = ownership.acquire("engine-a", limit=10, ttl=TTL, renew_interval=RENEW, using=USING)
     epoch = got["r21-late-signal"][0]
     run = str(Workflow.objects.get(pk="r21-late-signal").run_id)
-    ending = fencing.WorkflowWrites(
+    ending = store_commit.WorkflowWrites(
         "r21-late-signal",
         run,
         epoch,
         steps=[StepRecord(0, "activity", "add", "completed", "3", attempts=1)],
-        finish=fencing.Finish("completed", result="3"),
+        finish=store_commit.Finish("completed", result="3"),
     )
     sent: list[BaseException | None] = []
-    real_close = fencing._close_families
+    real_close = store_commit._close_families
 
     def close_after_a_signal(*args: Any, **kwargs: Any) -> Any:
         # Inside the terminal commit's transaction, after its mailbox was closed: a caller signals.
@@ -304,8 +305,8 @@ def test_a_signal_acknowledged_during_the_terminal_commit_is_recorded_dropped(mo
         thread.join(20)
         return real_close(*args, **kwargs)
 
-    monkeypatch.setattr(fencing, "_fits_one_statement", lambda batch, using: False)
-    monkeypatch.setattr(fencing, "_close_families", close_after_a_signal)
+    monkeypatch.setattr(store_commit, "_fits_one_statement", lambda batch, using: False)
+    monkeypatch.setattr(store_commit, "_close_families", close_after_a_signal)
     result = fencing.fenced_commit("engine-a", [ending], db_now(USING), USING)
     assert result.committed == {"r21-late-signal"}
     assert sent == [None]  # acknowledged: signal() returned normally

@@ -19,10 +19,11 @@ from django.db import DatabaseError
 import weft_django as weft
 from weft_django.clock import db_now
 from weft_django.engine import engine as engine_module
-from weft_django.engine import fencing, messages
+from weft_django.engine import messages
 from weft_django.engine.activities import AttemptOutcome
 from weft_django.engine.engine import Engine
 from weft_django.models import PendingUpdate, QueryRequest, Step, Workflow
+from weft_django.store import commit as store_commit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -156,7 +157,7 @@ def test_a_failed_batch_commit_cannot_leave_an_answered_update_in_a_history_that
     real_commit = engine_module.fenced_commit
     failures = {"left": 0}
 
-    def commit(engine_id: str, batch: list[fencing.WorkflowWrites], *args: Any, **kwargs: Any) -> Any:
+    def commit(engine_id: str, batch: list[store_commit.WorkflowWrites], *args: Any, **kwargs: Any) -> Any:
         settles_activity = any(s.seq == 0 and s.status == "completed" for w in batch for s in w.steps)
         if settles_activity and failures["left"]:
             failures["left"] -= 1
@@ -330,7 +331,7 @@ def test_deferred_writes_are_retried_after_carry_retry_not_only_on_the_next_poll
         for _ in range(3):
             engine.tick()  # settle the start-up scans so only the carried writes are left
         owned = engine.owned[handle.id]
-        from weft_django.engine.fencing import WorkflowWrites
+        from weft_django.store.commit import WorkflowWrites
 
         engine._carried = {handle.id: WorkflowWrites(handle.id, owned.run_id, owned.epoch, clear_stuck=True)}
         engine._carry_retry_at = time.monotonic() + 60

@@ -14,6 +14,7 @@ from weft_django.clock import db_now
 from weft_django.engine import fencing, ownership
 from weft_django.engine.driver import StepRecord
 from weft_django.models import BufferedSignal, PendingUpdate, Step, Timer, Workflow, WorkflowClaim
+from weft_django.store import commit as store_commit
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -53,7 +54,7 @@ def test_a_batch_of_finishing_and_running_workflows_in_one_statement():
     Timer.objects.create(workflow_id="ends-ok", run_id=ok_run, kind="sleep", seq=9, fire_at=now + timedelta(hours=1))
     error = {"exc": "ActivityError", "message": 'bad "quote" \\ and ünïcode', "attempts": 2}
     batch = [
-        fencing.WorkflowWrites(
+        store_commit.WorkflowWrites(
             "ends-ok",
             ok_run,
             ok_epoch,
@@ -63,19 +64,19 @@ def test_a_batch_of_finishing_and_running_workflows_in_one_statement():
                 StepRecord(1, "signal", "taken", "completed", '{"n":1}'),
             ],
             signals_consumed=[(taken, 1)],
-            finish=fencing.Finish("completed", result="3"),
+            finish=store_commit.Finish("completed", result="3"),
         ),
-        fencing.WorkflowWrites(
+        store_commit.WorkflowWrites(
             "ends-failed",
             bad_run,
             bad_epoch,
             steps=[StepRecord(0, "activity", "add", "failed", error=error, attempts=2)],
-            finish=fencing.Finish("failed", error={"type": "ActivityError", "message": "bad"}),
+            finish=store_commit.Finish("failed", error={"type": "ActivityError", "message": "bad"}),
         ),
-        fencing.WorkflowWrites(
+        store_commit.WorkflowWrites(
             "goes-on", go_run, go_epoch, steps=[StepRecord(0, "activity", "add", "running", attempts=1)]
         ),
-        fencing.WorkflowWrites(
+        store_commit.WorkflowWrites(
             "deposed", runs["deposed"][0], runs["deposed"][1] - 1, steps=[StepRecord(0, "activity", "add", "running")]
         ),
     ]
@@ -126,13 +127,13 @@ def test_a_second_commit_updates_the_step_and_keeps_when_it_began():
     began = db_now()
     fencing.fenced_commit(
         ENGINE,
-        [fencing.WorkflowWrites("twice", run_id, epoch, steps=[StepRecord(0, "activity", "add", "running")])],
+        [store_commit.WorkflowWrites("twice", run_id, epoch, steps=[StepRecord(0, "activity", "add", "running")])],
         began,
         "default",
     )
     later = began + timedelta(seconds=5)
     done = StepRecord(0, "activity", "add", "completed", "3", attempts=1, started_at=None)
-    fencing.fenced_commit(ENGINE, [fencing.WorkflowWrites("twice", run_id, epoch, steps=[done])], later, "default")
+    fencing.fenced_commit(ENGINE, [store_commit.WorkflowWrites("twice", run_id, epoch, steps=[done])], later, "default")
     step = Step.objects.get(workflow_id="twice")
     assert (step.status, step.result, step.started_at, step.completed_at) == ("completed", "3", began, later)
 
@@ -140,13 +141,14 @@ def test_a_second_commit_updates_the_step_and_keeps_when_it_began():
 def test_a_big_batch_takes_the_general_path():
     """One statement per commit only for small batches; a big one is lock + writes in one transaction."""
     writes = [
-        fencing.WorkflowWrites(f"w{i}", "r", 1, steps=[StepRecord(0, "activity", "a", "running")]) for i in range(17)
+        store_commit.WorkflowWrites(f"w{i}", "r", 1, steps=[StepRecord(0, "activity", "a", "running")])
+        for i in range(17)
     ]
-    assert fencing._fits_one_statement(writes[: fencing.ONE_STATEMENT_MAX_WORKFLOWS], "default")
-    assert not fencing._fits_one_statement(writes, "default")
+    assert store_commit._fits_one_statement(writes[: store_commit.ONE_STATEMENT_MAX_WORKFLOWS], "default")
+    assert not store_commit._fits_one_statement(writes, "default")
     runs = _claimed(*(f"big-{i}" for i in range(17)))
     batch = [
-        fencing.WorkflowWrites(wid, run, epoch, steps=[StepRecord(0, "activity", "add", "running", attempts=1)])
+        store_commit.WorkflowWrites(wid, run, epoch, steps=[StepRecord(0, "activity", "add", "running", attempts=1)])
         for wid, (run, epoch) in runs.items()
     ]
     now = db_now()

@@ -12,6 +12,8 @@ from tests.testapp.models import ActivityCall
 from weft_django.engine import fencing, ownership
 from weft_django.engine.driver import StepRecord
 from weft_django.models import Step, WorkflowClaim
+from weft_django.store import claims as store_claims
+from weft_django.store import commit as store_commit
 from weft_django.testing import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -40,7 +42,7 @@ def test_a_deposed_engine_cannot_commit():
     _expire("fence-1")
     got = ownership.acquire("engine-b", limit=10, ttl=_td(30), renew_interval=_td(5), using="default", takeover=True)
     assert got["fence-1"][1] == "engine-a" and got["fence-1"][0] > old_epoch
-    writes = fencing.WorkflowWrites(
+    writes = store_commit.WorkflowWrites(
         "fence-1",
         str(handle.describe()["run_id"]),
         old_epoch,
@@ -73,7 +75,7 @@ def test_renewal_skips_a_row_held_by_a_commit_without_losing_it():
 
     def commit_in_flight():
         with transaction.atomic():
-            fencing.lock_claims("engine-a", {"fence-3": epoch}, "default")
+            store_claims.lock_claims("engine-a", {"fence-3": epoch}, "default")
             held.set()
             release.wait(10)
         from django.db import connections

@@ -550,12 +550,12 @@ def waits(ctx, *args, **kwargs):
 @pytest.fixture
 def one_of_each(db) -> dict[str, Any]:
     """A row for every model the admin shows, so object pages exist."""
-    from weft_django.engine import ownership
+    from weft_django.store import engines
 
     weft.start("security_tests.waits", id="wf/1", args=[1])
     weft.start("security_tests.waits", id="done", args=[1])
     Workflow.objects.filter(pk="done").update(status="completed", finished_at=db_now(), result="1")
-    ownership.register_engine("engine-x", "workflow-lease", "default")
+    engines.register_engine("engine-x", "workflow-lease", "default")
     weft.signal("wf/1", "go", {"n": 1})
     run_id = Workflow.objects.get(pk="wf/1").run_id
     Timer.objects.create(workflow_id="wf/1", run_id=run_id, kind=TimerKind.SLEEP, seq=0, fire_at=db_now())

@@ -15,8 +15,8 @@ from weft_django import signals
 from weft_django.clock import db_now
 from weft_django.engine.driver import StepRecord
 from weft_django.engine.engine import Engine
-from weft_django.engine.fencing import WorkflowWrites
 from weft_django.models import Workflow, WorkflowClaim
+from weft_django.store.commit import WorkflowWrites
 
 pytestmark = pytest.mark.django_db(transaction=True)
 NAMES = signals.__all__

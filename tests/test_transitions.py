@@ -11,7 +11,7 @@ from django.apps import apps
 from django.db import OperationalError, connection, transaction
 
 import weft_django as weft
-from weft_django import epochs, transitions
+from weft_django import transitions
 from weft_django.clock import db_now
 from weft_django.exceptions import (
     WorkflowNotFoundError,
@@ -30,6 +30,7 @@ from weft_django.models import (
     Workflow,
     WorkflowClaim,
 )
+from weft_django.store import epochs
 
 ACTIVE = ["pending", "running", "suspended"]
 TERMINAL = ["completed", "failed", "cancelled", "timed_out"]

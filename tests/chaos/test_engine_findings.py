@@ -74,6 +74,7 @@ def test_the_engines_sessions_are_bounded_below_the_claim_ttl() -> None:
 
     from weft_django.engine import sessions
     from weft_django.engine.engine import Engine
+    from weft_django.store.sessions import bounded_commit
 
     engine = Engine("bounded-sessions")
     limit = sessions.session_limit(engine.settings)
@@ -91,7 +92,7 @@ def test_the_engines_sessions_are_bounded_below_the_claim_ttl() -> None:
     assert _show(connection, "idle_in_transaction_session_timeout") == default
 
     # An atomic activity's transaction: unbounded while the user's code runs, bounded for its commit.
-    commit = sessions.bounded_commit(lambda: _show(connection, "idle_in_transaction_session_timeout"), "default", limit)
+    commit = bounded_commit(lambda: _show(connection, "idle_in_transaction_session_timeout"), "default", limit)
     with transaction.atomic():
         assert _show(connection, "idle_in_transaction_session_timeout") == default
         assert commit() == expected

@@ -10,16 +10,17 @@ state, so the answer needs no fence. A request for a workflow that another engin
 with reason ``not_owned`` (WorkflowNotLocallyOwnedError); one for a workflow nobody holds with
 ``not_held``: the caller re-routes and retries within its timeout.
 
-Updates: exactly once against the caller's timeout. The caller's timeout writes
-``status = 'expired' WHERE status = 'admitted'``. The owner settles admitted updates in a fenced
-transaction of their own (fencing.fenced_messages): it locks its claims, then takes the admitted rows
-``FOR UPDATE SKIP LOCKED`` (on SQLite the IMMEDIATE transaction holds the write lock), and only then
-runs validators and handlers and writes each outcome (conditioned on the row still being admitted)
-plus the AppliedUpdate row, in the same transaction. A row the caller expired first is not seen;
-a caller that times out meanwhile waits on the row lock and then finds the outcome. So a handler
-runs only where its outcome commits, and if the transaction fails anyway (a lost connection, or the
-belt-and-braces admitted check fails) the workflow is dropped and replayed from the durable log,
-which does not contain the update: in-memory state never keeps an update that did not commit.
+Updates: exactly once against the caller's timeout. The caller's timeout writes ``status = 'expired'
+WHERE status = 'admitted'``. The owner settles admitted updates in a fenced transaction of their own
+(store.commit.fenced_messages, through store.commit.fenced): it locks its claims, then takes the
+admitted rows ``FOR UPDATE SKIP LOCKED`` (on SQLite the IMMEDIATE transaction holds the write lock),
+and only then runs validators and handlers and writes each outcome (conditioned on the row still
+being admitted) plus the AppliedUpdate row, in the same transaction. A row the caller expired first
+is not seen; a caller that times out meanwhile waits on the row lock and then finds the outcome. So
+a handler runs only where its outcome commits, and if the transaction fails anyway (a lost
+connection, or the belt-and-braces admitted check fails) the workflow is dropped and replayed from
+the durable log, which does not contain the update: in-memory state never keeps an update that did
+not commit.
 
 An admitted update is settled when its name has an ``on_update`` handler registered on the live
 context or a ``wait_for_update`` of that name is at the frontier. Otherwise it stays admitted (a
@@ -40,19 +41,18 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError, connections, transaction
-from django.db.models import Exists, OuterRef
+from django.db import DatabaseError, transaction
 
 from ..codec import decode, encode, encode_payload
 from ..exceptions import QueryNotFoundError, WeftError
-from ..models import BufferedSignal, PendingUpdate, QueryRequest, Workflow, WorkflowClaim
 from ..notify import send_many
 from ..operations import WaitForUpdate
-from ..status import ACTIVE_STATUSES, QueryStatus, SignalState, UpdateStatus
+from ..status import QueryStatus, UpdateStatus
+from ..store import claims, mailbox
+from ..store.commit import UpdateDone, UpdateRaceLost, WorkflowWrites, fenced_messages
+from ..store.sessions import allow_user_code, relax_commit
 from .driver import Leaf, StepRecord, describe_exception
-from .fencing import UpdateDone, UpdateRaceLost, WorkflowWrites, fenced_messages
 from .progress import AdmittedRow
-from .sessions import allow_user_code
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -60,7 +60,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 QUERY_BATCH = 200
-CLEANUP_BATCH = 1000
 ABANDONED_GRACE = timedelta(seconds=10)  # past a caller's deadline before the cleanup expires its request
 
 
@@ -193,12 +192,7 @@ def deliver_updates(
     admitted: list[tuple[Any, str, Any, str]] = [row for wid in live if wid in known for row in known[wid]]
     unknown = [wid for wid in live if wid not in known]
     if unknown:
-        admitted += (
-            PendingUpdate.objects.using(using)
-            .filter(workflow_id__in=unknown, status=UpdateStatus.ADMITTED)
-            .order_by("created_at", "id")
-            .values_list("id", "workflow_id", "run_id", "name")
-        )
+        admitted += mailbox.admitted_updates(unknown, using)
     for pk, wid, run_id, name in admitted:
         owned = live[wid]
         if str(run_id) != owned.run_id:
@@ -226,13 +220,8 @@ def deliver_updates(
         ids = [pk for wid in sorted(held) for pk in ready.get(wid, [])]
         if not ids:
             return []
-        rows = PendingUpdate.objects.using(using).filter(pk__in=ids, status=UpdateStatus.ADMITTED)
-        if connections[using].vendor == "postgresql":
-            rows = rows.select_for_update(skip_locked=True)
         batch: dict[str, WorkflowWrites] = {}
-        for pk, wid, name, payload in rows.order_by("created_at", "id").values_list(
-            "id", "workflow_id", "name", "payload"
-        ):
+        for pk, wid, name, payload in mailbox.lock_admitted(ids, using):
             owned = live[wid]
             run = owned.run
             if not _settleable(engine, owned, writes):
@@ -451,9 +440,8 @@ def answer_queries(engine: Engine, now: datetime, writes: dict[str, WorkflowWrit
     A live context answers only from durable state: what its workflow recorded earlier in this pass
     is committed first (``engine.flush``); a request whose workflow's commit was deferred waits."""
     using = engine.using
-    pending = QueryRequest.objects.using(using).filter(engine_id=engine.engine_id, status=QueryStatus.PENDING)
     # Cheap, and takes no write lock (SQLite) when nothing waits; in the order the requests are taken.
-    asked = set(pending.order_by("created_at").values_list("workflow_id", flat=True)[:QUERY_BATCH])
+    asked = mailbox.queries_waiting(engine.engine_id, QUERY_BATCH, using)
     if not asked:
         return False
     # Every owned workflow asked about: also one whose settlement was committed elsewhere (an atomic
@@ -461,22 +449,14 @@ def answer_queries(engine: Engine, now: datetime, writes: dict[str, WorkflowWrit
     engine.flush({wid for wid in asked if wid in engine.owned}, now, writes)
     answered: list[str] = []
     with transaction.atomic(using=using):
-        rows = pending.order_by("created_at")
-        if connections[using].vendor == "postgresql":
-            relax_commit(using)
-            allow_user_code(using)  # query handlers are workflow code
-            rows = rows.select_for_update(skip_locked=True)
-        taken = list(rows.values_list("id", "workflow_id", "name", "arg", "has_arg")[:QUERY_BATCH])
-        claims = {
-            wid: (epoch, holder)
-            for wid, epoch, holder in WorkflowClaim.objects.using(using)
-            .filter(workflow_id__in={row[1] for row in taken})
-            .values_list("workflow_id", "epoch", "engine_id")
-        }
+        relax_commit(using)  # it carries no workflow state (a no-op where there is no WAL to wait for)
+        allow_user_code(using)  # query handlers are workflow code
+        taken = mailbox.take_queries(engine.engine_id, QUERY_BATCH, using)
+        held = claims.holders({row[1] for row in taken}, using)
         stale: set[str] = set()
         for pk, wid, name, arg, has_arg in taken:
             owned = engine.owned.get(wid)
-            epoch, holder = claims.get(wid, (None, None))
+            epoch, holder = held.get(wid, (None, None))
             if owned is not None and (epoch, holder) == (owned.epoch, engine.engine_id):
                 if not engine.durable(wid, writes):
                     engine._queries_waiting = True  # its commit was deferred: answered on a later pass
@@ -492,7 +472,7 @@ def answer_queries(engine: Engine, now: datetime, writes: dict[str, WorkflowWrit
             else:
                 message = f"Workflow {wid!r} is not held by any engine now."
                 fields = _failed("not_held", "WorkflowNotLocallyOwnedError", message)
-            QueryRequest.objects.using(using).filter(pk=pk).update(**fields)
+            mailbox.answer_query(pk, fields, using)
             answered.append(str(pk))
         if answered:
             send_many("a", answered, using)
@@ -501,13 +481,6 @@ def answer_queries(engine: Engine, now: datetime, writes: dict[str, WorkflowWrit
             engine._lost |= stale
         engine._wake.set()
     return bool(answered)
-
-
-def relax_commit(using: str) -> None:
-    """Inside a PostgreSQL transaction that only carries a query (no workflow state): commit without
-    waiting for the WAL flush. A crash may lose it; its caller then times out or asks again."""
-    with connections[using].cursor() as cursor:
-        cursor.execute("SET LOCAL synchronous_commit TO OFF")
 
 
 def _failed(reason: str, kind: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -533,84 +506,14 @@ def cleanup_interval(engine: Engine) -> float:
     return max(1.0, min(60.0, engine.settings.update_response_retention.total_seconds() / 4))
 
 
-def drop_late_signals(using: str) -> int:
-    """Mark dropped the buffered signals whose run is no longer active (bounded per pass).
-
-    signal() takes no lock (a slow caller must never stall the owner or renewal), so a signal can
-    commit while the run's terminal commit is in flight, after the statement that drops the run's
-    unconsumed signals read them. signal() returned normally (the signal was recorded); the run ended
-    without consuming it, so it is dropped, as one sent a moment earlier would have been. Returns how
-    many were marked."""
-    same_run_active = Workflow.objects.using(using).filter(
-        pk=OuterRef("workflow_id"), run_id=OuterRef("run_id"), status__in=list(ACTIVE_STATUSES)
-    )
-    signals = BufferedSignal.objects.using(using)
-    late = list(
-        signals.filter(state=SignalState.BUFFERED)
-        .exclude(Exists(same_run_active))
-        .values_list("pk", flat=True)[:CLEANUP_BATCH]
-    )
-    if not late:
-        return 0
-    return signals.filter(pk__in=late, state=SignalState.BUFFERED).update(state=SignalState.DROPPED)
-
-
 def cleanup_messages(engine: Engine, now: datetime) -> bool:
     """Engine-scoped chore: expire admitted updates whose caller stopped waiting (and died), fail the
     open updates of runs that ended without closing them, drop the signals that arrived as their run
     ended (drop_late_signals), and delete settled update responses and query requests older than
     UPDATE_RESPONSE_RETENTION. Bounded per pass."""
-    using = engine.using
-    cutoff = now - engine.settings.update_response_retention
     started = time.monotonic()
-    updates = PendingUpdate.objects.using(using)
-    done = 0
-    # Read first, write only what was found: on SQLite even an UPDATE that matches nothing takes the
-    # write lock.
-    abandoned = list(
-        updates.filter(status=UpdateStatus.ADMITTED, deadline__lt=now - ABANDONED_GRACE).values_list("pk", flat=True)[
-            :CLEANUP_BATCH
-        ]
-    )
-    if abandoned:  # their callers stopped waiting and died: nobody will expire them otherwise
-        done += updates.filter(pk__in=abandoned, status=UpdateStatus.ADMITTED).update(
-            status=UpdateStatus.EXPIRED, completed_at=now
-        )
-    same_run_active = Workflow.objects.using(using).filter(
-        pk=OuterRef("workflow_id"), run_id=OuterRef("run_id"), status__in=list(ACTIVE_STATUSES)
-    )
-    orphaned = list(
-        updates.filter(status__in=[UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED], created_at__lt=now - ABANDONED_GRACE)
-        .exclude(Exists(same_run_active))
-        .values_list("pk", flat=True)[:CLEANUP_BATCH]
-    )
-    if orphaned:  # runs that ended through a transition, which closes admitted updates only
-        done += updates.filter(pk__in=orphaned, status__in=[UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED]).update(
-            status=UpdateStatus.FAILED,
-            completed_at=now,
-            error={"type": "WorkflowTerminalError", "message": "The workflow ended before the update was answered."},
-        )
-    done += drop_late_signals(using)
-    settled = [UpdateStatus.COMPLETED, UpdateStatus.REJECTED, UpdateStatus.FAILED, UpdateStatus.EXPIRED]
-    old_updates = list(
-        PendingUpdate.objects.using(using)
-        .filter(status__in=settled, completed_at__lt=cutoff)
-        .values_list("pk", flat=True)[:CLEANUP_BATCH]
-    )
-    if old_updates:
-        done += PendingUpdate.objects.using(using).filter(pk__in=old_updates).delete()[0]
-    old_queries = list(
-        QueryRequest.objects.using(using)
-        .filter(status__in=[QueryStatus.ANSWERED, QueryStatus.FAILED, QueryStatus.EXPIRED], created_at__lt=cutoff)
-        .values_list("pk", flat=True)[:CLEANUP_BATCH]
-    )
-    old_queries += list(
-        QueryRequest.objects.using(using)
-        .filter(status=QueryStatus.PENDING, deadline__lt=now - ABANDONED_GRACE)
-        .values_list("pk", flat=True)[:CLEANUP_BATCH]
-    )
-    if old_queries:
-        done += QueryRequest.objects.using(using).filter(pk__in=old_queries).delete()[0]
+    cutoff = now - engine.settings.update_response_retention
+    done = mailbox.cleanup(now, cutoff, ABANDONED_GRACE, engine.using)
     if done:
         logger.info("message cleanup engine=%s rows=%s took=%.3fs", engine.engine_id, done, time.monotonic() - started)
     return bool(done)

@@ -2,11 +2,11 @@
 database. No Celery here: contrib/celery.py carries the messages, this module holds the rules.
 
 An attempt is keyed by (run, seq, attempt, epoch). A worker is not an engine and holds no claim, so
-it commits like an atomic activity's step: one transaction that first locks the claim row at the
-attempt's epoch, and only while some engine holds it there (``FOR NO KEY UPDATE``, the lock every
-fenced commit, takeover and transition takes; on SQLite the IMMEDIATE transaction holds the write
-lock). Then it checks that the step still waits for exactly this attempt (the Step is running at that
-attempt number and no failure or expiry is recorded for it) and writes
+it commits like an atomic activity's step: one transaction (``store.commit.fenced``) that first locks
+the claim row at the attempt's epoch, and only while some engine holds it there (``FOR NO KEY
+UPDATE``, the lock every fenced commit, takeover and transition takes; on SQLite the IMMEDIATE
+transaction holds the write lock). Then it checks that the step still waits for exactly this attempt
+(the Step is running at that attempt number and no failure or expiry is recorded for it) and writes
 
 - a result: the Step itself (completed, at the attempt's epoch); the step's RemoteAttempt rows go;
 - an error: the attempt's RemoteAttempt row becomes ``failed`` with the error and the exception's class
@@ -42,12 +42,13 @@ from ..clock import db_clock, db_now
 from ..codec import decode, encode, encode_payload
 from ..conf import database_alias, payload_max_bytes
 from ..exceptions import ActivityCancelledError
-from ..models import RemoteAttempt, RemoteAttemptState, Step, WorkflowClaim
+from ..models import RemoteAttempt, RemoteAttemptState, Step
 from ..notify import send
 from ..registry import RetryPolicy, registry
 from ..status import StepStatus
+from ..store import claims
+from ..store.commit import fenced
 from .activities import describe_failure
-from .fencing import CLAIM_TABLE, classify_unheld, lock_claims
 
 logger = logging.getLogger(__name__)
 HEARTBEAT_INTERVAL = 1.0  # seconds: a worker writes heartbeat details at most this often
@@ -96,18 +97,6 @@ def is_retryable(policy: RetryPolicy, types: tuple[str, ...]) -> bool:
 
 
 # -- the worker's side ------------------------------------------------------------------------------
-def _lock_epoch(key: AttemptKey, using: str) -> bool:
-    """Inside a transaction: lock the claim row if it is still at the attempt's epoch with a holder."""
-    connection = connections[using]
-    lock = " FOR NO KEY UPDATE" if connection.vendor == "postgresql" else ""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT 1 FROM {CLAIM_TABLE} WHERE workflow_id = %s AND epoch = %s AND engine_id IS NOT NULL{lock}",
-            [key.workflow_id, key.epoch],
-        )
-        return cursor.fetchone() is not None
-
-
 def _attempt_rows(key: AttemptKey, using: str) -> Any:
     return RemoteAttempt.objects.using(using).filter(
         run_id=key.run_id, seq=key.seq, attempt=key.attempt, epoch=key.epoch
@@ -131,8 +120,8 @@ def _refused(key: AttemptKey, what: str, disposition: Disposition, reason: str) 
 
 def complete(key: AttemptKey, result: str, using: str) -> Disposition:
     """Record the attempt's result in its Step, fenced by the claim at its epoch. Safe to retry."""
-    with transaction.atomic(using=using):
-        if not _lock_epoch(key, using):
+    with fenced([key.workflow_id], using, holder=(None, {key.workflow_id: key.epoch})) as fence:
+        if not fence.held:
             return _refused(key, "result", Disposition.STALE_EPOCH, why_stale(key, using) or "the epoch moved on")
         state = _attempt_rows(key, using).values_list("state", flat=True).first()
         if state in (RemoteAttemptState.FAILED, RemoteAttemptState.EXPIRED):
@@ -162,8 +151,8 @@ def fail(
     key: AttemptKey, activity: str, error: dict[str, Any], types: list[str], worker: str, using: str
 ) -> Disposition:
     """Record that the attempt raised, fenced like ``complete``: its owner decides retry or ActivityError."""
-    with transaction.atomic(using=using):
-        if not _lock_epoch(key, using):
+    with fenced([key.workflow_id], using, holder=(None, {key.workflow_id: key.epoch})) as fence:
+        if not fence.held:
             return _refused(key, "failure", Disposition.STALE_EPOCH, why_stale(key, using) or "the epoch moved on")
         step = Step.objects.using(using).filter(run_id=key.run_id, seq=key.seq).values_list("status", "attempts")
         if step.first() != (StepStatus.RUNNING, key.attempt):
@@ -193,7 +182,7 @@ def why_stale(key: AttemptKey, using: str, activity: str | None = None) -> str |
     """Why the attempt is no longer wanted, or None while it is (unlocked reads: a hint, not a fence).
     With ``activity``, a delivery naming another activity than the step's is refused: a message forged
     on the broker cannot run a different registered activity and have its result recorded."""
-    claim = WorkflowClaim.objects.using(using).filter(pk=key.workflow_id).values_list("epoch", "engine_id").first()
+    claim = claims.holder(key.workflow_id, using)
     if claim is None:
         return "the workflow no longer exists"
     epoch, holder = claim
@@ -438,10 +427,11 @@ def record_sent(entries: list[tuple[AttemptKey, str, str]], using: str) -> None:
 
 def expire(engine_id: str, key: AttemptKey, activity: str, using: str) -> tuple[Expiry, RemoteOutcome | None]:
     """Time the attempt out under this engine's claim, unless the worker's outcome is in already."""
-    with transaction.atomic(using=using):
-        # On the engine's loop thread: never wait for a claim row another transaction holds.
-        if not lock_claims(engine_id, {key.workflow_id: key.epoch}, using, wait=False):
-            _, busy = classify_unheld(engine_id, {key.workflow_id: key.epoch}, using)
+    epochs = {key.workflow_id: key.epoch}
+    # On the engine's loop thread: never wait for a claim row another transaction holds.
+    with fenced(epochs, using, holder=(engine_id, epochs), wait=False) as fence:
+        if not fence.held:
+            _, busy = claims.classify_unheld(engine_id, epochs, using)
             return (Expiry.BUSY if busy else Expiry.NOT_HELD), None
         step = (
             Step.objects.using(using)

@@ -14,12 +14,9 @@ import logging
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from django.db.models import Exists, OuterRef
-
 from .. import transitions
 from ..clock import db_now
-from ..models import Workflow
-from ..status import ACTIVE_STATUSES
+from ..store.maintenance import expired_runs
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -62,9 +59,7 @@ def purge_expired(
         if keep is None or budget <= 0:
             continue
         cutoff = now - keep
-        expired = Workflow.objects.using(using).filter(status=status, finished_at__lt=cutoff)
-        parent_active = Workflow.objects.using(using).filter(pk=OuterRef("parent_id"), status__in=list(ACTIVE_STATUSES))
-        ids = list(expired.exclude(Exists(parent_active)).order_by("finished_at").values_list("pk", flat=True)[:budget])
+        expired, ids = expired_runs(status, cutoff, budget, using)
         if not ids:
             continue
         budget -= len(ids)

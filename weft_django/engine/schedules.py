@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, transaction
 
-from ..models import Schedule, Timer, Workflow
+from ..models import Schedule
 from ..registry import WorkflowDefinition, registry
 from ..schedules import (
     QUEUED,
@@ -34,7 +34,7 @@ from ..schedules import (
     release_waiting,
     retime,
 )
-from ..status import TimerKind, WorkflowStatus
+from ..store import schedules as store
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -65,13 +65,8 @@ class ScheduleFiring:
         using = engine.using
         clock = time.monotonic()
         self._failed = {key: retry_at for key, retry_at in self._failed.items() if retry_at > clock}
-        due = list(
-            Schedule.objects.using(using)
-            .filter(paused=False, next_fire_at__lte=now)
-            .exclude(workflow_type__in=self._unknown_types)
-            .exclude(pk__in=list(self._failed))
-            .order_by("next_fire_at")
-            .values_list("pk", flat=True)[:SCHEDULES_PER_PASS]
+        due = store.due_schedules(
+            now, skip_types=self._unknown_types, skip_ids=self._failed, limit=SCHEDULES_PER_PASS, using=using
         )
         busy = False
         for schedule_id in dict.fromkeys([*_with_waiting_runs(using), *due]):
@@ -86,9 +81,9 @@ class ScheduleFiring:
 
     def _process(self, schedule_id: str, now: datetime, using: str) -> bool:
         with transaction.atomic(using=using):
-            row = Schedule.objects.using(using).select_for_update(skip_locked=True).filter(pk=schedule_id).first()
+            row = store.lock_schedule(schedule_id, using)
             if row is None:
-                if not Schedule.objects.using(using).filter(pk=schedule_id).exists():  # deleted, not locked
+                if not store.schedule_exists(schedule_id, using):  # deleted, not locked
                     cancel_waiting(schedule_id, f'schedule "{schedule_id}" was deleted', using)
                 return False
             released = release_waiting(active_runs(schedule_id, using), now, using)
@@ -113,7 +108,7 @@ class ScheduleFiring:
     def _fire_due(self, row: Schedule, now: datetime, using: str, definition: WorkflowDefinition) -> None:
         if row.next_nominal_at is None or row.next_fire_at is None:  # a row written without the API
             retime(row, now)
-            row.save(using=using, update_fields=["next_nominal_at", "next_fire_at"])
+            store.save_schedule(row, ["next_nominal_at", "next_fire_at"], using)
             return
         timing = Timing.of(row)
         nominal, fire_at = row.next_nominal_at, row.next_fire_at
@@ -147,7 +142,7 @@ class ScheduleFiring:
             nominal, fire_at = upcoming, upcoming_fire_at
         row.next_nominal_at, row.next_fire_at = nominal, fire_at
         row.missed_fire_count += missed
-        row.save(using=using, update_fields=["next_nominal_at", "next_fire_at", "last_fired_at", "missed_fire_count"])
+        store.save_schedule(row, ["next_nominal_at", "next_fire_at", "last_fired_at", "missed_fire_count"], using)
         for workflow_id, outcome in outcomes:
             logger.info("schedule fired schedule=%s workflow=%s outcome=%s", row.id, workflow_id, outcome)
         if missed:
@@ -162,13 +157,4 @@ class ScheduleFiring:
 
 def _with_waiting_runs(using: str) -> list[str]:
     """Schedules with a run queued by overlap="queue" and not released yet: their slot may have freed."""
-    released = Timer.objects.using(using).filter(kind=TimerKind.DELAYED_START).values("workflow_id")
-    return [
-        str(schedule_id)
-        for schedule_id in Workflow.objects.using(using)
-        .filter(status=WorkflowStatus.PENDING, schedule_id__isnull=False, start_at__isnull=True)
-        .exclude(pk__in=released)
-        .order_by()
-        .values_list("schedule_id", flat=True)
-        .distinct()[:SCHEDULES_PER_PASS]
-    ]
+    return store.with_waiting_runs(SCHEDULES_PER_PASS, using)

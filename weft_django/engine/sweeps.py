@@ -16,8 +16,7 @@ import logging
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from ..models import Timer, Workflow
-from ..status import TERMINAL_STATUSES, TimerKind
+from ..store import timers
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -39,26 +38,15 @@ class OrphanedTimerSweep:
 
     def run(self, engine: Engine, now: datetime) -> bool:
         using = engine.using
-        window = list(
-            Timer.objects.using(using)
-            .filter(pk__gt=self.after)
-            .exclude(kind=TimerKind.SCHEDULE)
-            .order_by("pk")
-            .values_list("pk", "workflow_id")[:SWEEP_BATCH]
-        )
+        window = timers.timers_after(self.after, SWEEP_BATCH, using)
         # A short window ends the cycle; the next one starts from the first timer again.
         self.after = window[-1][0] if len(window) >= SWEEP_BATCH else 0
         if not window:
             return False
-        live = set(
-            Workflow.objects.using(using)
-            .filter(pk__in={wid for _, wid in window})
-            .exclude(status__in=list(TERMINAL_STATUSES))
-            .values_list("pk", flat=True)
-        )
+        live = timers.live_workflows({wid for _, wid in window}, using)
         doomed = [pk for pk, wid in window if wid not in live]
         if doomed:
-            Timer.objects.using(using).filter(pk__in=doomed).delete()
+            timers.delete_timers(doomed, using)
             logger.info("collected orphaned timers count=%s engine=%s", len(doomed), engine.engine_id)
         return bool(doomed)
 

@@ -1,5 +1,5 @@
-"""The listening side of wake-ups: LISTEN on a dedicated psycopg connection (outside Django's
-connection handling), re-LISTEN and ask for a full rescan after it drops. Polling covers everything
+"""The listening side of wake-ups: LISTEN on a dedicated connection (``store/listen.py``, outside
+Django's connection handling), re-LISTEN and ask for a full rescan after it drops. Polling covers everything
 else (and is the only path on SQLite)."""
 
 from __future__ import annotations
@@ -8,10 +8,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-import psycopg
-from django.db import connections
-
-from ..notify import CHANNEL
+from ..store.listen import listening
 
 logger = logging.getLogger(__name__)
 
@@ -35,12 +32,7 @@ class Listener(threading.Thread):
                 self._halt.wait(1.0)
 
     def _listen(self) -> None:
-        params = connections[self._using].get_connection_params()
-        params.pop("cursor_factory", None)
-        params.pop("context", None)
-        params.pop("prepare_threshold", None)
-        with psycopg.connect(**params, autocommit=True) as conn:
-            conn.execute(f"LISTEN {CHANNEL}")
+        with listening(self._using) as conn:
             self.connected.set()
             self._on_notify(None)  # anything sent while we were not listening
             while not self._halt.is_set():

@@ -54,6 +54,26 @@ class Backend:
 
     # -- engine side: claims, the fenced commit, mailbox, timers, engines, epochs, sessions ------
 
+    @classmethod
+    def next_epoch_sql(cls) -> str:
+        """SQL that draws the next epoch: an inline expression where ``batches_statements``, else a
+        complete statement returning one row with the new value (see ``store.epochs``)."""
+        return _SQLITE_NEXT_EPOCH
+
+    def select_next_epoch_sql(self) -> str:
+        """A complete statement that draws the next epoch and returns it as its one row."""
+        return _SQLITE_NEXT_EPOCH
+
+    def lock_sql(self, *, no_key: bool = False, skip_locked: bool = False) -> str:
+        """``lock_clause`` for SQL the store formats (a ``*_sql`` builder of constant fragments, the
+        form tests/test_security.py's scan of raw SQL trusts): empty where there is one writer.
+
+        Args:
+            no_key: take FOR NO KEY UPDATE (does not block inserts referencing the row).
+            skip_locked: skip rows another transaction holds instead of waiting.
+        """
+        return ""
+
     # -- client side: runs, schedules, clock, notify, prepared statements, testing --------------
 
     # -- histories: loading workflows to resume them ----------------------------------------------
@@ -78,6 +98,17 @@ class PostgreSQLBackend(Backend):
         return clause + (" SKIP LOCKED" if skip_locked else "")
 
     # -- engine side: claims, the fenced commit, mailbox, timers, engines, epochs, sessions ------
+
+    @classmethod
+    def next_epoch_sql(cls) -> str:
+        return f"nextval('{SEQUENCE}')"
+
+    def select_next_epoch_sql(self) -> str:
+        return f"SELECT nextval('{SEQUENCE}')"
+
+    def lock_sql(self, *, no_key: bool = False, skip_locked: bool = False) -> str:
+        clause = " FOR NO KEY UPDATE" if no_key else " FOR UPDATE"
+        return clause + (" SKIP LOCKED" if skip_locked else "")
 
     # -- client side: runs, schedules, clock, notify, prepared statements, testing --------------
 
@@ -110,6 +141,15 @@ class SQLiteBackend(Backend):
 def _unchanged(value: Any) -> Any:
     return value
 
+
+# The epoch sequence (migration 0002) and SQLite's one-row counter standing in for it.
+SEQUENCE = "weft_django_epoch_seq"
+COUNTER_TABLE = "weft_django_epochcounter"
+# One statement, race-free: creates the counter row on first use, else increments it.
+_SQLITE_NEXT_EPOCH = (
+    f"INSERT INTO {COUNTER_TABLE} (id, value) VALUES (1, 1) "
+    f"ON CONFLICT (id) DO UPDATE SET value = {COUNTER_TABLE}.value + 1 RETURNING value"
+)
 
 _BACKENDS: dict[str, type[Backend]] = {"postgresql": PostgreSQLBackend, "sqlite": SQLiteBackend}
 _cache: dict[str, Backend] = {}

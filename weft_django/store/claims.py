@@ -6,7 +6,515 @@ before any other write of its transaction. Every statement uses the database clo
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+
+from ..clock import _python_now, offset, workflow_now_sql
+from ..models import Timer, Workflow, WorkflowClaim
+from ..status import TimerKind, WorkflowStatus
+from .backend import backend
+from .epochs import next_epoch, next_epoch_sql
+
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
 
 
 # -- engine side (ownership, the fenced commit, messages, chores) ----------------------------
+#
+# acquire / takeover: candidates are locked with SKIP LOCKED and rewritten with a fresh epoch only if
+# they still have the exact holder and epoch that were seen: one row back means it is ours. Every
+# statement that makes an engine the holder sets last_engine_id to it too (a release keeps it), so a
+# claim still names the engine that last took it after the run ended.
+# renew: one statement for all of an engine's claims, skipping rows a commit holds (the commit in
+# flight proves ownership; retried next tick). A claim is lost only when a plain re-read shows another
+# epoch or holder.
+
+CLAIM_TABLE = WorkflowClaim._meta.db_table
+WORKFLOW_TABLE = Workflow._meta.db_table
+CHUNK = 500
+
+
+def _ms(delta: timedelta) -> int:
+    return round(delta.total_seconds() * 1000)
+
+
+def _chunks(items: list[str], size: int) -> list[list[str]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+# The claimable runs, oldest first: unheld claims of running workflows. They are read in order from
+# the partial index weft_claim_free on run_created_at (unheld AND runnable: not held elsewhere, not
+# the released claims of finished runs, which stay until retention), each one's workflow row probed
+# by key, until the batch is full: the work is bounded by the batch, not by the running or finished
+# workflows, whatever the planner's statistics. (The probe's LIMIT keeps it a parameterised lookup
+# by key: filters on status inside it would let the planner pick a status index and loop over it.)
+_FREE_PG = f"""
+    SELECT c.workflow_id, c.epoch, c.engine_id
+    FROM {CLAIM_TABLE} c CROSS JOIN LATERAL (
+        SELECT w.status, w.stuck_retry_at FROM {WORKFLOW_TABLE} w WHERE w.id = c.workflow_id LIMIT 1) w
+    WHERE c.engine_id IS NULL AND c.runnable AND w.status = 'running'
+      AND (w.stuck_retry_at IS NULL OR w.stuck_retry_at <= {workflow_now_sql("postgresql")})
+    ORDER BY c.run_created_at
+    LIMIT %s
+    FOR NO KEY UPDATE OF c SKIP LOCKED"""
+
+
+def _held_pg(holder: str) -> str:
+    """Candidates among held claims (takeover): every running workflow's claim is looked at."""
+    return f"""
+    SELECT c.workflow_id, c.epoch, c.engine_id
+    FROM {CLAIM_TABLE} c JOIN {WORKFLOW_TABLE} w ON w.id = c.workflow_id
+    WHERE w.status = 'running' AND {holder}
+      AND (w.stuck_retry_at IS NULL OR w.stuck_retry_at <= {workflow_now_sql("postgresql")})
+    ORDER BY w.created_at
+    LIMIT %s
+    FOR NO KEY UPDATE OF c SKIP LOCKED"""
+
+
+# Takeover candidates (constant SQL: the conditions take their values as parameters).
+_HELD_BY_OTHERS = "c.engine_id IS NOT NULL AND c.engine_id <> %s"
+_EXPIRED_PG = _held_pg("c.engine_id IS NOT NULL AND c.expires_at + %s * interval '1 millisecond' < clock_timestamp()")
+_OTHERS_PG = _held_pg(_HELD_BY_OTHERS)
+
+
+def _claim_pg(
+    candidates: str, params: list[Any], engine_id: str, ttl: timedelta, using: str
+) -> dict[str, tuple[int, str | None]]:
+    """Lock the candidates (SKIP LOCKED) and give each a fresh epoch and this holder (also recorded as
+    the claim's last holder), only if it still has the holder and epoch seen: one row back means it is
+    ours. One statement: in autocommit it is its own transaction (no BEGIN/COMMIT round trips)."""
+    sql = f"""
+        WITH candidates AS ({candidates})
+        UPDATE {CLAIM_TABLE} AS claim
+        SET epoch = {next_epoch_sql("postgresql")}, engine_id = %s, last_engine_id = %s,
+            claimed_at = clock_timestamp(), expires_at = clock_timestamp() + %s * interval '1 millisecond'
+        FROM candidates
+        WHERE claim.workflow_id = candidates.workflow_id AND claim.epoch = candidates.epoch
+          AND claim.engine_id IS NOT DISTINCT FROM candidates.engine_id
+        RETURNING claim.workflow_id, claim.epoch, candidates.engine_id
+    """
+    with backend(using).connection.cursor() as cursor:
+        cursor.execute(sql, [*params, engine_id, engine_id, _ms(ttl)])
+        return {wid: (epoch, previous) for wid, epoch, previous in cursor.fetchall()}
+
+
+def acquire(
+    engine_id: str, *, limit: int, ttl: timedelta, using: str, grace: timedelta | None = None
+) -> dict[str, tuple[int, str | None]]:
+    """Claim up to ``limit`` running workflows that no engine holds (or, with ``grace``, whose holder's
+    claim expired more than ``grace`` ago: a takeover), oldest first, SKIP LOCKED.
+
+    Args:
+        engine_id: the new holder.
+        limit: at most this many claims (``<= 0``: none).
+        ttl: the claims' time to live.
+        using: the connection alias.
+        grace: None for unheld claims; else how long past expiry a held claim may be taken over.
+
+    Returns:
+        {workflow_id: (new epoch, previous holder)}.
+    """
+    if limit <= 0:
+        return {}
+    if backend(using).skips_locked:
+        if grace is None:
+            return _claim_pg(_FREE_PG, [limit], engine_id, ttl, using)
+        return _claim_pg(_EXPIRED_PG, [_ms(grace), limit], engine_id, ttl, using)
+    if grace is not None:
+        params: list[Any] = [_python_now() - grace]
+        return _acquire_one_writer(
+            engine_id, "c.engine_id IS NOT NULL AND c.expires_at < %s", params, limit, ttl, using
+        )
+    return _acquire_one_writer(engine_id, None, [], limit, ttl, using)
+
+
+def take_over(engine_id: str, *, limit: int, ttl: timedelta, using: str) -> dict[str, tuple[int, str | None]]:
+    """Take up to ``limit`` running workflows held by any other engine at once, without waiting for
+    their claims to expire. Returns {workflow_id: (new epoch, previous holder)}.
+
+    Args:
+        engine_id: the new holder; ``limit``, ``ttl``, ``using``: as for :func:`acquire`.
+    """
+    if not backend(using).skips_locked:
+        return _acquire_one_writer(engine_id, _HELD_BY_OTHERS, [engine_id], limit, ttl, using)
+    with transaction.atomic(using=using):
+        return _claim_pg(_OTHERS_PG, [engine_id, limit], engine_id, ttl, using)
+
+
+def _acquire_one_writer(
+    engine_id: str, holder: str | None, params: list[Any], limit: int, ttl: timedelta, using: str
+) -> dict[str, tuple[int, str | None]]:
+    """Where the database has one writer (SQLite): ``holder`` is the condition on held claims
+    (takeover), or None for the unheld runnable ones, read in order from the partial index
+    weft_claim_free (CROSS JOIN keeps SQLite's join order: claims first, each workflow looked up by key)."""
+    # One writer at a time (IMMEDIATE): what we read inside the transaction stays true until commit.
+    now = _python_now()
+    wf_now = now + offset(using)
+    if holder is None:
+        source = f"{CLAIM_TABLE} c CROSS JOIN {WORKFLOW_TABLE} w ON w.id = c.workflow_id"
+        holder, order = "c.engine_id IS NULL AND c.runnable", "c.run_created_at"
+    else:
+        source, order = f"{CLAIM_TABLE} c JOIN {WORKFLOW_TABLE} w ON w.id = c.workflow_id", "w.created_at"
+    claimed: dict[str, tuple[int, str | None]] = {}
+    with transaction.atomic(using=using), backend(using).connection.cursor() as cursor:
+        cursor.execute(
+            f"""SELECT c.workflow_id, c.epoch, c.engine_id FROM {source}
+                WHERE w.status = 'running' AND {holder}
+                  AND (w.stuck_retry_at IS NULL OR w.stuck_retry_at <= %s)
+                ORDER BY {order} LIMIT %s""",
+            [*params, wf_now, limit],
+        )
+        for wid, seen_epoch, seen_holder in cursor.fetchall():
+            epoch = next_epoch(using)
+            cursor.execute(
+                f"""UPDATE {CLAIM_TABLE} SET epoch = %s, engine_id = %s, last_engine_id = %s, claimed_at = %s,
+                        expires_at = %s
+                    WHERE workflow_id = %s AND epoch = %s AND engine_id IS %s""",
+                [epoch, engine_id, engine_id, now, now + ttl, wid, seen_epoch, seen_holder],
+            )
+            if cursor.rowcount == 1:
+                claimed[wid] = (epoch, seen_holder)
+    return claimed
+
+
+def renew(engine_id: str, owned: dict[str, int], ttl: timedelta, using: str) -> set[str]:
+    """Extend every claim still held at its epoch, skipping rows a commit holds.
+
+    Args:
+        engine_id: the holder; ``owned``: {workflow_id: epoch}; ``ttl``: the new time to live.
+
+    Returns:
+        The ids found lost (another epoch or holder on a plain re-read); rows skipped because a
+        commit holds them are neither renewed nor lost.
+    """
+    if not owned:
+        return set()
+    found = backend(using)
+    ids = sorted(owned)
+    epochs = [owned[i] for i in ids]
+    with found.connection.cursor() as cursor:
+        if found.skips_locked:
+            cursor.execute(
+                f"""WITH mine AS (
+                        SELECT c.workflow_id FROM {CLAIM_TABLE} c
+                        JOIN unnest(%s::text[], %s::bigint[]) AS o(workflow_id, epoch)
+                          ON o.workflow_id = c.workflow_id AND o.epoch = c.epoch
+                        WHERE c.engine_id = %s
+                        ORDER BY c.workflow_id FOR NO KEY UPDATE OF c SKIP LOCKED)
+                    UPDATE {CLAIM_TABLE} AS claim SET expires_at = clock_timestamp() + %s * interval '1 millisecond'
+                    FROM mine WHERE claim.workflow_id = mine.workflow_id RETURNING claim.workflow_id""",
+                [ids, epochs, engine_id, _ms(ttl)],
+            )
+            renewed = {row[0] for row in cursor.fetchall()}
+        else:
+            with transaction.atomic(using=using):
+                now = _python_now()
+                renewed = set()
+                for part in _chunks(ids, CHUNK):
+                    marks = ", ".join(["%s"] * len(part))
+                    cursor.execute(
+                        f"SELECT workflow_id, epoch FROM {CLAIM_TABLE} "
+                        f"WHERE engine_id = %s AND workflow_id IN ({marks})",
+                        [engine_id, *part],
+                    )
+                    mine = [wid for wid, epoch in cursor.fetchall() if owned[wid] == epoch]
+                    if mine:
+                        marks = ", ".join(["%s"] * len(mine))
+                        cursor.execute(
+                            f"UPDATE {CLAIM_TABLE} SET expires_at = %s WHERE workflow_id IN ({marks})",
+                            [now + ttl, *mine],
+                        )
+                    renewed.update(mine)
+        missing = [wid for wid in ids if wid not in renewed]
+        if not missing:
+            return set()
+        marks = ", ".join(["%s"] * len(missing))
+        cursor.execute(
+            f"SELECT workflow_id, epoch, engine_id FROM {CLAIM_TABLE} WHERE workflow_id IN ({marks})", missing
+        )
+        current = {wid: (epoch, holder) for wid, epoch, holder in cursor.fetchall()}
+    return {wid for wid in missing if current.get(wid) != (owned[wid], engine_id)}
+
+
+def release_claims(engine_id: str, epochs: dict[str, int], using: str) -> None:
+    """Clear the holder, keep the epoch, only where the claim is still ours at that epoch.
+
+    Args:
+        engine_id: the holder; ``epochs``: {workflow_id: epoch}; ``using``: the connection alias.
+    """
+    with backend(using).connection.cursor() as cursor:
+        for wid, epoch in sorted(epochs.items()):
+            cursor.execute(
+                f"UPDATE {CLAIM_TABLE} SET engine_id = NULL, claimed_at = NULL, expires_at = NULL "
+                f"WHERE workflow_id = %s AND epoch = %s AND engine_id = %s",
+                [wid, epoch, engine_id],
+            )
+
+
+def release_locked_claims(engine_id: str, workflow_ids: list[str], using: str, *, ended: list[str]) -> None:
+    """Clear the holder, keep the epoch, for claims this transaction has locked at our epochs (the
+    fence already proved them ours): one statement per chunk.
+
+    Args:
+        engine_id: the holder; ``workflow_ids``: the claims to release.
+        ended: runs that ended: their claims are no longer runnable (out of acquire's partial index).
+    """
+    done = set(ended)
+    with backend(using).connection.cursor() as cursor:
+        for runnable in (True, False):
+            chosen = sorted(wid for wid in workflow_ids if (wid not in done) == runnable)
+            for chunk in _chunks(chosen, CHUNK):
+                marks = ", ".join(["%s"] * len(chunk))
+                cursor.execute(
+                    f"UPDATE {CLAIM_TABLE} SET engine_id = NULL, claimed_at = NULL, expires_at = NULL, "
+                    f"runnable = %s WHERE engine_id = %s AND workflow_id IN ({marks})",
+                    [runnable, engine_id, *chunk],
+                )
+
+
+# The claim parts of the one-statement commit (store/commit_statement.py composes them into its
+# statement). The fence ``f``: our claims at the epochs of the document ``raw``'s ``f`` list, locked in
+# workflow_id order, skipping rows another transaction holds.
+FENCE_CTE = (
+    f"f AS MATERIALIZED (SELECT c.workflow_id FROM {CLAIM_TABLE} c WHERE c.engine_id = %s AND "
+    "(c.workflow_id, c.epoch) IN (SELECT x->>0, (x->>1)::bigint FROM raw, jsonb_array_elements(raw.j->'f') x) "
+    "ORDER BY c.workflow_id FOR NO KEY UPDATE SKIP LOCKED)"
+)
+
+
+def release_cte_sql(ids: str, runnable: str) -> str:
+    """The release CTE of the one-statement commit: clear the holder (epoch kept) of our claims among
+    the SQL array ``ids``, which the statement's fence locked; ``runnable``: the SQL of the new runnable
+    flag. Takes one parameter, the engine id."""
+    return (
+        f"released AS (UPDATE {CLAIM_TABLE} SET engine_id = NULL, claimed_at = NULL, expires_at = NULL, "
+        f"runnable = {runnable} WHERE engine_id = %s AND workflow_id = ANY({ids}))"
+    )
+
+
+def lock_claims(engine_id: str, epochs: dict[str, int], using: str, *, wait: bool = True) -> set[str]:
+    """Inside a transaction: lock the claims still held at these epochs; return their workflow ids.
+
+    ``wait=False`` (the engine's batch commits): a claim row another transaction has locked (a user's
+    open transaction around ``cancel()``, a takeover, our own renewal) is skipped, not waited for; its
+    workflow is not in the result, and :func:`classify_unheld` tells it apart from a lost claim.
+
+    Args:
+        engine_id: the holder; ``epochs``: {workflow_id: epoch}; ``using``: the connection alias.
+    """
+    ids = sorted(epochs)
+    if not ids:
+        return set()
+    found = backend(using)
+    lock = found.lock_sql(no_key=True, skip_locked=not wait)
+    held: set[str] = set()
+    with found.connection.cursor() as cursor:
+        for chunk in _chunks(ids, CHUNK):
+            placeholders = ", ".join(["%s"] * len(chunk))
+            cursor.execute(
+                f"SELECT workflow_id, epoch FROM {CLAIM_TABLE} WHERE engine_id = %s AND workflow_id IN ({placeholders})"
+                f" ORDER BY workflow_id{lock}",
+                [engine_id, *chunk],
+            )
+            held.update(wid for wid, epoch in cursor.fetchall() if epochs[wid] == epoch)
+    return held
+
+
+def lock_batch_and_family(
+    engine_id: str, epochs: dict[str, int], family: set[str], using: str
+) -> tuple[set[str], set[str]]:
+    """Inside a transaction, ONE statement in workflow_id order: lock our claims at these epochs and
+    the claims of ``family`` (the active descendants that finishing runs close, whoever holds them),
+    skipping rows another transaction holds.
+
+    Returns:
+        (our claims held, family claims locked).
+    """
+    ids = sorted(set(epochs) | family)
+    if not ids:
+        return set(), set()
+    found = backend(using)
+    lock = found.lock_sql(no_key=True, skip_locked=True)
+    rows: list[tuple[str, int, str | None]] = []
+    with found.connection.cursor() as cursor:
+        placeholders = ", ".join(["%s"] * len(ids))
+        cursor.execute(
+            f"SELECT workflow_id, epoch, engine_id FROM {CLAIM_TABLE} WHERE workflow_id IN ({placeholders})"
+            f" ORDER BY workflow_id{lock}",
+            ids,
+        )
+        rows = cursor.fetchall()
+    held = {wid for wid, epoch, holder in rows if wid in epochs and (epoch, holder) == (epochs[wid], engine_id)}
+    return held, {wid for wid, _, _ in rows if wid in family}
+
+
+def lock_ids(workflow_ids: list[str], using: str, *, wait: bool = True) -> set[str]:
+    """Inside a transaction, ONE statement in workflow_id order: lock these claims whoever holds
+    them (``wait=False``: skip rows another transaction holds). Returns the ids locked.
+
+    Args:
+        workflow_ids: the claims to lock; ``using``: the connection alias.
+    """
+    ids = sorted(set(workflow_ids))
+    if not ids:
+        return set()
+    found = backend(using)
+    lock = found.lock_sql(no_key=True, skip_locked=not wait)
+    with found.connection.cursor() as cursor:
+        placeholders = ", ".join(["%s"] * len(ids))
+        cursor.execute(
+            f"SELECT workflow_id FROM {CLAIM_TABLE} WHERE workflow_id IN ({placeholders}) ORDER BY workflow_id{lock}",
+            ids,
+        )
+        return {row[0] for row in cursor.fetchall()}
+
+
+def lock_at_epochs(epochs: dict[str, int], using: str, *, wait: bool = True) -> set[str]:
+    """Inside a transaction, in workflow_id order: lock the claims still at these epochs while SOME
+    engine holds them (a Celery worker's outcome: the worker holds no claim). Returns the ids locked.
+
+    Args:
+        epochs: {workflow_id: epoch}; ``using``: the connection alias.
+        wait: False skips rows another transaction holds.
+    """
+    found = backend(using)
+    lock = found.lock_sql(no_key=True, skip_locked=not wait)
+    locked: set[str] = set()
+    with found.connection.cursor() as cursor:
+        for wid in sorted(epochs):  # one statement for the common single attempt
+            cursor.execute(
+                f"SELECT 1 FROM {CLAIM_TABLE} WHERE workflow_id = %s AND epoch = %s AND engine_id IS NOT NULL{lock}",
+                [wid, epochs[wid]],
+            )
+            if cursor.fetchone() is not None:
+                locked.add(wid)
+    return locked
+
+
+def classify_unheld(engine_id: str, epochs: dict[str, int], using: str) -> tuple[dict[str, str], set[str]]:
+    """For claims a fence did not get: (lost, busy).
+
+    Returns:
+        ``lost`` maps a workflow id to "deposed", "released" or "missing"; ``busy`` holds those still
+        ours at our epoch, whose row another transaction had locked (their writes wait for the next pass).
+    """
+    if not epochs:
+        return {}, set()
+    ids = sorted(epochs)
+    with backend(using).connection.cursor() as cursor:
+        placeholders = ", ".join(["%s"] * len(ids))
+        cursor.execute(
+            f"SELECT workflow_id, engine_id, epoch FROM {CLAIM_TABLE} WHERE workflow_id IN ({placeholders})",
+            ids,
+        )
+        rows = {wid: (holder, epoch) for wid, holder, epoch in cursor.fetchall()}
+    lost: dict[str, str] = {}
+    busy: set[str] = set()
+    for wid in ids:
+        if wid not in rows:
+            lost[wid] = "missing"
+        elif rows[wid] == (engine_id, epochs[wid]):
+            busy.add(wid)
+        else:
+            lost[wid] = "released" if rows[wid][0] is None else "deposed"
+    return lost, busy
+
+
+def why_lost(engine_id: str, workflow_ids: list[str], using: str) -> dict[str, str]:
+    """Why these claims are not ours: {workflow_id: "missing" | "released" | "deposed"}."""
+    with backend(using).connection.cursor() as cursor:
+        placeholders = ", ".join(["%s"] * len(workflow_ids))
+        cursor.execute(
+            f"SELECT workflow_id, engine_id FROM {CLAIM_TABLE} WHERE workflow_id IN ({placeholders})",
+            workflow_ids,
+        )
+        rows = dict(cursor.fetchall())
+    return {
+        wid: "missing" if wid not in rows else ("released" if rows[wid] is None else "deposed") for wid in workflow_ids
+    }
+
+
+def holders(workflow_ids: set[str], using: str) -> dict[str, tuple[int, str | None]]:
+    """A plain read (no lock): {workflow_id: (epoch, holder)} of these claims."""
+    return {
+        wid: (epoch, holder)
+        for wid, epoch, holder in WorkflowClaim.objects.using(using)
+        .filter(workflow_id__in=workflow_ids)
+        .values_list("workflow_id", "epoch", "engine_id")
+    }
+
+
+def holder(workflow_id: str, using: str) -> tuple[int, str | None] | None:
+    """A plain read (no lock): (epoch, holder) of one claim, or None if it does not exist."""
+    row: tuple[int, str | None] | None = (
+        WorkflowClaim.objects.using(using).filter(pk=workflow_id).values_list("epoch", "engine_id").first()
+    )
+    return row
+
+
+def insert_unheld(workflow_id: str, epoch: int, run_created_at: datetime, using: str) -> None:
+    """Insert the unheld claim of a new run (a child) at ``epoch``.
+
+    Raises:
+        django.db.IntegrityError: the workflow already has a claim.
+    """
+    WorkflowClaim.objects.using(using).create(workflow_id=workflow_id, epoch=epoch, run_created_at=run_created_at)
+
+
+def start_delayed(engine_id: str, *, limit: int, ttl: timedelta, now: datetime, using: str) -> dict[str, int]:
+    """Start pending workflows whose delayed_start timer is due at ``now`` (workflow time) and claim
+    them for ``engine_id``, in one transaction; SKIP LOCKED splits the work between engines. Lock order
+    as everywhere: claim, then workflow, then timers. Returns {workflow_id: epoch} of the runs started.
+
+    Args:
+        engine_id: the new holder; ``limit``: at most this many; ``ttl``: the claims' time to live.
+    """
+    found = backend(using)
+    due = list(
+        Timer.objects.using(using)
+        .filter(kind=TimerKind.DELAYED_START, fire_at__lte=now)
+        .order_by("fire_at")
+        .values_list("workflow_id", flat=True)[:limit]
+    )
+    if not due:
+        return {}
+    started: dict[str, int] = {}
+    lock = found.lock_sql(skip_locked=True)
+    with transaction.atomic(using=using), found.connection.cursor() as cursor:
+        marks = ", ".join(["%s"] * len(due))
+        cursor.execute(
+            f"SELECT workflow_id FROM {CLAIM_TABLE} WHERE workflow_id IN ({marks}) ORDER BY workflow_id{lock}",
+            due,
+        )
+        locked = [row[0] for row in cursor.fetchall()]
+        if not locked:
+            return {}
+        pending = list(
+            Workflow.objects.using(using)
+            .select_for_update()
+            .filter(id__in=locked, status=WorkflowStatus.PENDING)
+            .values_list("id", flat=True)
+        )
+        Workflow.objects.using(using).filter(id__in=pending).update(
+            status=WorkflowStatus.RUNNING, started_at=now, updated_at=now
+        )
+        clock = None if found.has_clock else _python_now()
+        for wid in sorted(pending):
+            epoch = next_epoch(using)
+            if clock is None:
+                cursor.execute(
+                    f"UPDATE {CLAIM_TABLE} SET epoch = %s, engine_id = %s, last_engine_id = %s, "
+                    f"claimed_at = clock_timestamp(), expires_at = clock_timestamp() + %s * interval '1 millisecond' "
+                    f"WHERE workflow_id = %s",
+                    [epoch, engine_id, engine_id, _ms(ttl), wid],
+                )
+            else:
+                cursor.execute(
+                    f"UPDATE {CLAIM_TABLE} SET epoch = %s, engine_id = %s, last_engine_id = %s, claimed_at = %s, "
+                    f"expires_at = %s WHERE workflow_id = %s",
+                    [epoch, engine_id, engine_id, clock, clock + ttl, wid],
+                )
+            started[wid] = epoch
+        Timer.objects.using(using).filter(workflow_id__in=locked, kind=TimerKind.DELAYED_START).delete()
+    return started

@@ -1,8 +1,151 @@
-"""Engine rows: register, heartbeat, the store-wide lease, stop."""
+"""Engine rows: register, heartbeat, the store-wide lease, stop; the ownership-mode marker."""
 
 from __future__ import annotations
+
+import os
+import socket
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.utils.dateparse import parse_datetime
+
+from ..clock import _python_now, db_clock
+from ..models import Engine, OwnershipMarker, StoreLease
+from .backend import backend
+from .epochs import next_epoch, next_epoch_sql
 
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
 
 
 # -- engine side (ownership, the fenced commit, messages, chores) ----------------------------
+
+LEASE_TABLE = StoreLease._meta.db_table
+
+
+def _ms(delta: timedelta) -> int:
+    return round(delta.total_seconds() * 1000)
+
+
+def register_engine(engine_id: str, mode: str, using: str) -> None:
+    """Insert or refresh this engine's row (host, pid, mode; started and heartbeat now, not stopped).
+
+    Args:
+        engine_id: the engine; ``mode``: its BACKGROUND_TASKS mode; ``using``: the connection alias.
+    """
+    now = db_clock(using)
+    Engine.objects.using(using).update_or_create(
+        id=engine_id,
+        defaults={
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "mode": mode,
+            "started_at": now,
+            "heartbeat_at": now,
+            "stopped_at": None,
+        },
+    )
+
+
+def heartbeat_engine(engine_id: str, using: str) -> None:
+    """Record a heartbeat of ``engine_id`` at the database clock."""
+    Engine.objects.using(using).filter(id=engine_id).update(heartbeat_at=db_clock(using))
+
+
+def stop_engine(engine_id: str, using: str) -> None:
+    """Record that ``engine_id`` stopped, at the database clock."""
+    Engine.objects.using(using).filter(id=engine_id).update(stopped_at=db_clock(using))
+
+
+def other_live_engines(engine_id: str, *, within: timedelta, using: str) -> list[str]:
+    """Engines other than this one with a heartbeat within ``within`` and no stop recorded."""
+    since = db_clock(using) - within
+    return list(
+        Engine.objects.using(using)
+        .filter(stopped_at__isnull=True, heartbeat_at__gte=since)
+        .exclude(id=engine_id)
+        .values_list("id", flat=True)
+    )
+
+
+def mode_marker(engine_id: str, mode: str, using: str) -> tuple[OwnershipMarker, bool]:
+    """The one-row ownership-mode marker, created with ``mode`` (set by ``engine_id``) if missing.
+
+    Returns:
+        (the marker, whether this call created it).
+    """
+    with transaction.atomic(using=using):
+        marker, created = (
+            OwnershipMarker.objects.using(using)
+            .select_for_update()
+            .get_or_create(id=1, defaults={"mode": mode, "set_by": engine_id, "set_at": db_clock(using)})
+        )
+    return marker, created
+
+
+def reset_mode_marker(using: str) -> None:
+    """Delete the ownership-mode marker (after every engine stopped: a deliberate change of mode)."""
+    OwnershipMarker.objects.using(using).filter(id=1).delete()
+
+
+def acquire_store_lease(engine_id: str, *, ttl: timedelta, grace: timedelta, using: str) -> int | None:
+    """Take the store-wide lease if nobody holds it, we do, or its holder's lease expired more than
+    ``grace`` ago (the same rule as a workflow claim).
+
+    Returns:
+        The new lease epoch, or None (another engine holds it).
+    """
+    found = backend(using)
+    with transaction.atomic(using=using), found.connection.cursor() as cursor:
+        if found.has_clock:
+            cursor.execute(f"INSERT INTO {LEASE_TABLE} (id, epoch) VALUES (1, 0) ON CONFLICT (id) DO NOTHING")
+            cursor.execute(
+                f"""UPDATE {LEASE_TABLE} SET epoch = {next_epoch_sql("postgresql")}, engine_id = %s,
+                        claimed_at = clock_timestamp(), expires_at = clock_timestamp() + %s * interval '1 millisecond'
+                    WHERE id = 1 AND (engine_id IS NULL OR engine_id = %s
+                        OR expires_at + %s * interval '1 millisecond' < clock_timestamp())
+                    RETURNING epoch""",
+                [engine_id, _ms(ttl), engine_id, _ms(grace)],
+            )
+            row = cursor.fetchone()
+            return int(row[0]) if row else None
+        now = _python_now()
+        cursor.execute(f"INSERT OR IGNORE INTO {LEASE_TABLE} (id, epoch) VALUES (1, 0)")
+        cursor.execute(f"SELECT engine_id, expires_at FROM {LEASE_TABLE} WHERE id = 1")
+        holder, expires_at = cursor.fetchone()
+        expires: datetime | None = parse_datetime(expires_at) if isinstance(expires_at, str) else expires_at
+        if holder not in (None, engine_id) and expires is not None and expires + grace >= now:
+            return None
+        epoch = next_epoch(using)
+        cursor.execute(
+            f"UPDATE {LEASE_TABLE} SET epoch = %s, engine_id = %s, claimed_at = %s, expires_at = %s WHERE id = 1",
+            [epoch, engine_id, now, now + ttl],
+        )
+        return epoch
+
+
+def renew_store_lease(engine_id: str, epoch: int, *, ttl: timedelta, using: str) -> bool:
+    """Extend the lease at our epoch. False means another engine took it: we are deposed engine-wide."""
+    found = backend(using)
+    with found.connection.cursor() as cursor:
+        if found.has_clock:
+            cursor.execute(
+                f"UPDATE {LEASE_TABLE} SET expires_at = clock_timestamp() + %s * interval '1 millisecond' "
+                f"WHERE id = 1 AND engine_id = %s AND epoch = %s",
+                [_ms(ttl), engine_id, epoch],
+            )
+        else:
+            cursor.execute(
+                f"UPDATE {LEASE_TABLE} SET expires_at = %s WHERE id = 1 AND engine_id = %s AND epoch = %s",
+                [_python_now() + ttl, engine_id, epoch],
+            )
+        return bool(cursor.rowcount == 1)
+
+
+def release_store_lease(engine_id: str, epoch: int, using: str) -> None:
+    """Give the lease up if we still hold it at ``epoch``."""
+    with backend(using).connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {LEASE_TABLE} SET engine_id = NULL, expires_at = NULL WHERE id = 1 AND engine_id = %s "
+            f"AND epoch = %s",
+            [engine_id, epoch],
+        )

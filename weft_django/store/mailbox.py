@@ -2,7 +2,187 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Exists, OuterRef
+
+from ..models import BufferedSignal, PendingUpdate, QueryRequest, Timer, Workflow
+from ..status import ACTIVE_STATUSES, QueryStatus, SignalState, UpdateStatus
+from .backend import backend
+
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
 
 
 # -- engine side (ownership, the fenced commit, messages, chores) ----------------------------
+
+SIGNAL_TABLE = BufferedSignal._meta.db_table
+UPDATE_TABLE = PendingUpdate._meta.db_table
+# Written into SQL, not a parameter: a prepared statement's generic plan can then use the partial
+# index on buffered signals (weft_signal_buffered).
+BUFFERED_STATE_SQL = f"state = '{SignalState.BUFFERED.value}'"
+TERMINAL_ERROR = {"type": "WorkflowTerminalError", "message": "The workflow ended before the update was applied."}
+TERMINAL_ERROR_JSON = json.dumps(TERMINAL_ERROR)
+CLEANUP_BATCH = 1000
+
+
+def consume_signals(consumed: Iterable[tuple[int, int]], using: str) -> None:
+    """Mark these buffered signals consumed, each by the step ``seq`` that took it: (signal pk, seq)."""
+    for signal_pk, seq in consumed:
+        BufferedSignal.objects.using(using).filter(pk=signal_pk).update(state=SignalState.CONSUMED, consumed_seq=seq)
+
+
+def close_mailboxes(workflow_ids: list[str], now: datetime, using: str) -> None:
+    """The terminal commit: unconsumed signals are dropped, admitted updates fail, timers go."""
+    BufferedSignal.objects.using(using).filter(workflow_id__in=workflow_ids, state=SignalState.BUFFERED).update(
+        state=SignalState.DROPPED
+    )
+    PendingUpdate.objects.using(using).filter(
+        workflow_id__in=workflow_ids, status__in=[UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED]
+    ).update(status=UpdateStatus.FAILED, completed_at=now, error=dict(TERMINAL_ERROR))
+    Timer.objects.using(using).filter(workflow_id__in=workflow_ids).delete()
+
+
+def settle_update(update_id: str, run_id: str, fields: dict[str, Any], using: str) -> bool:
+    """Write an admitted update's outcome, only while it is still admitted (the caller's timeout writes
+    ``expired`` with the mirror condition). Returns whether it landed."""
+    won = (
+        PendingUpdate.objects.using(using)
+        .filter(pk=update_id, run_id=run_id, status=UpdateStatus.ADMITTED)
+        .update(**fields)
+    )
+    return bool(won == 1)
+
+
+def answer_accepted(update_id: str, text: str, now: datetime, using: str) -> bool:
+    """Complete an accepted update with respond()'s answer, only while it is still accepted."""
+    return bool(
+        PendingUpdate.objects.using(using)
+        .filter(pk=update_id, status=UpdateStatus.ACCEPTED)
+        .update(status=UpdateStatus.COMPLETED, result=text, completed_at=now)
+    )
+
+
+def admitted_updates(workflow_ids: list[str], using: str) -> list[tuple[Any, str, Any, str]]:
+    """The admitted updates of these workflows, in (created_at, id) order: (id, workflow id, run id, name)."""
+    return list(
+        PendingUpdate.objects.using(using)
+        .filter(workflow_id__in=workflow_ids, status=UpdateStatus.ADMITTED)
+        .order_by("created_at", "id")
+        .values_list("id", "workflow_id", "run_id", "name")
+    )
+
+
+def lock_admitted(update_ids: list[str], using: str) -> list[tuple[Any, str, str, str]]:
+    """Inside the settling transaction: lock these updates while still admitted (SKIP LOCKED where
+    rows are locked; SQLite's one-writer transaction holds them already), in (created_at, id) order.
+    Returns (id, workflow id, name, payload) rows."""
+    rows = PendingUpdate.objects.using(using).filter(pk__in=update_ids, status=UpdateStatus.ADMITTED)
+    if backend(using).skips_locked:
+        rows = rows.select_for_update(skip_locked=True)
+    return list(rows.order_by("created_at", "id").values_list("id", "workflow_id", "name", "payload"))
+
+
+def queries_waiting(engine_id: str, limit: int, using: str) -> set[str]:
+    """The workflows that pending query requests to ``engine_id`` ask about (a plain read, no lock)."""
+    pending = QueryRequest.objects.using(using).filter(engine_id=engine_id, status=QueryStatus.PENDING)
+    return set(pending.order_by("created_at").values_list("workflow_id", flat=True)[:limit])
+
+
+def take_queries(engine_id: str, limit: int, using: str) -> list[tuple[Any, str, str, str | None, bool]]:
+    """Inside a transaction: take the pending query requests to ``engine_id`` (SKIP LOCKED where rows
+    are locked), oldest first. Returns (id, workflow id, name, arg, has_arg) rows."""
+    rows = QueryRequest.objects.using(using).filter(engine_id=engine_id, status=QueryStatus.PENDING)
+    rows = rows.order_by("created_at")
+    if backend(using).skips_locked:
+        rows = rows.select_for_update(skip_locked=True)
+    return list(rows.values_list("id", "workflow_id", "name", "arg", "has_arg")[:limit])
+
+
+def answer_query(request_id: Any, fields: dict[str, Any], using: str) -> None:
+    """Write a query request's answer (status, result or error)."""
+    QueryRequest.objects.using(using).filter(pk=request_id).update(**fields)
+
+
+def _same_run_active(using: str) -> Any:
+    return Workflow.objects.using(using).filter(
+        pk=OuterRef("workflow_id"), run_id=OuterRef("run_id"), status__in=list(ACTIVE_STATUSES)
+    )
+
+
+def drop_late_signals(using: str) -> int:
+    """Mark dropped the buffered signals whose run is no longer active (at most CLEANUP_BATCH).
+
+    signal() takes no lock (a slow caller must never stall the owner or renewal), so a signal can
+    commit while the run's terminal commit is in flight, after the statement that drops the run's
+    unconsumed signals read them. signal() returned normally (the signal was recorded); the run ended
+    without consuming it, so it is dropped, as one sent a moment earlier would have been. Returns how
+    many were marked."""
+    signals = BufferedSignal.objects.using(using)
+    late = list(
+        signals.filter(state=SignalState.BUFFERED)
+        .exclude(Exists(_same_run_active(using)))
+        .values_list("pk", flat=True)[:CLEANUP_BATCH]
+    )
+    if not late:
+        return 0
+    return int(signals.filter(pk__in=late, state=SignalState.BUFFERED).update(state=SignalState.DROPPED))
+
+
+def cleanup(now: datetime, cutoff: datetime, grace: timedelta, using: str) -> int:
+    """One bounded pass of the message cleanup (each part at most CLEANUP_BATCH rows): expire admitted
+    updates whose caller's deadline is more than ``grace`` past, fail the open updates of runs that
+    ended, drop late signals, delete settled updates and answered queries older than ``cutoff`` and
+    pending queries past their deadline. Returns how many rows changed.
+
+    Args:
+        now: workflow time; ``cutoff``: the retention limit; ``grace``: past a deadline before expiry.
+    """
+    updates = PendingUpdate.objects.using(using)
+    done = 0
+    # Read first, write only what was found: on SQLite even an UPDATE that matches nothing takes the
+    # write lock.
+    abandoned = list(
+        updates.filter(status=UpdateStatus.ADMITTED, deadline__lt=now - grace).values_list("pk", flat=True)[
+            :CLEANUP_BATCH
+        ]
+    )
+    if abandoned:  # their callers stopped waiting and died: nobody will expire them otherwise
+        done += updates.filter(pk__in=abandoned, status=UpdateStatus.ADMITTED).update(
+            status=UpdateStatus.EXPIRED, completed_at=now
+        )
+    orphaned = list(
+        updates.filter(status__in=[UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED], created_at__lt=now - grace)
+        .exclude(Exists(_same_run_active(using)))
+        .values_list("pk", flat=True)[:CLEANUP_BATCH]
+    )
+    if orphaned:  # runs that ended through a transition, which closes admitted updates only
+        done += updates.filter(pk__in=orphaned, status__in=[UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED]).update(
+            status=UpdateStatus.FAILED,
+            completed_at=now,
+            error={"type": "WorkflowTerminalError", "message": "The workflow ended before the update was answered."},
+        )
+    done += drop_late_signals(using)
+    settled = [UpdateStatus.COMPLETED, UpdateStatus.REJECTED, UpdateStatus.FAILED, UpdateStatus.EXPIRED]
+    old_updates = list(
+        PendingUpdate.objects.using(using)
+        .filter(status__in=settled, completed_at__lt=cutoff)
+        .values_list("pk", flat=True)[:CLEANUP_BATCH]
+    )
+    if old_updates:
+        done += PendingUpdate.objects.using(using).filter(pk__in=old_updates).delete()[0]
+    old_queries = list(
+        QueryRequest.objects.using(using)
+        .filter(status__in=[QueryStatus.ANSWERED, QueryStatus.FAILED, QueryStatus.EXPIRED], created_at__lt=cutoff)
+        .values_list("pk", flat=True)[:CLEANUP_BATCH]
+    )
+    old_queries += list(
+        QueryRequest.objects.using(using)
+        .filter(status=QueryStatus.PENDING, deadline__lt=now - grace)
+        .values_list("pk", flat=True)[:CLEANUP_BATCH]
+    )
+    if old_queries:
+        done += QueryRequest.objects.using(using).filter(pk__in=old_queries).delete()[0]
+    return done

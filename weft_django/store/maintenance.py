@@ -2,7 +2,28 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Exists, OuterRef, QuerySet
+
+from ..models import Workflow
+from ..status import ACTIVE_STATUSES
+
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
 
 
 # -- engine side (ownership, the fenced commit, messages, chores) ----------------------------
+
+
+def expired_runs(status: str, cutoff: datetime, limit: int, using: str) -> tuple[QuerySet[Workflow], list[Any]]:
+    """The runs of ``status`` that finished before ``cutoff``, and the ids of the oldest ``limit`` of
+    them whose parent is not active (a child is kept while its parent runs).
+
+    Returns:
+        (the queryset of every expired run of that status, re-checked by a purge; the ids to purge).
+    """
+    expired = Workflow.objects.using(using).filter(status=status, finished_at__lt=cutoff)
+    parent_active = Workflow.objects.using(using).filter(pk=OuterRef("parent_id"), status__in=list(ACTIVE_STATUSES))
+    ids = list(expired.exclude(Exists(parent_active)).order_by("finished_at").values_list("pk", flat=True)[:limit])
+    return expired, ids

@@ -2,7 +2,59 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from ..models import Schedule, Timer, Workflow
+from ..status import TimerKind, WorkflowStatus
+
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
 
 
 # -- engine side (ownership, the fenced commit, messages, chores) ----------------------------
+
+
+def due_schedules(
+    now: datetime, *, skip_types: Iterable[str], skip_ids: Iterable[str], limit: int, using: str
+) -> list[Any]:
+    """The ids of at most ``limit`` unpaused schedules due at ``now``, earliest first, leaving out the
+    workflow types ``skip_types`` and the schedules ``skip_ids``."""
+    return list(
+        Schedule.objects.using(using)
+        .filter(paused=False, next_fire_at__lte=now)
+        .exclude(workflow_type__in=skip_types)
+        .exclude(pk__in=list(skip_ids))
+        .order_by("next_fire_at")
+        .values_list("pk", flat=True)[:limit]
+    )
+
+
+def lock_schedule(schedule_id: str, using: str) -> Schedule | None:
+    """Inside a transaction: the schedule row, locked (SKIP LOCKED: None if another engine has it, or
+    if it does not exist)."""
+    return Schedule.objects.using(using).select_for_update(skip_locked=True).filter(pk=schedule_id).first()
+
+
+def schedule_exists(schedule_id: str, using: str) -> bool:
+    """Whether the schedule row exists (a plain read)."""
+    return bool(Schedule.objects.using(using).filter(pk=schedule_id).exists())
+
+
+def save_schedule(row: Schedule, fields: list[str], using: str) -> None:
+    """Write these fields of a (locked) schedule row."""
+    row.save(using=using, update_fields=fields)
+
+
+def with_waiting_runs(limit: int, using: str) -> list[str]:
+    """Schedules with a run queued by overlap="queue" and not released yet (at most ``limit``)."""
+    released = Timer.objects.using(using).filter(kind=TimerKind.DELAYED_START).values("workflow_id")
+    return [
+        str(schedule_id)
+        for schedule_id in Workflow.objects.using(using)
+        .filter(status=WorkflowStatus.PENDING, schedule_id__isnull=False, start_at__isnull=True)
+        .exclude(pk__in=released)
+        .order_by()
+        .values_list("schedule_id", flat=True)
+        .distinct()[:limit]
+    ]

@@ -1,8 +1,149 @@
-"""Server-side bounds on the engine's own sessions (lock_timeout, idle_in_transaction_session_timeout)."""
+"""Server-side bounds on the engine's own sessions (lock_timeout, idle_in_transaction_session_timeout).
+
+The policy (how long, and which threads) is the engine's (``weft_django.engine.sessions``); the
+statements and the per-thread bookkeeping are here. A thread opts in with ``bind`` (its current
+connection gets the settings now, every new connection of that thread gets them in
+``connection_created``), and ``unbind`` restores the defaults. Where the backend has no sessions to
+bound (``Backend.bounds_sessions`` false: SQLite) everything here is a no-op.
+"""
 
 from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, ParamSpec, TypeVar
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.signals import connection_created
+from django.dispatch import receiver
+
+from .backend import backend
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_bound = threading.local()  # .limits: {database alias: limit in ms} for the engine's threads
 
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
 
 
 # -- engine side (ownership, the fenced commit, messages, chores) ----------------------------
+
+
+def _ms(limit: timedelta) -> str:
+    return str(int(limit.total_seconds() * 1000))
+
+
+def _apply(connection: BaseDatabaseWrapper, limit_ms: str) -> None:
+    # set_config() takes parameters under client- and server-side binding alike (SET does not).
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT set_config('idle_in_transaction_session_timeout', %s, false), "
+            "set_config('lock_timeout', %s, false)",
+            [limit_ms, limit_ms],
+        )
+
+
+def _limits() -> dict[str, str]:
+    limits: dict[str, str] | None = getattr(_bound, "limits", None)
+    if limits is None:
+        limits = _bound.limits = {}
+    return limits
+
+
+def bind(using: str, limit: timedelta) -> None:
+    """Bound this thread's sessions on ``using``, now and after every reconnect. Not when the thread is
+    inside someone's transaction (an engine driven from a test's atomic block): that transaction
+    belongs to its caller.
+
+    Args:
+        using: the connection alias.
+        limit: the idle-in-transaction and lock-wait bound.
+    """
+    found = backend(using)
+    connection = found.connection
+    if not found.bounds_sessions or connection.in_atomic_block:
+        return
+    _limits()[using] = _ms(limit)
+    if connection.connection is not None:
+        _apply(connection, _limits()[using])
+
+
+def unbind(using: str) -> None:
+    """Give this thread's connection the server's defaults back (it may serve other code afterwards).
+
+    Args:
+        using: the connection alias. A connection that is gone is closed (a new one starts with the defaults).
+    """
+    if _limits().pop(using, None) is None:
+        return
+    connection = backend(using).connection
+    if connection.connection is not None and not connection.in_atomic_block:
+        try:
+            # Back to the role's and server's own defaults, not to a hard-coded 0.
+            with connection.cursor() as cursor:
+                cursor.execute("RESET idle_in_transaction_session_timeout; RESET lock_timeout")
+        except Exception:  # the connection is gone: a new one starts with the defaults anyway
+            connection.close()
+
+
+@receiver(connection_created, dispatch_uid="weft_django.engine.sessions")
+def _on_connection_created(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+    limit_ms = getattr(_bound, "limits", {}).get(connection.alias)
+    if limit_ms is not None and backend(connection.alias).bounds_sessions:
+        _apply(connection, limit_ms)
+
+
+def bounded_commit(commit: Callable[P, R], using: str, limit: timedelta) -> Callable[P, R]:
+    """Wrap an atomic activity's commit step: the rest of the activity's transaction (locking the
+    claim, writing the step, COMMIT) gets the engine sessions' bound, the user's code before it none.
+
+    Args:
+        commit: the commit step to wrap.
+        using: the connection alias.
+        limit: the bound, for this transaction only (``SET LOCAL``).
+    """
+    limit_ms = _ms(limit)
+
+    def commit_bounded(*args: P.args, **kwargs: P.kwargs) -> R:
+        found = backend(using)
+        if found.bounds_sessions:
+            with found.connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT set_config('idle_in_transaction_session_timeout', %s, true), "
+                    "set_config('lock_timeout', %s, true)",
+                    [limit_ms, limit_ms],
+                )
+        return commit(*args, **kwargs)
+
+    return commit_bounded
+
+
+def allow_user_code(using: str) -> None:
+    """Inside an engine transaction that runs workflow code (update handlers and queries run under the
+    fence, ADR 0009): no idle limit for this transaction only, since a handler may legitimately take
+    longer than the bound between two statements. A frozen engine caught inside one still holds that
+    workflow's claim until it thaws or dies (the others' are unaffected).
+
+    Args:
+        using: the connection alias (a no-op unless this thread bound its sessions there).
+    """
+    found = backend(using)
+    if found.bounds_sessions and getattr(_bound, "limits", {}).get(using) is not None:
+        with found.connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('idle_in_transaction_session_timeout', '0', true)")
+
+
+def relax_commit(using: str) -> None:
+    """Inside a transaction that only carries a query answer (no workflow state): commit without
+    waiting for the WAL flush where the backend has one (PostgreSQL). A crash may lose it; its caller
+    then times out or asks again.
+
+    Args:
+        using: the connection alias.
+    """
+    found = backend(using)
+    if found.bounds_sessions:
+        with found.connection.cursor() as cursor:
+            cursor.execute("SET LOCAL synchronous_commit TO OFF")

@@ -2,7 +2,37 @@
 
 from __future__ import annotations
 
+from ..models import Timer, Workflow
+from ..status import TERMINAL_STATUSES, TimerKind
+
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
 
 
 # -- engine side (ownership, the fenced commit, messages, chores) ----------------------------
+
+
+def timers_after(after: int, limit: int, using: str) -> list[tuple[int, str]]:
+    """The next ``limit`` timers (schedule timers excepted) in primary-key order after ``after``: an
+    index range scan with LIMIT. Returns (pk, workflow id) rows."""
+    return list(
+        Timer.objects.using(using)
+        .filter(pk__gt=after)
+        .exclude(kind=TimerKind.SCHEDULE)
+        .order_by("pk")
+        .values_list("pk", "workflow_id")[:limit]
+    )
+
+
+def live_workflows(workflow_ids: set[str], using: str) -> set[str]:
+    """Which of these workflows exist and are not terminal (looked up by primary key)."""
+    return set(
+        Workflow.objects.using(using)
+        .filter(pk__in=workflow_ids)
+        .exclude(status__in=list(TERMINAL_STATUSES))
+        .values_list("pk", flat=True)
+    )
+
+
+def delete_timers(pks: list[int], using: str) -> None:
+    """Delete these timers."""
+    Timer.objects.using(using).filter(pk__in=pks).delete()

@@ -1,0 +1,141 @@
+"""Child runs, engine side: a parent's fenced commit inserts each child's row and unheld claim, and
+a child that ends writes its child-terminal record into its parent's mailbox (a buffered signal
+with a reserved name and id, written once). See ``weft_django.engine.children`` for the rules."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from ..codec import encode
+from ..models import BufferedSignal, Workflow
+from ..notify import send_many
+from . import claims
+from .epochs import next_epoch
+
+MAILBOX_PREFIX = "__weft_child__:"
+
+
+def mailbox_name(seq: int) -> str:
+    """The reserved signal name (and signal id) under which a child reports to the step ``seq``."""
+    return f"{MAILBOX_PREFIX}{seq}"
+
+
+@dataclasses.dataclass
+class ChildStart:
+    child_id: str
+    workflow_type: str
+    version: str
+    input_text: str
+    parent_id: str
+    parent_run_id: str
+    parent_seq: int
+    parent_close_policy: str
+    depth: int
+    run_id: str = ""
+
+
+def start_children(
+    engine_id: str,
+    children: list[ChildStart],
+    now: datetime,
+    ttl: timedelta,
+    using: str,
+    on_started: Callable[[ChildStart, str], None] | None = None,
+) -> dict[str, int]:
+    """Inside the parent's fenced commit (its claim is locked already): insert each child's row and an
+    unheld claim with a fresh epoch, and wake the engines. A child id that is already taken is
+    reported to the parent as a failure.
+
+    Args:
+        engine_id: the parent's engine (unused by the rows: a child's claim starts unheld).
+        children: the children to start; ``now``: workflow time; ``ttl``: unused (kept for callers).
+        on_started: called with each child started and ``using``, inside the transaction.
+
+    Returns:
+        {child id: epoch} of the children started.
+    """
+    claimed: dict[str, int] = {}
+    for child in children:
+        child.run_id = str(uuid.uuid4())
+        try:
+            with transaction.atomic(using=using):
+                Workflow.objects.using(using).create(
+                    id=child.child_id,
+                    run_id=child.run_id,
+                    workflow_type=child.workflow_type,
+                    version=child.version,
+                    status="running",
+                    input=child.input_text,
+                    parent_id=child.parent_id,
+                    parent_run_id=child.parent_run_id,
+                    parent_seq=child.parent_seq,
+                    parent_close_policy=child.parent_close_policy,
+                    depth=child.depth,
+                    created_at=now,
+                    updated_at=now,
+                    started_at=now,
+                )
+                epoch = next_epoch(using)
+                claims.insert_unheld(child.child_id, epoch, now, using)
+                claimed[child.child_id] = epoch
+                if on_started is not None:
+                    on_started(child, using)  # the signal waits for the parent's commit
+        except IntegrityError:
+            report_child_end(
+                child.child_id,
+                child.parent_id,
+                child.parent_run_id,
+                child.parent_seq,
+                "failed",
+                None,
+                {
+                    "type": "WorkflowAlreadyExistsError",
+                    "message": f'A workflow "{child.child_id}" already exists; give the child another id.',
+                },
+                now,
+                using,
+            )
+    send_many("w", list(claimed), using)
+    return claimed
+
+
+def report_child_end(
+    child_id: str,
+    parent_id: str,
+    parent_run_id: str,
+    parent_seq: int,
+    status: str,
+    result_text: str | None,
+    error: dict[str, Any] | None,
+    now: datetime,
+    using: str,
+) -> None:
+    """Write the child-terminal record into the parent's mailbox (idempotent by its reserved id) and
+    wake the parent's engine.
+
+    Args:
+        child_id: the child that ended; ``parent_id``, ``parent_run_id``, ``parent_seq``: the step told.
+        status: the child's terminal status; ``result_text``, ``error``: its result or error.
+    """
+    name = mailbox_name(parent_seq)
+    payload = encode({"child_id": child_id, "status": status, "result": result_text, "error": error})
+    BufferedSignal.objects.using(using).bulk_create(
+        [
+            BufferedSignal(
+                workflow_id=parent_id,
+                run_id=parent_run_id,
+                name=name,
+                signal_id=name,
+                payload=payload,
+                created_at=now,
+            )
+        ],
+        ignore_conflicts=True,
+    )
+    send_many("w", [parent_id], using)
