@@ -124,30 +124,30 @@ _Aware = Callable[[Any], "datetime | None"]
 
 
 def _runs_sql(marks: str) -> str:
-    return f"SELECT {_RUN_COLUMNS} FROM {Workflow._meta.db_table} WHERE id IN ({marks})"  # noqa: S608
+    return f"SELECT {_RUN_COLUMNS} FROM {Workflow._meta.db_table} WHERE id IN ({marks})"
 
 
 def _steps_sql(runs: str) -> str:
-    return f"SELECT {_STEP_COLUMNS} FROM {Step._meta.db_table} WHERE run_id IN ({runs})"  # noqa: S608
+    return f"SELECT {_STEP_COLUMNS} FROM {Step._meta.db_table} WHERE run_id IN ({runs})"
 
 
 def _applied_sql(runs: str) -> str:
-    return f"SELECT {_APPLIED_COLUMNS} FROM {AppliedUpdate._meta.db_table} WHERE run_id IN ({runs}) ORDER BY seq, n"  # noqa: S608
+    return f"SELECT {_APPLIED_COLUMNS} FROM {AppliedUpdate._meta.db_table} WHERE run_id IN ({runs}) ORDER BY seq, n"
 
 
 def _timers_sql(marks: str) -> str:
-    return f"SELECT {_TIMER_COLUMNS} FROM {Timer._meta.db_table} WHERE workflow_id IN ({marks})"  # noqa: S608
+    return f"SELECT {_TIMER_COLUMNS} FROM {Timer._meta.db_table} WHERE workflow_id IN ({marks})"
 
 
 def _admitted_sql(marks: str) -> str:
     return (
-        f"SELECT {_ADMITTED_COLUMNS} FROM {PendingUpdate._meta.db_table} "  # noqa: S608
+        f"SELECT {_ADMITTED_COLUMNS} FROM {PendingUpdate._meta.db_table} "
         f"WHERE workflow_id IN ({marks}) AND status = %s ORDER BY created_at, id"
     )
 
 
 _BUFFERED_SQL = (
-    f"SELECT id, workflow_id, run_id, name, payload FROM {BufferedSignal._meta.db_table} "  # noqa: S608
+    f"SELECT id, workflow_id, run_id, name, payload FROM {BufferedSignal._meta.db_table} "
     f"WHERE state = '{SignalState.BUFFERED.value}' AND workflow_id = ANY(%s) ORDER BY id"
 )
 
@@ -303,7 +303,7 @@ def _load_batched(cursor: Any, workflow_ids: list[str], using: str) -> Loaded:
     aware = backend(using).datetime_reader()
     for chunk in _chunks(workflow_ids):
         marks = ", ".join(["%s"] * len(chunk))
-        of_runs = f"SELECT run_id FROM {table} WHERE id IN ({marks})"  # noqa: S608
+        of_runs = f"SELECT run_id FROM {table} WHERE id IN ({marks})"
         statements = [_runs_sql(marks), _steps_sql(of_runs), _applied_sql(of_runs), _timers_sql(marks)]
         statements.append(_admitted_sql(marks))
         cursor.execute(";\n".join(statements), [*chunk * 5, UpdateStatus.ADMITTED.value])

@@ -65,7 +65,7 @@ def run_of_unreadable(workflow_id: str, using: str) -> tuple[str, int] | None:
     try:
         with connections[using].cursor() as cursor:
             cursor.execute(
-                f"SELECT run_id, stuck_attempts FROM {Workflow._meta.db_table} WHERE id = %s",  # noqa: S608
+                f"SELECT run_id, stuck_attempts FROM {Workflow._meta.db_table} WHERE id = %s",
                 [workflow_id],
             )
             row = cursor.fetchone()
