@@ -22,8 +22,7 @@ from django.db import IntegrityError, connections, transaction
 from django.db.models import Count, IntegerField, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 
-from . import codec, events, notify, prepared, transitions, validation
-from .clock import db_now, workflow_now_sql
+from . import codec, events, transitions, validation
 from .epochs import next_epoch, next_epoch_sql
 from .exceptions import (
     IdempotencyKeyPurgedError,
@@ -48,6 +47,8 @@ from .models import (
 from .queries_and_updates import admit, await_update, query_on_thread, update_on_thread
 from .registry import WorkflowDefinition, resolve_workflow
 from .status import TERMINAL_STATUSES, SignalState, TimerKind, WorkflowStatus
+from .store import notify, prepared
+from .store.clock import db_now, workflow_now_sql
 from .validation import (  # noqa: F401 - MAX_*: re-exported for the admin's forms
     MAX_ID_LENGTH,
     MAX_KEY_LENGTH,

@@ -14,8 +14,7 @@ from typing import Any
 from django.db import IntegrityError, connections, transaction
 from django.db.models import OuterRef, Subquery
 
-from . import codec, notify, transitions
-from .clock import db_now
+from . import codec, transitions
 from .exceptions import (
     InvalidArgumentError,
     QueryFailedError,
@@ -29,6 +28,8 @@ from .exceptions import (
 )
 from .models import PendingUpdate, QueryRequest, Workflow, WorkflowClaim
 from .status import TERMINAL_STATUSES, QueryStatus, UpdateStatus, WorkflowStatus
+from .store import notify
+from .store.clock import db_now
 from .validation import validate_key, validate_name
 from .waits import Wait
 

@@ -33,14 +33,15 @@ from typing import TYPE_CHECKING, Any
 from croniter import CroniterError, croniter
 from django.db import IntegrityError, transaction
 
-from . import codec, events, notify, transitions
-from .clock import db_now
+from . import codec, events, transitions
 from .durations import InvalidDuration, to_ms
 from .epochs import next_epoch
 from .exceptions import InvalidScheduleError, ScheduleNotFoundError, WorkflowTerminalError
 from .models import Schedule, Timer, Workflow
 from .registry import WorkflowDefinition, registry, resolve_workflow
 from .status import ACTIVE_STATUSES, OverlapPolicy, TimerKind, WorkflowStatus
+from .store import notify
+from .store.clock import db_now
 from .validation import check_text, validate_note
 
 if TYPE_CHECKING:

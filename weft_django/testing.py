@@ -91,12 +91,12 @@ class Clock:
     Claims keep using the raw database clock, so skipping time does not expire them."""
 
     def advance(self, seconds: float | timedelta) -> None:
-        from .clock import advance
+        from .store.clock import advance
 
         advance(seconds if isinstance(seconds, timedelta) else timedelta(seconds=seconds))
 
     def set_offset(self, seconds: float | timedelta) -> None:
-        from .clock import set_offset
+        from .store.clock import set_offset
 
         set_offset(seconds if isinstance(seconds, timedelta) else timedelta(seconds=seconds))
 
@@ -107,13 +107,13 @@ class Clock:
             self.advance(delta)
 
     def offset(self) -> timedelta:
-        from .clock import offset
+        from .store.clock import offset
 
         return offset()
 
     def now(self) -> datetime:
         """Workflow time: the database clock plus the offset."""
-        from .clock import db_now
+        from .store.clock import db_now
 
         return db_now()
 
@@ -320,8 +320,8 @@ class FrozenEngine:
 
     def wait_until_claims_lapse(self, timeout: float = 120.0) -> None:
         """Wait on the database clock until every frozen claim expired more than the grace ago."""
-        from .clock import db_clock
         from .models import WorkflowClaim
+        from .store.clock import db_clock
 
         _, grace = self.engine.claim_timing()
 
@@ -376,7 +376,7 @@ class FrozenEngine:
 
     def thaw(self) -> None:
         """SIGCONT: the engine resumes where it stopped, still believing it owns its old claims."""
-        from .clock import db_clock
+        from .store.clock import db_clock
 
         self.thawed_at = db_clock(self.engine.alias)
         self.engine.thaw()

@@ -203,9 +203,9 @@ def _stuck(using: str) -> Finding:
 
 def doctor(using: str) -> list[Finding]:
     """Every check, in order. Later checks are skipped when what they need is missing."""
-    from ..clock import db_clock, db_now
     from ..conf import get_settings
     from ..exceptions import ConfigurationError
+    from ..store.clock import db_clock, db_now
 
     findings = [_database(using)]
     if findings[0].level == ERROR:

@@ -290,8 +290,8 @@ class StatusReporter:
         from django.db.models import Count, Min
 
         from ... import events
-        from ...clock import db_now
         from ...models import Timer
+        from ...store.clock import db_now
 
         engine = self.engine
         now = db_now(engine.using)
