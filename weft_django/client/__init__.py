@@ -5,7 +5,7 @@ Clients write rows and send wake-ups; they never claim a workflow and never run 
 take effect (wake-up included) when it commits. ``result`` waits for an engine, so it never joins
 the caller's transaction: it runs on a "weft-wait" thread with its own autocommit connection.
 
-The package, by job: ``start`` (start, start_or_signal, start_with_update), ``handles``
+The package, by job: ``starting`` (start, start_or_signal, start_with_update), ``handles``
 (WorkflowHandle, get_handle, cancel, results), ``messages`` (signal, query, update) and ``common``
 (argument checks). Every name is importable from ``weft_django.client`` as before the split.
 """
@@ -41,7 +41,7 @@ from .common import (  # noqa: F401 - the names modules and tests import from we
 )
 from .handles import WorkflowHandle, _deadline, _outcome, cancel, get_handle  # noqa: F401
 from .messages import _buffer_signal, _submit_query, _submit_update, aquery, aupdate, query, signal, update  # noqa: F401
-from .start import (  # noqa: F401
+from .starting import (  # noqa: F401
     _admit_starting,
     _check_type,
     _existing_for_key,

@@ -59,6 +59,17 @@ class Backend:
     #: a start, a signal, a claim rotation are each one statement (CTEs, RETURNING, NOTIFY inside).
     writes_in_one_statement: ClassVar[bool] = False
 
+    @property
+    def display_name(self) -> str:
+        """The database's name as operators read it (Django's vendor name: postgresql, sqlite)."""
+        return self.vendor
+
+    def ping(self) -> None:
+        """One round trip to the database (``SELECT 1``); the driver's error if it does not answer."""
+        with self.connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+
     def relax_commit(self) -> None:
         """In the current transaction: its commit need not wait for the disk (a query request: lost
         with a crash, it is asked again). Nothing where the database cannot say so."""
