@@ -134,10 +134,8 @@ def _end_run(row: dict[str, Any], status: WorkflowStatus, using: str, *, reason:
     _close_children(row, status, using)
     events.workflow_ended(row, status, reason, using)  # the signal waits for this transaction's commit
     if row["parent_id"] and row["parent_seq"] is not None:
-        from .engine.children import report_child_end
-
         error_type = "WorkflowCancelledError" if status == WorkflowStatus.CANCELLED else "WorkflowTimedOutError"
-        report_child_end(  # the parent's owner learns that its child ended (and is woken)
+        mailbox.report_child_end(  # the parent's owner learns that its child ended (and is woken)
             row["id"],
             row["parent_id"],
             str(row["parent_run_id"]),

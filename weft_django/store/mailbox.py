@@ -8,6 +8,7 @@ from typing import Any
 
 from django.db import transaction
 
+from ..codec import encode
 from ..models import BufferedSignal, PendingUpdate, QueryRequest, Workflow
 from ..status import SignalState, UpdateStatus, WorkflowStatus
 from . import notify, prepared
@@ -73,6 +74,52 @@ def buffer_signal(workflow_id: str, name: str, text: str, signal_id: str | None,
             return len(cursor.fetchall()) == 1
         cursor.execute(insert, params)
         return bool(cursor.rowcount == 1)
+
+
+CHILD_MAILBOX_PREFIX = "__weft_child__:"
+
+
+def child_mailbox_name(seq: int) -> str:
+    """The reserved signal name (and signal id) under which a child reports to its parent's step ``seq``."""
+    return f"{CHILD_MAILBOX_PREFIX}{seq}"
+
+
+def report_child_end(
+    child_id: str,
+    parent_id: str,
+    parent_run_id: str,
+    parent_seq: int,
+    status: str,
+    result_text: str | None,
+    error: dict[str, Any] | None,
+    now: datetime,
+    using: str,
+) -> None:
+    """Write the child-terminal record into the parent's mailbox and wake the parent's engine: a
+    buffered signal under the reserved name of the step ``parent_seq`` (idempotent by its reserved id).
+
+    Args:
+        child_id: the child that ended; ``status``, ``result_text`` (codec text) and ``error`` its end.
+        parent_id, parent_run_id, parent_seq: the parent run and the step that waits for the child.
+        now: workflow time (the signal's created_at).
+        using: the connection alias, in the caller's transaction.
+    """
+    name = child_mailbox_name(parent_seq)
+    payload = encode({"child_id": child_id, "status": status, "result": result_text, "error": error})
+    BufferedSignal.objects.using(using).bulk_create(
+        [
+            BufferedSignal(
+                workflow_id=parent_id,
+                run_id=parent_run_id,
+                name=name,
+                signal_id=name,
+                payload=payload,
+                created_at=now,
+            )
+        ],
+        ignore_conflicts=True,
+    )
+    notify.send_many("w", [parent_id], using)
 
 
 def ask_query(
