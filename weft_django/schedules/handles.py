@@ -16,6 +16,7 @@ from ..conf import database_alias
 from ..exceptions import InvalidScheduleError, ScheduleNotFoundError
 from ..models import Schedule
 from ..registry import registry
+from ..store import schedules as rows
 from ..store.clock import db_now
 from ..validation import validate_note
 from .fields import _TIMING_FIELDS, _fields, retime, validate_schedule_id
@@ -28,7 +29,7 @@ def _alias() -> str:
 
 
 def _locked(schedule_id: str, using: str) -> Schedule:
-    row = Schedule.objects.using(using).select_for_update().filter(pk=schedule_id).first()
+    row = rows.lock_schedule(schedule_id, using)
     if row is None:
         raise ScheduleNotFoundError(f'No schedule "{schedule_id}" exists (never created, or deleted). Check the id.')
     return row
@@ -43,7 +44,7 @@ def _save(row: Schedule, values: dict[str, Any], now: datetime, using: str) -> N
     if set(changed) & set(_TIMING_FIELDS):
         retime(row, now)
     row.updated_at = now
-    row.save(using=using, update_fields=[*changed, "next_nominal_at", "next_fire_at", "updated_at"])
+    rows.save_schedule(row, [*changed, "next_nominal_at", "next_fire_at", "updated_at"], using)
 
 
 def schedule(
@@ -84,14 +85,14 @@ def schedule(
     for _ in range(transitions.MAX_ATTEMPTS):
         try:
             with transaction.atomic(using=using):
-                row = Schedule.objects.using(using).select_for_update().filter(pk=schedule_id).first()
+                row = rows.lock_schedule(schedule_id, using)
                 now = db_now(using)
                 if row is not None:
                     _save(row, fields, now, using)
                     return ScheduleHandle(schedule_id)
                 row = Schedule(id=schedule_id, created_at=now, updated_at=now, **fields)
                 retime(row, now)
-                row.save(using=using, force_insert=True)
+                rows.insert_schedule(row, using)
                 return ScheduleHandle(schedule_id)
         except IntegrityError:
             continue  # created concurrently: update it on the next attempt
@@ -101,7 +102,7 @@ def schedule(
 def get_schedule(id: str) -> ScheduleHandle:
     """A handle for schedule ``id``; ScheduleNotFoundError if there is none."""
     schedule_id = validate_schedule_id(id)
-    if not Schedule.objects.using(_alias()).filter(pk=schedule_id).exists():
+    if not rows.schedule_exists(schedule_id, _alias()):
         raise ScheduleNotFoundError(f'No schedule "{schedule_id}" exists (never created, or deleted). Check the id.')
     return ScheduleHandle(schedule_id)
 
@@ -132,7 +133,7 @@ class ScheduleHandle:
             row = _locked(self.id, using)
             if not row.paused or row.note != note:
                 row.paused, row.note, row.next_fire_at, row.updated_at = True, note, None, db_now(using)
-                row.save(using=using, update_fields=["paused", "note", "next_fire_at", "updated_at"])
+                rows.save_schedule(row, ["paused", "note", "next_fire_at", "updated_at"], using)
 
     def resume(self) -> None:
         """Fire again from the next occurrence after now (the ones passed while paused are dropped)."""
@@ -146,7 +147,7 @@ class ScheduleHandle:
             nominal = timing.upcoming(row.next_nominal_at or timing.first_after(now), now)
             row.paused, row.note, row.updated_at = False, "", now
             row.next_nominal_at, row.next_fire_at = nominal, timing.fire_at(nominal)
-            row.save(using=using, update_fields=["paused", "note", "next_nominal_at", "next_fire_at", "updated_at"])
+            rows.save_schedule(row, ["paused", "note", "next_nominal_at", "next_fire_at", "updated_at"], using)
 
     def trigger(self) -> WorkflowHandle | None:
         """Start a run now with the id ``f"{id}@manual-<8 hex>"``, even while paused, subject to the
@@ -160,7 +161,7 @@ class ScheduleHandle:
             outcome = fire(row, workflow_id, definition, now, using)
             if outcome in (STARTED, QUEUED):
                 row.last_fired_at = now
-                row.save(using=using, update_fields=["last_fired_at"])
+                rows.save_schedule(row, ["last_fired_at"], using)
         return WorkflowHandle(workflow_id) if outcome in (STARTED, QUEUED) else None
 
     def update(
@@ -215,14 +216,14 @@ class ScheduleHandle:
         with transaction.atomic(using=using):
             row = _locked(self.id, using)
             cancel_waiting(row.id, f'schedule "{row.id}" was deleted', using)
-            row.delete(using=using)
+            rows.delete_schedule(row, using)
 
     def describe(self) -> dict[str, Any]:
         """id, workflow_type, cron, every, timezone, args, kwargs, overlap, backfill, jitter, paused, note,
         next_fire_times (the next five, UTC; empty while paused), last_fired_at, missed_fire_count,
         running_ids (the active runs: running, pending or suspended)."""
         using = _alias()
-        row = Schedule.objects.using(using).filter(pk=self.id).first()
+        row = rows.read_schedule(self.id, using)
         if row is None:
             raise ScheduleNotFoundError(f'No schedule "{self.id}" exists (never created, or deleted). Check the id.')
         timing = Timing.of(row)
