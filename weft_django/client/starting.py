@@ -72,22 +72,22 @@ class _Plan:
         return runs.one_statement(self.run(""), using)
 
 
-def _try_insert_run(plan: _Plan, workflow_id: str, using: str) -> bool:
+def _try_insert_run(plan: _Plan, workflow_id: str, using: str, *, savepoint: bool = True) -> bool:
     """Insert a new run with its claim (fresh epoch, no holder) and its idempotency key, if any
     (``store.runs.create_run``); False, with nothing written, when the id or key is taken.
 
     On PostgreSQL one statement that cannot fail on a taken id or key (no savepoint needed); elsewhere
     the ORM insert in a savepoint, so a taken id rolls back only that savepoint."""
-    created = runs.create_run(plan.run(workflow_id), using)
+    created = runs.create_run(plan.run(workflow_id), using, savepoint=savepoint)
     if created is None:
         return False
     events.workflow_started(created, using)
     return True
 
 
-def _insert_run(plan: _Plan, workflow_id: str, using: str) -> None:
+def _insert_run(plan: _Plan, workflow_id: str, using: str, *, savepoint: bool = True) -> None:
     """As ``_try_insert_run``; IntegrityError when the id or the key is taken."""
-    if not _try_insert_run(plan, workflow_id, using):
+    if not _try_insert_run(plan, workflow_id, using, savepoint=savepoint):
         raise IntegrityError(f"workflow id {workflow_id!r} or idempotency key {plan.idempotency_key!r} is taken")
 
 
@@ -184,7 +184,7 @@ def _start_with_key(plan: _Plan, key: str, using: str) -> WorkflowHandle:
                 if existing is not None:
                     return existing
                 workflow_id = str(uuid.uuid4())
-                _insert_run(plan, workflow_id, using)  # a savepoint: a taken key rolls back only the insert
+                _insert_run(plan, workflow_id, using, savepoint=False)  # a taken key rolls this atomic() back
                 return WorkflowHandle(workflow_id)
         except IntegrityError:
             continue

@@ -98,7 +98,9 @@ def one_statement(new: NewRun, using: str) -> bool:
     return _start_statement(new, using) is not None
 
 
-def create_run(new: NewRun, using: str, *, now: datetime | None = None, wake: bool = True) -> Workflow | str | None:
+def create_run(
+    new: NewRun, using: str, *, now: datetime | None = None, wake: bool = True, savepoint: bool = True
+) -> Workflow | str | None:
     """Create a run: its row, its unheld claim (a fresh epoch, through ``store.claims``), its
     idempotency key and delayed-start timer if any, and the wake-up, in the caller's transaction
     (joined, or a savepoint of it: a taken id writes nothing and leaves it usable).
@@ -109,6 +111,8 @@ def create_run(new: NewRun, using: str, *, now: datetime | None = None, wake: bo
         now: the run's created_at (a schedule's firing time, a parent's commit time); default
             workflow time now.
         wake: send the ``w:<id>`` wake-up (a child's parent sends them for all its children at once).
+        savepoint: False inside a caller's ``atomic()`` that is rolled back anyway when the id is taken
+            (one round trip less each way); the caller's transaction is then unusable after None.
 
     Returns:
         The saved row, or its id (the one-statement start), or None when the id or the
@@ -122,7 +126,7 @@ def create_run(new: NewRun, using: str, *, now: datetime | None = None, wake: bo
         epoch = None
     run, timer = new.rows(now)
     try:
-        with transaction.atomic(using=using):
+        with transaction.atomic(using=using, savepoint=savepoint):
             if new.idempotency_key is not None:
                 # The key's primary key is where concurrent starts with one key meet: one insert wins,
                 # the others wait for its transaction and fail, then find the winner's run.
