@@ -20,8 +20,7 @@ from ..models import IdempotencyKey, Workflow
 from ..queries_and_updates import admit, update_on_thread
 from ..registry import WorkflowDefinition, resolve_workflow
 from ..status import TERMINAL_STATUSES
-from ..store import claims, notify, runs
-from ..store.clock import db_now
+from ..store import runs
 from ..validation import validate_workflow_id
 from ..waits import Wait, finish, submit
 from .common import (
@@ -103,13 +102,7 @@ def _replace_run(plan: _Plan, workflow_id: str, using: str) -> bool:
             f"only a finished run. Cancel it first, or use another id."
         )
     transitions.delete_run_rows([workflow_id], using)
-    run, timer = plan.run(workflow_id).rows(db_now(using))
-    run.save(using=using, force_update=True)
-    claims.rotate_epoch(workflow_id, using)
-    if timer is not None:
-        timer.save(using=using, force_insert=True)
-    notify.send("w", workflow_id, using)
-    events.workflow_started(run, using)
+    events.workflow_started(runs.replace_run(plan.run(workflow_id), using), using)
     return True
 
 

@@ -144,6 +144,20 @@ def create_run(
     return run
 
 
+def replace_run(new: NewRun, using: str) -> Workflow:
+    """Write a new run over the row of a finished one (on_conflict="start_new"), in the caller's
+    transaction: the run row, a new epoch for its claim (no holder), its delayed-start timer if any,
+    and the wake-up. The caller holds the claim and workflow locks and deleted the old run's rows.
+    Returns the saved row."""
+    run, timer = new.rows(db_now(using))
+    run.save(using=using, force_update=True)
+    claims.rotate_epoch(new.workflow_id, using)
+    if timer is not None:
+        timer.save(using=using, force_insert=True)
+    notify.send("w", new.workflow_id, using)
+    return run
+
+
 def now_and_epoch(using: str) -> tuple[datetime, int]:
     """Workflow time and a fresh epoch, in one round trip where the database can."""
     store = backend(using)
