@@ -48,7 +48,7 @@ from .status import (
 from .store import claims, mailbox, notify, runs
 
 # moved to weft_django.store.claims (issue 15): re-export until callers move
-from .store.claims import FAMILY_LOCK_ROUNDS, active_descendants, lock_family, rotate_epoch, write_claim  # noqa: F401
+from .store.claims import active_descendants, lock_family, rotate_epoch, write_claim  # noqa: F401
 from .store.clock import db_now
 
 logger = logging.getLogger(__name__)
