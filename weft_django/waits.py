@@ -37,7 +37,7 @@ POLL_FIRST, POLL_MAX = 0.05, 0.5
 
 class ResultTimeoutError(WaitTimeoutError, TimeoutError):
     """result() ran past its ``timeout`` (or close_connections() ended the wait). Catch it as
-    ``weft.WaitTimeoutError`` or as the builtin ``TimeoutError`` (API.md): it is both."""
+    ``weft.WaitTimeoutError`` or as the builtin ``TimeoutError`` (docs/howto.md): it is both."""
 
 
 def submit(fn: Any, *args: Any) -> tuple[Any, threading.Event]:
