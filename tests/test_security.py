@@ -497,17 +497,17 @@ def find(cursor, ids, vendor):
 # SQL the scan cannot follow, reviewed by hand; an entry that stops matching fails the test, so the
 # list cannot go stale. Review again whenever one of these functions changes.
 REVIEWED = {
-    "weft_django/client.py:_insert_run_sql": (
+    "weft_django/store/runs.py:_insert_run_sql": (
         "runs the statement _build_start_statement() builds once per shape and caches: identifiers from "
         "Model._meta (db_table, column), enum constants and the *_sql clock/epoch fragments; every value "
         "(id, run id, input, key, delay, timeout, column defaults) is a %(name)s parameter"
     ),
-    "weft_django/prepared.py:execute": (
+    "weft_django/store/prepared.py:execute": (
         "PREPARE/EXECUTE of its caller's statement: the name is a hex digest of that text, the text is the "
         "caller's (checked at each prepared.execute call site) with its placeholders renumbered $1..$n, and "
         "EXECUTE's arguments are %s placeholders: every value is still a parameter"
     ),
-    "weft_django/prepared.py:numbered": (
+    "weft_django/store/prepared.py:numbered": (
         "rewrites its caller's statement text: each %s / %(name)s placeholder becomes $n and %% becomes %; no "
         "value is put into the text (the values are returned, in $n order, for EXECUTE's placeholders)"
     ),

@@ -31,6 +31,7 @@ from weft_django.models import (
     WorkflowClaim,
 )
 from weft_django.store import epochs
+from weft_django.store import mailbox as store_mailbox
 
 ACTIVE = ["pending", "running", "suspended"]
 TERMINAL = ["completed", "failed", "cancelled", "timed_out"]
@@ -311,7 +312,7 @@ def test_retry_removes_the_failing_step_and_keeps_the_run():
     now = db_now()
     error = {"type": "ActivityError", "message": "card declined", "traceback": "", "seq": 3}  # as the engine records it
     set_status("f1", "failed", error=error, finished_at=now, stuck_attempts=2)
-    transitions._close_mailbox("f1", "failed", now, "default")  # as the engine's terminal commit would
+    store_mailbox.close_mailboxes(["f1"], now, "default")  # as the engine's terminal commit would
     held("f1")
     epoch = claim("f1").epoch
 

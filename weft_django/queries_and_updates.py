@@ -8,14 +8,13 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import OuterRef, Subquery
 
-from . import codec, notify, transitions
-from .clock import db_now
+from . import codec, transitions
 from .exceptions import (
     InvalidArgumentError,
     QueryFailedError,
@@ -29,6 +28,8 @@ from .exceptions import (
 )
 from .models import PendingUpdate, QueryRequest, Workflow, WorkflowClaim
 from .status import TERMINAL_STATUSES, QueryStatus, UpdateStatus, WorkflowStatus
+from .store import mailbox
+from .store.clock import db_now
 from .validation import validate_key, validate_name
 from .waits import Wait
 
@@ -83,21 +84,9 @@ def query_on_thread(
                     holder, request = row["holder"], str(uuid.uuid4())
                     wait.subscribe(f"a:{request}")
                     now = db_now(alias)
-                    with transaction.atomic(using=alias):
-                        if connections[alias].vendor == "postgresql":  # a query needs no durable commit
-                            with connections[alias].cursor() as cursor:
-                                cursor.execute("SET LOCAL synchronous_commit TO OFF")
-                        QueryRequest.objects.using(alias).create(
-                            id=request,
-                            workflow_id=workflow_id,
-                            engine_id=holder,
-                            name=name,
-                            arg=arg_text,
-                            has_arg=has_arg,
-                            created_at=now,
-                            deadline=wait.db_deadline(now),
-                        )
-                        notify.send("q", holder, alias)
+                    mailbox.ask_query(
+                        request, workflow_id, holder, name, arg_text, has_arg, now, wait.db_deadline(now), alias
+                    )
                     why = f'engine "{holder}" holds it but did not answer in time (is it overloaded or stopped?)'
                 elif row["status"] != WorkflowStatus.RUNNING or not row["holder"]:
                     why = _UNHELD.get(row["status"], f"it is {row['status']}")
@@ -196,31 +185,11 @@ def admit(workflow_id: str, name: str, text: str, key: str | None, wait: Wait, u
                 return str(existing["id"])  # the same request: its stored (or coming) response
             if row["status"] in TERMINAL_STATUSES:
                 raise terminal
-            PendingUpdate.objects.using(using).filter(pk=existing["id"], status=UpdateStatus.EXPIRED).update(
-                status=UpdateStatus.ADMITTED,
-                payload=text,
-                created_at=now,
-                completed_at=None,
-                deadline=wait.db_deadline(now),
-                result=None,
-                error=None,
-                issues=None,
-            )
-            notify.send("w", workflow_id, using)
+            mailbox.readmit_update(workflow_id, existing["id"], text, now, wait.db_deadline(now), using)
             return str(existing["id"])
     if row["status"] in TERMINAL_STATUSES:
         raise terminal
-    admitted = PendingUpdate.objects.using(using).create(
-        workflow_id=workflow_id,
-        run_id=row["run_id"],
-        name=name,
-        payload=text,
-        idempotency_key=key,
-        created_at=now,
-        deadline=wait.db_deadline(now),
-    )
-    notify.send("w", workflow_id, using)
-    return str(admitted.id)
+    return mailbox.admit_update(workflow_id, row["run_id"], name, text, key, now, wait.db_deadline(now), using)
 
 
 def admit_with_retry(workflow_id: str, name: str, text: str, key: str | None, wait: Wait, alias: str) -> str:
@@ -241,10 +210,31 @@ def update_on_thread(
     seconds: float,
     alias: str,
     abandoned: threading.Event,
+    *,
+    admission: Callable[[Wait], str] | None = None,
 ) -> Any:
+    """The one update wait (``update()`` and ``start_with_update()``), on a weft-wait thread: admit the
+    update, then wait until its run's engine settles it; returns the handler's result.
+
+    Args:
+        workflow_id, name, text, key: the update (``text``: the encoded payload; ``key``: its
+            idempotency key, or None).
+        seconds: how long to wait for the answer.
+        alias: the connection alias.
+        abandoned: set when the caller stops waiting.
+        admission: admits the update in its own way and returns its id (``start_with_update``: with
+            the start, in one transaction); default ``admit_with_retry``.
+
+    Raises:
+        The errors of ``update()``: UpdateValidationError, UpdateFailedError, UpdateTimeoutError,
+        WorkflowTerminalError, WorkflowNotFoundError.
+    """
     with Wait(alias, seconds, abandoned) as wait:
         wait.subscribe(workflow_id)
-        update_id = admit_with_retry(workflow_id, name, text, key, wait, alias)
+        if admission is None:
+            update_id = admit_with_retry(workflow_id, name, text, key, wait, alias)
+        else:
+            update_id = admission(wait)
         return await_update(workflow_id, name, update_id, wait)
 
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -91,12 +91,12 @@ class Clock:
     Claims keep using the raw database clock, so skipping time does not expire them."""
 
     def advance(self, seconds: float | timedelta) -> None:
-        from .clock import advance
+        from .store.clock import advance
 
         advance(seconds if isinstance(seconds, timedelta) else timedelta(seconds=seconds))
 
     def set_offset(self, seconds: float | timedelta) -> None:
-        from .clock import set_offset
+        from .store.clock import set_offset
 
         set_offset(seconds if isinstance(seconds, timedelta) else timedelta(seconds=seconds))
 
@@ -107,13 +107,13 @@ class Clock:
             self.advance(delta)
 
     def offset(self) -> timedelta:
-        from .clock import offset
+        from .store.clock import offset
 
         return offset()
 
     def now(self) -> datetime:
         """Workflow time: the database clock plus the offset."""
-        from .clock import db_now
+        from .store.clock import db_now
 
         return db_now()
 
@@ -208,10 +208,9 @@ class EngineProcess:
 
     def claims(self) -> dict[str, int]:
         """The claims this engine holds now: {workflow id: epoch}."""
-        from .models import WorkflowClaim
+        from .store.claims import held_claims
 
-        rows = WorkflowClaim.objects.using(self.alias).filter(engine_id=self.engine_id)
-        return dict(rows.values_list("workflow_id", "epoch"))
+        return held_claims(self.engine_id, self.alias)
 
     def claim_timing(self) -> tuple[timedelta, timedelta]:
         """(claim TTL, takeover grace) as this engine sees them: its ``weft`` overrides, else this
@@ -230,44 +229,29 @@ class EngineProcess:
     def _settle_in_flight_statements(self, timeout: float = 30.0) -> None:
         """After SIGSTOP, a statement (a COMMIT) the engine sent just before may still be running on the
         server: wait until none of its sessions is active, so the step snapshot taken next includes it."""
-        from django.db import connections
+        from .store.backend import backend
 
-        connection = connections[self.alias]
-        if connection.vendor == "sqlite":
-            self._freeze_outside_a_write(str(connection.settings_dict["NAME"]), timeout)
-            return
-        if connection.vendor != "postgresql":
+        store = backend(self.alias)
+        if not store.skips_locked:  # one writer for the whole database (SQLite)
+            self._freeze_outside_a_write(timeout)
             return
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND state = 'active'",
-                    [f"weft-{self.engine_id}"[:63]],
-                )
-                if cursor.fetchone()[0] == 0:
-                    return
+            if store.busy_sessions(f"weft-{self.engine_id}"[:63]) == 0:
+                return
             time.sleep(0.02)
         logger.warning("engine %r still had a statement running %.0f s after SIGSTOP", self.engine_id, timeout)
 
-    def _freeze_outside_a_write(self, path: str, timeout: float) -> None:
+    def _freeze_outside_a_write(self, timeout: float) -> None:
         """SQLite has one write lock for the whole file: an engine frozen while it holds it would stop
         every other engine (no takeover could ever be written). Thaw and freeze again until it is
         stopped outside a write transaction."""
-        import sqlite3
+        from .store.backend import backend
 
         deadline = time.monotonic() + timeout
         while True:
-            probe = sqlite3.connect(path, timeout=0.2, isolation_level=None)
-            try:
-                probe.execute("BEGIN IMMEDIATE")
-                probe.execute("ROLLBACK")
+            if backend(self.alias).write_lock_free(raise_busy=time.monotonic() > deadline):
                 return
-            except sqlite3.OperationalError:
-                if time.monotonic() > deadline:
-                    raise
-            finally:
-                probe.close()
             self.thaw()
             time.sleep(0.05)
             self.freeze()
@@ -320,8 +304,8 @@ class FrozenEngine:
 
     def wait_until_claims_lapse(self, timeout: float = 120.0) -> None:
         """Wait on the database clock until every frozen claim expired more than the grace ago."""
-        from .clock import db_clock
         from .models import WorkflowClaim
+        from .store.clock import db_clock
 
         _, grace = self.engine.claim_timing()
 
@@ -376,7 +360,7 @@ class FrozenEngine:
 
     def thaw(self) -> None:
         """SIGCONT: the engine resumes where it stopped, still believing it owns its old claims."""
-        from .clock import db_clock
+        from .store.clock import db_clock
 
         self.thawed_at = db_clock(self.engine.alias)
         self.engine.thaw()
@@ -442,14 +426,9 @@ def expire_claims(
     """Move claims' expiry far into the past, so the next takeover scan of any engine takes them
     (no waiting for a TTL). Selects an engine's claims, or given workflows' (held ones only)."""
     from .conf import database_alias
-    from .models import WorkflowClaim
+    from .store import claims
 
-    rows = WorkflowClaim.objects.using(using or database_alias()).filter(engine_id__isnull=False)
-    if engine_id is not None:
-        rows = rows.filter(engine_id=engine_id)
-    if workflow_ids is not None:
-        rows = rows.filter(workflow_id__in=workflow_ids)
-    return rows.update(expires_at=datetime(2000, 1, 1, tzinfo=UTC))
+    return claims.expire_claims(engine_id, workflow_ids, using or database_alias())
 
 
 class EngineFactory:

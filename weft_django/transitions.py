@@ -21,15 +21,12 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable
-from datetime import datetime
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, connections, transaction
-from django.db.models import QuerySet, Subquery
+from django.db.models import QuerySet
 
-from . import events, notify
-from .clock import db_now
-from .epochs import next_epoch, next_epoch_sql
+from . import events
 from .exceptions import WorkflowNotFoundError, WorkflowStateError, WorkflowTerminalError
 from .models import (
     AppliedUpdate,
@@ -41,16 +38,18 @@ from .models import (
     Step,
     Timer,
     Workflow,
-    WorkflowClaim,
 )
 from .status import (
     ACTIVE_STATUSES,
     TERMINAL_STATUSES,
     ParentClosePolicy,
-    SignalState,
-    UpdateStatus,
     WorkflowStatus,
 )
+from .store import claims, mailbox, notify, runs
+
+# moved to weft_django.store.claims (issue 15): re-export until callers move
+from .store.claims import active_descendants, lock_family, rotate_epoch, write_claim  # noqa: F401
+from .store.clock import db_now
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +97,7 @@ def run_in_transaction(using: str, body: Callable[[], T]) -> T:
 def lock_workflow(workflow_id: str, using: str) -> dict[str, Any] | None:
     """Lock the claim row, then the workflow row (the global lock order); return the workflow's
     id, run_id, status, workflow_type, parent_id and error, or None when there is no such workflow."""
-    list(WorkflowClaim.objects.using(using).select_for_update().filter(pk=workflow_id).values_list("pk"))
+    claims.lock_claim(workflow_id, using)
     return Workflow.objects.using(using).select_for_update().filter(pk=workflow_id).values(*_WORKFLOW_FIELDS).first()
 
 
@@ -111,75 +110,10 @@ def _lock(workflow_id: str, using: str) -> dict[str, Any]:
     return row
 
 
-def rotate_epoch(workflow_id: str, using: str, *, runnable: bool = True) -> int:
-    """Give the claim a new epoch and no holder; return the epoch. Lock the claim row first.
-    ``runnable``: False when the run just ended or was suspended (no engine should acquire it)."""
-    connection = connections[using]
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"UPDATE {WorkflowClaim._meta.db_table} SET epoch = {next_epoch_sql('postgresql')}, "
-                "engine_id = NULL, claimed_at = NULL, expires_at = NULL, runnable = %s, "
-                f"run_created_at = (SELECT created_at FROM {Workflow._meta.db_table} WHERE id = %s) "
-                "WHERE workflow_id = %s RETURNING epoch",
-                [runnable, workflow_id, workflow_id],
-            )
-            row = cursor.fetchone()
-        if row is not None:
-            return int(row[0])
-        epoch = next_epoch(using)
-    else:
-        epoch = next_epoch(using)
-        if (
-            WorkflowClaim.objects.using(using)
-            .filter(pk=workflow_id)
-            .update(
-                epoch=epoch,
-                engine_id=None,
-                claimed_at=None,
-                expires_at=None,
-                runnable=runnable,
-                run_created_at=Subquery(Workflow.objects.filter(pk=workflow_id).values("created_at")[:1]),
-            )
-        ):
-            return epoch
-    write_claim(workflow_id, epoch, using, runnable=runnable)
-    return epoch
-
-
-def write_claim(workflow_id: str, epoch: int, using: str, *, runnable: bool = True) -> None:
-    """Insert the claim of a new run with ``epoch`` and no holder (replacing a leftover row); the
-    run's row is written first (its created_at is acquire's order)."""
-    created = Workflow.objects.using(using).filter(pk=workflow_id).values_list("created_at", flat=True).first()
-    WorkflowClaim.objects.using(using).bulk_create(
-        [WorkflowClaim(workflow_id=workflow_id, epoch=epoch, runnable=runnable, run_created_at=created)],
-        update_conflicts=True,
-        unique_fields=["workflow_id"],
-        update_fields=["epoch", "engine_id", "claimed_at", "expires_at", "runnable", "run_created_at"],
-    )
-
-
 def delete_run_rows(workflow_ids: list[str], using: str) -> None:
     """Delete the steps, timers, signals, updates and applied updates of these workflows."""
     for model in _RUN_TABLES:
         model.objects.using(using).filter(workflow_id__in=workflow_ids).delete()
-
-
-def _close_mailbox(workflow_id: str, status: str, now: datetime, using: str) -> None:
-    """Drop unconsumed signals and fail admitted updates: nothing will ever handle them now."""
-    BufferedSignal.objects.using(using).filter(workflow_id=workflow_id, state=SignalState.BUFFERED).update(
-        state=SignalState.DROPPED
-    )
-    PendingUpdate.objects.using(using).filter(
-        workflow_id=workflow_id, status__in=[UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED]
-    ).update(
-        status=UpdateStatus.FAILED,
-        error={
-            "type": "WorkflowTerminalError",
-            "message": f'Workflow "{workflow_id}" was {status} before this update was applied.',
-        },
-        completed_at=now,
-    )
 
 
 def _end_run(row: dict[str, Any], status: WorkflowStatus, using: str, *, reason: str | None = None) -> int:
@@ -191,15 +125,17 @@ def _end_run(row: dict[str, Any], status: WorkflowStatus, using: str, *, reason:
         fields["cancel_reason"] = reason
     Workflow.objects.using(using).filter(pk=workflow_id).update(**fields)
     epoch = rotate_epoch(workflow_id, using, runnable=False)
-    _close_mailbox(workflow_id, status, now, using)
+    error = {
+        "type": "WorkflowTerminalError",
+        "message": f'Workflow "{workflow_id}" was {status} before this update was applied.',
+    }
+    mailbox.close_mailboxes([workflow_id], now, using, error=error)
     Timer.objects.using(using).filter(workflow_id=workflow_id).delete()
     _close_children(row, status, using)
     events.workflow_ended(row, status, reason, using)  # the signal waits for this transaction's commit
     if row["parent_id"] and row["parent_seq"] is not None:
-        from .engine.children import report_child_end
-
         error_type = "WorkflowCancelledError" if status == WorkflowStatus.CANCELLED else "WorkflowTimedOutError"
-        report_child_end(  # the parent's owner learns that its child ended (and is woken)
+        mailbox.report_child_end(  # the parent's owner learns that its child ended (and is woken)
             row["id"],
             row["parent_id"],
             str(row["parent_run_id"]),
@@ -213,63 +149,6 @@ def _end_run(row: dict[str, Any], status: WorkflowStatus, using: str, *, reason:
     notify.send("w", workflow_id, using)
     notify.send("r", workflow_id, using)
     return epoch
-
-
-def active_descendants(runs: dict[str, str], using: str) -> dict[str, set[str]]:
-    """The active descendants that closing these runs would end, per run: each run's active children
-    whose parent_close_policy is not ``abandon`` (of that very run), their such children, and so on
-    (one recursive query). ``runs`` maps a workflow id to its current run id. An unlocked read: the
-    caller locks the claims it returns, then may check again."""
-    if not runs:
-        return {}
-    table = Workflow._meta.db_table
-    active = sorted(str(status) for status in ACTIVE_STATUSES)
-    marks = ", ".join(["%s"] * len(active))
-    roots = ", ".join(["%s"] * len(runs))
-    sql = (
-        f"WITH RECURSIVE fam(root, root_run, id, run_id) AS ("
-        f"SELECT w.parent_id, w.parent_run_id, w.id, w.run_id FROM {table} w WHERE w.parent_id IN ({roots}) "
-        f"AND w.status IN ({marks}) AND w.parent_close_policy <> %s "
-        f"UNION SELECT fam.root, fam.root_run, w.id, w.run_id FROM {table} w JOIN fam ON w.parent_id = fam.id "
-        f"AND w.parent_run_id = fam.run_id WHERE w.status IN ({marks}) AND w.parent_close_policy <> %s"
-        f") SELECT root, root_run, id FROM fam"
-    )
-    abandon = str(ParentClosePolicy.ABANDON.value)
-    params = [*sorted(runs), *active, abandon, *active, abandon]
-    found: dict[str, set[str]] = {}
-    with connections[using].cursor() as cursor:
-        cursor.execute(sql, params)
-        for root, root_run, child in cursor.fetchall():
-            if str(root_run).replace("-", "") == str(runs[root]).replace("-", ""):
-                found.setdefault(root, set()).add(child)
-    return found
-
-
-FAMILY_LOCK_ROUNDS = 5  # reads of a family that keeps growing while cancel locks it (then _lock waits)
-
-
-def lock_family(workflow_id: str, using: str) -> None:
-    """Lock the claim of ``workflow_id`` and of every active descendant its end would close, in ONE
-    statement in workflow_id order (the global lock order), before any write: a child whose id sorts
-    before its parent's can then never deadlock against an engine's batch commit."""
-    run_id = Workflow.objects.using(using).filter(pk=workflow_id).values_list("run_id", flat=True).first()
-    locked: set[str] = set()
-    wanted = {workflow_id}
-    for _ in range(FAMILY_LOCK_ROUNDS):
-        # A child started between the read and the lock (its parent's commit, before ours got the
-        # parent's claim) is found by the next read; once the parent's claim is ours, none can appear.
-        list(
-            WorkflowClaim.objects.using(using)
-            .select_for_update()
-            .filter(pk__in=sorted(wanted))
-            .order_by("pk")
-            .values_list("pk")
-        )
-        locked |= wanted
-        family = active_descendants({workflow_id: str(run_id)}, using).get(workflow_id, set()) if run_id else set()
-        wanted = locked | family
-        if wanted == locked:
-            return
 
 
 def close_children(parent_id: str, parent_run_id: str, status: str, using: str) -> None:
@@ -493,7 +372,7 @@ def _refuse_active(active_ids: Iterable[str]) -> None:
 
 
 def _purge_batch(ids: list[str], using: str) -> int:
-    list(WorkflowClaim.objects.using(using).select_for_update().filter(pk__in=ids).order_by("pk").values_list("pk"))
+    claims.lock_ids(sorted(ids), using)
     rows = list(
         Workflow.objects.using(using)
         .select_for_update()
@@ -511,11 +390,8 @@ def _purge_batch(ids: list[str], using: str) -> int:
         )
     delete_run_rows(purged, using)
     QueryRequest.objects.using(using).filter(workflow_id__in=purged).delete()
-    WorkflowClaim.objects.using(using).filter(pk__in=purged).delete()
-    placeholders = ", ".join(["%s"] * len(purged))
-    with connections[using].cursor() as cursor:
-        # Raw: the ORM's delete() would load every row to cascade to tables already emptied above.
-        cursor.execute(f"DELETE FROM {Workflow._meta.db_table} WHERE id IN ({placeholders})", purged)
+    claims.delete_claims(purged, using)
+    runs.delete_workflows(purged, using)
     return len(purged)
 
 

@@ -14,19 +14,21 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import close_old_connections, connections
 
-from . import notify
 from .exceptions import WaitTimeoutError, WorkflowNotFoundError
-from .models import Workflow
 from .status import TERMINAL_STATUSES
+from .store import notify, runs
+from .store.backend import backend
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 WAIT_THREADS = 64
 LISTEN_RECHECK = 2.0  # re-read the row this often even while listening, in case a wake-up was lost
@@ -35,7 +37,7 @@ POLL_FIRST, POLL_MAX = 0.05, 0.5
 
 class ResultTimeoutError(WaitTimeoutError, TimeoutError):
     """result() ran past its ``timeout`` (or close_connections() ended the wait). Catch it as
-    ``weft.WaitTimeoutError`` or as the builtin ``TimeoutError`` (API.md): it is both."""
+    ``weft.WaitTimeoutError`` or as the builtin ``TimeoutError`` (docs/howto.md): it is both."""
 
 
 def submit(fn: Any, *args: Any) -> tuple[Any, threading.Event]:
@@ -206,16 +208,14 @@ class ResultListener:
         for event in events:
             event.set()
 
-    def fetchone(self, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
-        """Run one read on the reader connection (opened on first use, kept like the LISTEN one).
-        Callers are subscribed waiters, so the listening thread does not close it under them."""
+    def read(self, reading: Callable[[Any], T]) -> T:
+        """Run ``reading(reader)`` on the reader connection (opened on first use, kept like the LISTEN
+        one). Callers are subscribed waiters, so the listening thread does not close it under them."""
         with self._read_lock:
             try:
                 if self._reader is None or self._reader.closed:
-                    self._reader = self._connect()
-                    self._reader.execute("SET TIME ZONE 'UTC'")
-                row: tuple[Any, ...] | None = self._reader.execute(sql, params).fetchone()
-                return row
+                    self._reader = notify.open_reader(self.alias)
+                return reading(self._reader)
             except Exception:
                 self._close_reader_locked()
                 raise
@@ -228,21 +228,13 @@ class ResultListener:
             except Exception:
                 logger.debug("weft result reader: close failed", exc_info=True)
 
-    def _connect(self) -> Any:
-        import psycopg
-
-        params = dict(connections[self.alias].get_connection_params())
-        for key in ("cursor_factory", "context", "prepare_threshold"):
-            params.pop(key, None)
-        return psycopg.connect(**params, autocommit=True)
-
     def _run(self) -> None:
         backoff = 0.1
         try:
             while not self._idle():
                 try:
-                    with self._connect() as conn:
-                        conn.execute(f"LISTEN {notify.CHANNEL}")
+                    with notify.connect(self.alias) as conn:
+                        notify.listen(conn)
                         self.listening.set()
                         self._wake(None)  # a run may have ended before LISTEN took effect: re-check all
                         backoff = 0.1
@@ -292,7 +284,7 @@ def _keep_or_close(alias: str) -> None:
     connection for its next wait (a connection set-up per call otherwise, whatever CONN_MAX_AGE
     says); close_connections() closes the kept ones. Elsewhere, or after an error, close it."""
     wrapper = connections[alias]
-    if wrapper.vendor != "postgresql" or wrapper.connection is None or wrapper.errors_occurred:
+    if not backend(alias).listens or wrapper.connection is None or wrapper.errors_occurred:
         close_old_connections()
         return
     if not wrapper.get_autocommit() or wrapper.in_atomic_block:
@@ -356,7 +348,9 @@ os.register_at_fork(after_in_child=_forget_threads_after_fork)
 
 
 def listener_for(alias: str) -> ResultListener | None:
-    if connections[alias].vendor != "postgresql":
+    """The LISTEN connection of ``alias`` shared by this process's waits; None where the database
+    has no LISTEN/NOTIFY (the waits poll)."""
+    if not backend(alias).listens:
         return None
     with _listeners_lock:
         if alias not in _listeners:
@@ -364,22 +358,15 @@ def listener_for(alias: str) -> ResultListener | None:
         return _listeners[alias]
 
 
-_RESULT_FIELDS = ("status", "result", "error", "cancel_reason", "execution_deadline")
-_RESULT_SQL = f"SELECT {', '.join(_RESULT_FIELDS)} FROM {Workflow._meta.db_table} WHERE id = %s"
-
-
 def _read_end(workflow_id: str, alias: str, listener: ResultListener | None) -> dict[str, Any] | None:
     """The run's terminal fields: on the listener's reader connection when there is one (no
     connection set-up per wait, whatever CONN_MAX_AGE says), else through Django."""
     if listener is not None:
         try:
-            row = listener.fetchone(_RESULT_SQL, [workflow_id])
+            return listener.read(lambda reader: runs.read_end_on(reader, workflow_id))
         except Exception:
             logger.warning("weft result reader failed (alias=%s); reading through Django", alias, exc_info=True)
-        else:
-            return None if row is None else dict(zip(_RESULT_FIELDS, row, strict=True))
-    found: dict[str, Any] | None = Workflow.objects.using(alias).filter(pk=workflow_id).values(*_RESULT_FIELDS).first()
-    return found
+    return runs.read_end(workflow_id, alias)
 
 
 def wait_for_end(workflow_id: str, alias: str, deadline: float | None, abandoned: threading.Event) -> dict[str, Any]:

@@ -6,8 +6,8 @@ from datetime import datetime
 
 from django.http import HttpRequest
 
-from ..clock import db_clock, db_now
 from ..conf import database_alias
+from ..store.clock import db_clock, db_now
 
 
 def claim_now(request: HttpRequest) -> datetime:

@@ -19,6 +19,7 @@ from django.db.models import Count
 
 from ..models import Engine, Timer, Workflow, WorkflowClaim
 from ..status import ACTIVE_STATUSES, WORKFLOW_SCOPED_TIMERS, WorkflowStatus
+from ..store.backend import backend
 from .formatting import format_duration
 
 OK, WARNING, ERROR, SKIPPED = "ok", "warning", "error", "skipped"
@@ -43,9 +44,8 @@ class Finding:
 
 def _database(using: str) -> Finding:
     try:
-        with connections[using].cursor() as cursor:
-            cursor.execute("SELECT 1")
-            cursor.fetchone()
+        store = backend(using)
+        store.ping()
     except Exception as exc:
         return Finding(
             "database",
@@ -53,8 +53,7 @@ def _database(using: str) -> Finding:
             f'cannot reach the database "{using}": {exc}'.strip(),
             hint="Check DATABASES and that the server is up and accepts connections.",
         )
-    vendor = connections[using].vendor
-    return Finding("database", OK, f'database "{using}" ({vendor}) answers')
+    return Finding("database", OK, f'database "{using}" ({store.display_name}) answers')
 
 
 def _migrations(using: str) -> tuple[Finding, bool]:
@@ -203,9 +202,9 @@ def _stuck(using: str) -> Finding:
 
 def doctor(using: str) -> list[Finding]:
     """Every check, in order. Later checks are skipped when what they need is missing."""
-    from ..clock import db_clock, db_now
     from ..conf import get_settings
     from ..exceptions import ConfigurationError
+    from ..store.clock import db_clock, db_now
 
     findings = [_database(using)]
     if findings[0].level == ERROR:

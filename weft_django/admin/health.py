@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import CharField, Count, IntegerField, OuterRef, Q, QuerySet, Subquery, Value
-from django.db.models.functions import Cast, Coalesce, Concat
+from django.db.models import CharField, Count, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models.functions import Cast, Concat
 
-from ..models import Engine, Step, Timer, Workflow, WorkflowClaim
+from ..models import Engine, Step, Workflow, WorkflowClaim
 from ..status import WorkflowStatus
+from ..store import runs
 
 ALIVE, STOPPED, DEAD = "alive", "stopped", "dead"
 
@@ -41,15 +42,7 @@ def with_ownership(queryset: QuerySet[Workflow], using: str, *, timers: bool = F
         last_step=Subquery(last_step, output_field=CharField()),
     )
     if timers:
-        count = (
-            Timer.objects.using(using)
-            .filter(workflow_id=OuterRef("pk"))
-            .order_by()
-            .values("workflow_id")
-            .annotate(n=Count("pk"))
-            .values("n")
-        )
-        queryset = queryset.annotate(pending_timers=Coalesce(Subquery(count, output_field=IntegerField()), 0))
+        queryset = queryset.annotate(pending_timers=runs.pending_timers(using))
     return queryset
 
 

@@ -81,7 +81,7 @@ class ScheduleFiring:
 
     def _process(self, schedule_id: str, now: datetime, using: str) -> bool:
         with transaction.atomic(using=using):
-            row = store.lock_schedule(schedule_id, using)
+            row = store.lock_schedule(schedule_id, using, skip_locked=True)
             if row is None:
                 if not store.schedule_exists(schedule_id, using):  # deleted, not locked
                     cancel_waiting(schedule_id, f'schedule "{schedule_id}" was deleted', using)

@@ -76,8 +76,36 @@ class Backend:
 
     # -- client side: runs, schedules, clock, notify, prepared statements, testing --------------
 
+    #: named prepared statements are used for the largest statements (see ``store/prepared.py``).
+    prepares_statements: ClassVar[bool] = False
+    #: a start, a signal, a claim rotation are each one statement (CTEs, RETURNING, NOTIFY inside).
+    writes_in_one_statement: ClassVar[bool] = False
+
+    @property
+    def display_name(self) -> str:
+        """The database's name as operators read it (Django's vendor name: postgresql, sqlite)."""
+        return self.vendor
+
+    def ping(self) -> None:
+        """One round trip to the database (``SELECT 1``); the driver's error if it does not answer."""
+        with self.connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+
+    def relax_commit(self) -> None:
+        """In the current transaction: its commit need not wait for the disk (a query request: lost
+        with a crash, it is asked again). Nothing where the database cannot say so."""
+
+    def busy_sessions(self, application_name: str) -> int:
+        """How many sessions named ``application_name`` run a statement now (0 where unknown)."""
+        return 0
+
+    def write_lock_free(self, *, raise_busy: bool = False) -> bool:
+        """Whether no connection holds the database's write lock now (always, where rows are locked
+        one by one). ``raise_busy``: raise the database's error instead of returning False."""
+        return True
+
     # -- histories: loading workflows to resume them ----------------------------------------------
-    prepares_statements: ClassVar[bool] = False  # hot reads run as named prepared statements
 
     def datetime_reader(self) -> Callable[[Any], datetime | None]:
         """A converter (for this thread's connection) of datetime columns read by a raw statement
@@ -112,8 +140,22 @@ class PostgreSQLBackend(Backend):
 
     # -- client side: runs, schedules, clock, notify, prepared statements, testing --------------
 
-    # -- histories: loading workflows to resume them ----------------------------------------------
     prepares_statements = True
+    writes_in_one_statement = True
+
+    def relax_commit(self) -> None:
+        with self.connection.cursor() as cursor:
+            cursor.execute("SET LOCAL synchronous_commit TO OFF")
+
+    def busy_sessions(self, application_name: str) -> int:
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND state = 'active'",
+                [application_name],
+            )
+            return int(cursor.fetchone()[0])
+
+    # -- histories: loading workflows to resume them ----------------------------------------------
 
     def datetime_reader(self) -> Callable[[Any], datetime | None]:
         return _unchanged  # psycopg returns aware datetimes for timestamptz
@@ -125,6 +167,22 @@ class SQLiteBackend(Backend):
     # -- engine side: claims, the fenced commit, mailbox, timers, engines, epochs, sessions ------
 
     # -- client side: runs, schedules, clock, notify, prepared statements, testing --------------
+
+    def write_lock_free(self, *, raise_busy: bool = False) -> bool:
+        # SQLite has one write lock for the whole file: try to take it, on a connection of our own.
+        import sqlite3
+
+        probe = sqlite3.connect(str(self.connection.settings_dict["NAME"]), timeout=0.2, isolation_level=None)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.execute("ROLLBACK")
+            return True
+        except sqlite3.OperationalError:
+            if raise_busy:
+                raise
+            return False
+        finally:
+            probe.close()
 
     # -- histories: loading workflows to resume them ----------------------------------------------
     def datetime_reader(self) -> Callable[[Any], datetime | None]:

@@ -32,10 +32,10 @@ from django.db import transaction
 from ..models import AppliedUpdate, Step, Timer, Workflow
 from ..notify import send_many
 from ..status import ACTIVE_STATUSES, UpdateStatus
-from ..transitions import active_descendants
 from . import claims, mailbox, sessions
 from .backend import backend
 from .children import ChildStart, report_child_end, start_children
+from .claims import active_descendants
 from .commit_statement import (
     ONE_STATEMENT_MAX_WORKFLOWS,
     commit_in_one_statement,
@@ -322,7 +322,7 @@ def _apply(
         )
     released = [w.workflow_id for w in batch if w.finish is not None or w.stuck is not None]
     if finished:
-        mailbox.close_mailboxes([w.workflow_id for w in finished], now, using)
+        mailbox.close_ended([w.workflow_id for w in finished], now, using)
     if released:
         claims.release_locked_claims(engine_id, released, using, ended=[w.workflow_id for w in finished])
         send_many("r", [w.workflow_id for w in finished], using)

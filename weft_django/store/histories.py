@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 from django.db import DatabaseError, connections
 
-from .. import prepared
+from . import prepared
 from ..models import AppliedUpdate, BufferedSignal, PendingUpdate, Step, Timer, Workflow, WorkflowClaim
 from ..status import SignalState, UpdateStatus
 from .backend import backend

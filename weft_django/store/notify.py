@@ -1,8 +1,74 @@
-"""Wake-ups: NOTIFY sent on commit, and the LISTEN connection of an engine."""
+"""Wake-ups. On PostgreSQL a NOTIFY sent inside a transaction is delivered when it commits (and not at
+all if it rolls back), so a wake-up can never overtake the row it announces. Elsewhere engines poll.
+
+Payloads: ``w:<workflow_id>`` (a workflow needs attention: new, signalled, updated, transitioned),
+``q:<engine_id>`` (a query waits for that engine), ``r:<workflow_id>`` (a run or update finished:
+callers waiting for a result).
+"""
 
 from __future__ import annotations
 
-# -- client side (start, handles, transitions, schedules, testing) --------------------------
+from typing import Any
+
+from django.db import connections
+
+from .backend import backend
+
+CHANNEL = "weft"
+MAX_PAYLOAD = 7900  # PostgreSQL refuses NOTIFY payloads of 8000 bytes or more
 
 
-# -- engine side (ownership, the fenced commit, messages, chores) ----------------------------
+def send(kind: str, ident: str, using: str) -> None:
+    """Send one wake-up in the current transaction of ``using`` (delivered on commit).
+
+    Args:
+        kind: the payload's kind (``w``, ``q``, ``r``, ``a``, ``c``).
+        ident: what it names (a workflow id, an engine id, ``*``: everyone of that kind).
+        using: the connection alias. Nothing is sent where the database has no LISTEN/NOTIFY.
+    """
+    store = backend(using)
+    if not store.listens:
+        return
+    connection = store.connection
+    payload = f"{kind}:{ident}"
+    if len(payload.encode()) > MAX_PAYLOAD:
+        payload = f"{kind}:*"  # too long to name: wake everyone listening for this kind
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, payload])
+
+
+def send_many(kind: str, idents: list[str], using: str) -> None:
+    """Send one wake-up per ident in one statement (as ``send``; nothing for an empty list)."""
+    store = backend(using)
+    if not store.listens or not idents:
+        return
+    connection = store.connection
+    payloads = [f"{kind}:{i}" if len(i) < MAX_PAYLOAD - 4 else f"{kind}:*" for i in idents]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p", [CHANNEL, payloads])
+
+
+# -- client side: the LISTEN connection of the weft-wait threads (result, query, update) ----------
+
+
+def connect(alias: str) -> Any:
+    """A new autocommit psycopg connection with the settings of Django's ``alias`` (outside Django's
+    connection handling: a LISTEN connection, or the reader of ``result()``)."""
+    import psycopg
+
+    params = dict(connections[alias].get_connection_params())
+    for key in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(key, None)
+    return psycopg.connect(**params, autocommit=True)
+
+
+def listen(conn: Any) -> None:
+    """LISTEN on weft's channel on ``conn`` (from ``connect``)."""
+    conn.execute(f"LISTEN {CHANNEL}")
+
+
+def open_reader(alias: str) -> Any:
+    """A connection (from ``connect``) for reads whose datetimes come back in UTC, as Django's do."""
+    reader = connect(alias)
+    reader.execute("SET TIME ZONE 'UTC'")
+    return reader

@@ -1,8 +1,159 @@
-"""Named prepared statements for the hottest PostgreSQL statements, safe behind poolers."""
+"""Named prepared statements for weft's hottest PostgreSQL statements, safe behind connection poolers.
+
+The one-statement fenced commit and the one-statement start are large CTE statements: PostgreSQL
+spends longer planning them (1.5-5 ms on a small VM) than running them. Prepared once per connection,
+each later execution skips the planning.
+
+Django's psycopg backend leaves psycopg's automatic preparation off because of poolers: psycopg names
+its statements by a per-connection counter ("_pg3_0", "_pg3_1", ...), and behind PgBouncer in
+transaction mode (before 1.21) a name prepared on one server connection can reach another where the
+same name holds a different statement. Here the name is a digest of the statement's text, so any
+server connection that knows the name holds exactly this statement: the worst a pooler can do is
+send the EXECUTE where the name is unknown, which fails (SQLSTATE 26000) without doing anything, and
+the statement then runs unprepared. A connection that keeps missing stops preparing.
+
+Used only in autocommit (outside ``atomic()``): a failed EXECUTE inside a transaction would abort it.
+Only with client-side binding (Django's default; ``OPTIONS["server_side_binding"]`` off), where the
+parameters travel as literals in ``EXECUTE name(...)``. ``WEFT["PREPARED_STATEMENTS"] = False`` turns
+it off.
+"""
 
 from __future__ import annotations
 
-# -- client side (start, handles, transitions, schedules, testing) --------------------------
+import hashlib
+import os
+import re
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from django.db import DatabaseError
+
+from ..conf import prepared_statements
+from .backend import backend
+
+UNKNOWN_STATEMENT = "26000"  # invalid_sql_statement_name: EXECUTE of a name this server connection lacks
+ALREADY_PREPARED = "42P05"  # duplicate_prepared_statement: PREPARE of a name it already has
+# feature_not_supported, "cached plan must not change result type": a migration changed a column the
+# statement returns while the connection lived. The statement is dropped and prepared again.
+STALE_PLAN = "0A000"
+MAX_MISSES = 3  # EXECUTEs of a name the server connection lacked: then it is behind a pooler, stop
+
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%s|%%")
 
 
-# -- engine side (ownership, the fenced commit, messages, chores) ----------------------------
+class _ConnectionState:
+    __slots__ = ("disabled", "misses", "names", "unpreparable")
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()  # prepared on this connection (as far as we know)
+        self.unpreparable: set[str] = set()  # PREPARE failed (e.g. a parameter type it cannot infer)
+        self.misses = 0
+        self.disabled = False
+
+
+_states: weakref.WeakKeyDictionary[Any, _ConnectionState] = weakref.WeakKeyDictionary()
+_states_lock = threading.Lock()
+
+
+def _forget_after_fork() -> None:
+    """A forked child starts with no lock held (another thread may have held it at the fork)."""
+    global _states, _states_lock
+    _states, _states_lock = weakref.WeakKeyDictionary(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def statement_name(sql: str) -> str:
+    """The statement's name: a digest of its text (same name, same statement, on any connection)."""
+    return "weft_" + hashlib.sha256(sql.encode()).hexdigest()[:24]
+
+
+def numbered(sql: str, params: Sequence[Any] | Mapping[str, Any]) -> tuple[str, list[Any]]:
+    """``sql`` with Django's placeholders (``%s`` or ``%(name)s``) as ``$1, $2, ...`` and the
+    parameters in that order; ``%%`` becomes ``%`` (PREPARE's text is sent without parameters)."""
+    ordered: list[Any] = []
+    named: dict[str, int] = {}
+    positional = iter(params if not isinstance(params, Mapping) else ())
+
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "%%":
+            return "%"
+        key = match.group(1)
+        if key is None:
+            ordered.append(next(positional))
+            return f"${len(ordered)}"
+        if key not in named:
+            assert isinstance(params, Mapping)
+            ordered.append(params[key])
+            named[key] = len(ordered)
+        return f"${named[key]}"
+
+    return _PLACEHOLDER.sub(replace, sql), ordered
+
+
+def _usable(cursor: Any, connection: Any) -> bool:
+    if not backend(connection.alias).prepares_statements:
+        return False
+    if connection.in_atomic_block or not connection.get_autocommit():
+        return False
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - Django on psycopg2
+        return False
+    return isinstance(getattr(cursor, "cursor", None), psycopg.ClientCursor) and prepared_statements()
+
+
+def _state(raw: Any) -> _ConnectionState:
+    with _states_lock:
+        state = _states.get(raw)
+        if state is None:
+            state = _states[raw] = _ConnectionState()
+        return state
+
+
+def _sqlstate(error: BaseException) -> str | None:
+    return getattr(error.__cause__, "sqlstate", None)
+
+
+def execute(cursor: Any, connection: Any, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> None:
+    """``cursor.execute(sql, params)``, as a named prepared statement where that is safe (see above).
+
+    ``cursor`` is a Django cursor of ``connection`` (its wrapper). The results are read from
+    ``cursor`` as after a plain execute."""
+    if not _usable(cursor, connection):
+        cursor.execute(sql, params)
+        return
+    state = _state(connection.connection)
+    name = statement_name(sql)
+    if state.disabled or name in state.unpreparable:
+        cursor.execute(sql, params)
+        return
+    text, ordered = numbered(sql, params)
+    if name not in state.names:
+        try:
+            cursor.execute(f"PREPARE {name} AS {text}")
+        except DatabaseError as error:
+            if _sqlstate(error) != ALREADY_PREPARED:
+                state.unpreparable.add(name)
+                cursor.execute(sql, params)
+                return
+        state.names.add(name)
+    call = f"EXECUTE {name}({', '.join(['%s'] * len(ordered))})" if ordered else f"EXECUTE {name}"
+    try:
+        cursor.execute(call, ordered)
+    except DatabaseError as error:
+        code = _sqlstate(error)
+        if code == STALE_PLAN:
+            state.names.discard(name)
+            cursor.execute(f"DEALLOCATE {name}")
+        elif code == UNKNOWN_STATEMENT:
+            # Not on this server connection (a pooler moved us, or DISCARD ALL ran): run it plainly.
+            state.names.discard(name)
+            state.misses += 1
+            state.disabled = state.misses >= MAX_MISSES
+        else:
+            raise
+        cursor.execute(sql, params)

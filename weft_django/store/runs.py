@@ -2,16 +2,334 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Any
 
-from django.db import DatabaseError, connections
-from django.db.models import Q
+from django.db import DatabaseError, IntegrityError, connections, transaction
+from django.db.models import Count, IntegerField, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce
 
-from ..models import Step, Timer, Workflow, WorkflowClaim
+from ..models import IdempotencyKey, Step, Timer, Workflow, WorkflowClaim
 from ..status import StepStatus, TimerKind, WorkflowStatus
+from . import claims, notify, prepared
+from .backend import backend
+from .clock import db_now, workflow_now_sql
+from .epochs import next_epoch, next_epoch_sql
 
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
+
+
+@dataclasses.dataclass
+class NewRun:
+    """A run to create (``create_run``): a start, a schedule's occurrence or a child.
+
+    Attributes:
+        workflow_id, workflow_type, version: the run's id and its workflow definition.
+        input_text: the codec text of ``{"args": [...], "kwargs": {...}}``.
+        delay: a delay or a moment to start at (the run is ``pending`` with a delayed-start timer
+            until then), or None: it starts at once.
+        execution_timeout: the run's execution deadline, from when it begins.
+        idempotency_key: the key the start was given (its row is inserted with the run).
+        schedule_id: the schedule whose occurrence this is.
+        queued: ``pending`` with no timer (a schedule's overlap="queue": released later).
+        parent_id, parent_run_id, parent_seq, parent_close_policy, depth: a child's link to its parent.
+        run_id: the new run id (a fresh one when empty).
+    """
+
+    workflow_id: str
+    workflow_type: str
+    version: str
+    input_text: str
+    delay: timedelta | datetime | None = None
+    execution_timeout: timedelta | None = None
+    idempotency_key: str | None = None
+    schedule_id: str | None = None
+    queued: bool = False
+    parent_id: str | None = None
+    parent_run_id: str | None = None
+    parent_seq: int | None = None
+    parent_close_policy: str | None = None
+    depth: int = 0
+    run_id: Any = None
+
+    def rows(self, now: datetime) -> tuple[Workflow, Timer | None]:
+        """The run's row at workflow time ``now`` and its delayed-start timer (None: it starts now)."""
+        begins = self.delay if isinstance(self.delay, datetime) else now + (self.delay or timedelta(0))
+        delayed = begins > now
+        if not delayed:
+            begins = now
+        waits = delayed or self.queued
+        links: dict[str, Any] = {}
+        if self.schedule_id is not None:
+            links["schedule_id"] = self.schedule_id
+        if self.parent_id is not None:
+            links.update(
+                parent_id=self.parent_id,
+                parent_run_id=self.parent_run_id,
+                parent_seq=self.parent_seq,
+                parent_close_policy=self.parent_close_policy,
+                depth=self.depth,
+            )
+        run = Workflow(
+            id=self.workflow_id,
+            run_id=self.run_id or uuid.uuid4(),
+            workflow_type=self.workflow_type,
+            version=self.version,
+            status=WorkflowStatus.PENDING if waits else WorkflowStatus.RUNNING,
+            input=self.input_text,
+            idempotency_key=self.idempotency_key,
+            start_at=begins if delayed else None,
+            execution_deadline=begins + self.execution_timeout if self.execution_timeout is not None else None,
+            created_at=now,
+            updated_at=now,
+            started_at=None if waits else now,
+            **links,
+        )
+        timer = Timer(workflow_id=self.workflow_id, run_id=run.run_id, kind=TimerKind.DELAYED_START, fire_at=begins)
+        return run, timer if delayed else None
+
+
+def one_statement(new: NewRun, using: str) -> bool:
+    """Whether ``create_run(new, using)`` is one statement (PostgreSQL, a plain start, current models):
+    then in autocommit it is its own transaction, and a taken id or key leaves the caller's
+    transaction usable without a savepoint."""
+    return _start_statement(new, using) is not None
+
+
+def create_run(
+    new: NewRun, using: str, *, now: datetime | None = None, wake: bool = True, savepoint: bool = True
+) -> Workflow | str | None:
+    """Create a run: its row, its unheld claim (a fresh epoch, through ``store.claims``), its
+    idempotency key and delayed-start timer if any, and the wake-up, in the caller's transaction
+    (joined, or a savepoint of it: a taken id writes nothing and leaves it usable).
+
+    Args:
+        new: the run.
+        using: the connection alias.
+        now: the run's created_at (a schedule's firing time, a parent's commit time); default
+            workflow time now.
+        wake: send the ``w:<id>`` wake-up (a child's parent sends them for all its children at once).
+        savepoint: False inside a caller's ``atomic()`` that is rolled back anyway when the id is taken
+            (one round trip less each way); the caller's transaction is then unusable after None.
+
+    Returns:
+        The saved row, or its id (the one-statement start), or None when the id or the
+        idempotency key is taken (nothing written).
+    """
+    if now is None and wake and _start_statement(new, using) is not None:
+        return new.workflow_id if _insert_run_sql(new, using) else None
+    if now is None:
+        now, epoch = now_and_epoch(using)
+    else:
+        epoch = None
+    run, timer = new.rows(now)
+    try:
+        with transaction.atomic(using=using, savepoint=savepoint):
+            if new.idempotency_key is not None:
+                # The key's primary key is where concurrent starts with one key meet: one insert wins,
+                # the others wait for its transaction and fail, then find the winner's run.
+                IdempotencyKey(
+                    key=new.idempotency_key, workflow_id=new.workflow_id, run_id=run.run_id, created_at=now
+                ).save(using=using, force_insert=True)
+            run.save(using=using, force_insert=True)
+            claims.write_claim(new.workflow_id, next_epoch(using) if epoch is None else epoch, using, created_at=now)
+            if timer is not None:
+                timer.save(using=using, force_insert=True)
+            if wake:
+                notify.send("w", new.workflow_id, using)
+    except IntegrityError:
+        return None
+    return run
+
+
+def replace_run(new: NewRun, using: str) -> Workflow:
+    """Write a new run over the row of a finished one (on_conflict="start_new"), in the caller's
+    transaction: the run row, a new epoch for its claim (no holder), its delayed-start timer if any,
+    and the wake-up. The caller holds the claim and workflow locks and deleted the old run's rows.
+    Returns the saved row."""
+    run, timer = new.rows(db_now(using))
+    run.save(using=using, force_update=True)
+    claims.rotate_epoch(new.workflow_id, using)
+    if timer is not None:
+        timer.save(using=using, force_insert=True)
+    notify.send("w", new.workflow_id, using)
+    return run
+
+
+def now_and_epoch(using: str) -> tuple[datetime, int]:
+    """Workflow time and a fresh epoch, in one round trip where the database can."""
+    store = backend(using)
+    if store.writes_in_one_statement:
+        with store.connection.cursor() as cursor:
+            cursor.execute(f"SELECT {workflow_now_sql('postgresql')}, {next_epoch_sql('postgresql')}")
+            now, epoch = cursor.fetchone()
+        return now, int(epoch)
+    return db_now(using), next_epoch(using)
+
+
+# The one-statement start (PostgreSQL). One round trip, and in autocommit one transaction: the clock,
+# a fresh epoch, the idempotency key (if any), the run, its claim, its delayed-start timer (if any)
+# and the wake-up. A taken id or key makes the statement insert nothing and return no row (ON CONFLICT
+# DO NOTHING waits for a concurrent inserter's transaction, as a unique violation would), so it never
+# raises for a conflict and never breaks the caller's transaction. Every data-modifying CTE runs once;
+# the NOTIFY is delivered when the statement's (or the caller's) transaction commits.
+_RUN_GIVEN = {"id", "run_id", "workflow_type", "version", "input", "idempotency_key"}
+_CLAIM_COLUMNS = {
+    "workflow_id",
+    "epoch",
+    "engine_id",
+    "last_engine_id",
+    "claimed_at",
+    "expires_at",
+    "runnable",
+    "run_created_at",
+}
+_TIMER_COLUMNS = {"id", "workflow_id", "run_id", "kind", "seq", "attempt", "fire_at"}
+_KEY_COLUMNS = {"key", "workflow_id", "run_id", "created_at", "purged_at"}
+_start_statements: dict[tuple[str, bool, bool], tuple[str, dict[str, Any]] | None] = {}
+
+
+def _start_statement(new: NewRun, using: str) -> tuple[str, dict[str, Any]] | None:
+    """The SQL and constant parameters of the one-statement start for this run's shape, or None where
+    it does not apply (not PostgreSQL, a schedule's or a child's run, or a model with a column this
+    statement does not know how to fill)."""
+    store = backend(using)
+    if not store.writes_in_one_statement or new.queued or new.schedule_id is not None or new.parent_id is not None:
+        return None
+    delay = "none" if new.delay is None else ("at" if isinstance(new.delay, datetime) else "after")
+    shape = (delay, new.execution_timeout is not None, new.idempotency_key is not None)
+    if shape not in _start_statements:
+        _start_statements[shape] = _build_start_statement(store.connection, *shape)
+    return _start_statements[shape]
+
+
+def _build_start_statement(
+    connection: Any, delay: str, timeout: bool, keyed: bool
+) -> tuple[str, dict[str, Any]] | None:
+    def columns(model: Any) -> set[str]:
+        return {field.column for field in model._meta.concrete_fields}
+
+    if (
+        columns(WorkflowClaim) != _CLAIM_COLUMNS
+        or columns(Timer) != _TIMER_COLUMNS
+        or columns(IdempotencyKey) != _KEY_COLUMNS
+    ):
+        return None  # the models changed: the ORM path stays correct until this statement is updated
+    begins = {"none": "c.t", "after": "c.t + %(delay)s::interval", "at": "GREATEST(%(delay)s::timestamptz, c.t)"}
+    delayed = "n.b > n.t"
+    pending, running = f"'{WorkflowStatus.PENDING.value}'", f"'{WorkflowStatus.RUNNING.value}'"
+    expressions = {
+        "created_at": "n.t",
+        "updated_at": "n.t",
+        "status": running if delay == "none" else f"CASE WHEN {delayed} THEN {pending} ELSE {running} END",
+        "started_at": "n.t" if delay == "none" else f"CASE WHEN {delayed} THEN NULL ELSE n.t END",
+        "start_at": "NULL" if delay == "none" else f"CASE WHEN {delayed} THEN n.b END",
+        "execution_deadline": "n.b + %(timeout)s::interval" if timeout else "NULL",
+    }
+    constants: dict[str, Any] = {}
+    names: list[str] = []
+    values: list[str] = []
+    for field in Workflow._meta.concrete_fields:
+        names.append(connection.ops.quote_name(field.column))
+        if field.attname in expressions:
+            values.append(expressions[field.attname])
+        elif field.attname in _RUN_GIVEN:
+            values.append(f"%({field.attname})s")
+        elif field.has_default() and not callable(field.default):
+            if field.default is None:
+                values.append("NULL")
+            else:
+                constants[f"d_{field.attname}"] = field.get_db_prep_save(field.default, connection)
+                values.append(f"%(d_{field.attname})s")
+        elif field.null and not field.has_default():
+            values.append("NULL")
+        else:
+            return None  # a required column with no constant default: only the ORM knows how to fill it
+    key_cte = (
+        f"k AS (INSERT INTO {IdempotencyKey._meta.db_table} (key, workflow_id, run_id, created_at, purged_at) "
+        f"SELECT %(idempotency_key)s, %(id)s, %(run_id)s, n.t, NULL FROM n ON CONFLICT DO NOTHING RETURNING 1), "
+        if keyed
+        else ""
+    )
+    timer_cte = (
+        f", s AS (INSERT INTO {Timer._meta.db_table} (workflow_id, run_id, kind, seq, attempt, fire_at) "
+        f"SELECT w.id, %(run_id)s, '{TimerKind.DELAYED_START.value}', NULL, NULL, n.b FROM w, n WHERE {delayed})"
+        if delay != "none"
+        else ""
+    )
+    sql = (
+        f"WITH n AS (SELECT c.t, {next_epoch_sql('postgresql')} AS e, {begins[delay]} AS b "
+        f"FROM (SELECT {workflow_now_sql('postgresql')} AS t) AS c), "
+        f"{key_cte}"
+        f"w AS (INSERT INTO {Workflow._meta.db_table} ({', '.join(names)}) SELECT {', '.join(values)} FROM n"
+        f"{' WHERE EXISTS (SELECT 1 FROM k)' if keyed else ''} ON CONFLICT DO NOTHING RETURNING id), "
+        f"{claims.unheld_claim_sql()}"
+        f"{timer_cte} "
+        f"SELECT pg_notify('{notify.CHANNEL}', %(payload)s) FROM w"
+    )
+    return sql, constants
+
+
+def _insert_run_sql(new: NewRun, using: str) -> bool:
+    """The one-statement start; whether the run was inserted (False: the id or the key is taken)."""
+    statement = _start_statement(new, using)
+    assert statement is not None
+    sql, constants = statement
+    params = {
+        **constants,
+        "id": new.workflow_id,
+        "run_id": new.run_id or uuid.uuid4(),
+        "workflow_type": new.workflow_type,
+        "version": new.version,
+        "input": new.input_text,
+        "idempotency_key": new.idempotency_key,
+        "delay": new.delay,
+        "timeout": new.execution_timeout,
+        "payload": f"w:{new.workflow_id}",  # ids are at most 255 characters: always under notify.MAX_PAYLOAD
+    }
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        prepared.execute(cursor, connection, sql, params)  # outside atomic(): prepared (planning > run)
+        return cursor.fetchone() is not None
+
+
+def pending_timers(using: str) -> Coalesce:
+    """A ``Workflow`` annotation: how many timers the run has pending (0 for none), as one subquery."""
+    count = (
+        Timer.objects.using(using)
+        .filter(workflow_id=OuterRef("pk"))
+        .order_by()
+        .values("workflow_id")
+        .annotate(n=Count("pk"))
+        .values("n")
+    )
+    return Coalesce(Subquery(count, output_field=IntegerField()), 0)
+
+
+RESULT_FIELDS = ("status", "result", "error", "cancel_reason", "execution_deadline")
+_RESULT_SQL = f"SELECT {', '.join(RESULT_FIELDS)} FROM {Workflow._meta.db_table} WHERE id = %s"
+
+
+def read_end(workflow_id: str, using: str) -> dict[str, Any] | None:
+    """The fields ``result()`` reads of run ``workflow_id`` (``RESULT_FIELDS``), or None: no such run."""
+    found: dict[str, Any] | None = Workflow.objects.using(using).filter(pk=workflow_id).values(*RESULT_FIELDS).first()
+    return found
+
+
+def read_end_on(reader: Any, workflow_id: str) -> dict[str, Any] | None:
+    """As ``read_end``, on ``reader``: a psycopg connection of ``notify.open_reader`` (no Django)."""
+    row = reader.execute(_RESULT_SQL, [workflow_id]).fetchone()
+    return None if row is None else dict(zip(RESULT_FIELDS, row, strict=True))
+
+
+def delete_workflows(workflow_ids: list[str], using: str) -> None:
+    """Delete these run rows, their other rows already deleted (purge): one statement, where the
+    ORM's delete() would load every row to cascade to tables already emptied."""
+    placeholders = ", ".join(["%s"] * len(workflow_ids))
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"DELETE FROM {Workflow._meta.db_table} WHERE id IN ({placeholders})", workflow_ids)
 
 
 # -- engine side (ownership, the fenced commit, messages, chores) ----------------------------

@@ -12,6 +12,41 @@ from ..status import TimerKind, WorkflowStatus
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
 
 
+def lock_schedule(schedule_id: str, using: str, *, skip_locked: bool = False) -> Schedule | None:
+    """Inside a transaction: the schedule row, locked until the transaction ends; None when there is
+    none (or, with ``skip_locked``, when another transaction holds it: the firing chore's case)."""
+    row: Schedule | None = (
+        Schedule.objects.using(using).select_for_update(skip_locked=skip_locked).filter(pk=schedule_id).first()
+    )
+    return row
+
+
+def read_schedule(schedule_id: str, using: str) -> Schedule | None:
+    """The schedule row as committed (no lock); None when there is none."""
+    row: Schedule | None = Schedule.objects.using(using).filter(pk=schedule_id).first()
+    return row
+
+
+def schedule_exists(schedule_id: str, using: str) -> bool:
+    """Whether schedule ``schedule_id`` exists."""
+    return bool(Schedule.objects.using(using).filter(pk=schedule_id).exists())
+
+
+def insert_schedule(row: Schedule, using: str) -> None:
+    """Insert a new schedule row; IntegrityError when its id was created meanwhile."""
+    row.save(using=using, force_insert=True)
+
+
+def save_schedule(row: Schedule, fields: Iterable[str], using: str) -> None:
+    """Write ``fields`` of a locked schedule row."""
+    row.save(using=using, update_fields=list(fields))
+
+
+def delete_schedule(row: Schedule, using: str) -> None:
+    """Delete a locked schedule row (the runs it started go on)."""
+    row.delete(using=using)
+
+
 # -- engine side (ownership, the fenced commit, messages, chores) ----------------------------
 
 
@@ -28,22 +63,6 @@ def due_schedules(
         .order_by("next_fire_at")
         .values_list("pk", flat=True)[:limit]
     )
-
-
-def lock_schedule(schedule_id: str, using: str) -> Schedule | None:
-    """Inside a transaction: the schedule row, locked (SKIP LOCKED: None if another engine has it, or
-    if it does not exist)."""
-    return Schedule.objects.using(using).select_for_update(skip_locked=True).filter(pk=schedule_id).first()
-
-
-def schedule_exists(schedule_id: str, using: str) -> bool:
-    """Whether the schedule row exists (a plain read)."""
-    return bool(Schedule.objects.using(using).filter(pk=schedule_id).exists())
-
-
-def save_schedule(row: Schedule, fields: list[str], using: str) -> None:
-    """Write these fields of a (locked) schedule row."""
-    row.save(using=using, update_fields=fields)
 
 
 def with_waiting_runs(limit: int, using: str) -> list[str]:

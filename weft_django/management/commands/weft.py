@@ -215,8 +215,8 @@ class Command(BaseCommand):
     def _list(self, options: dict[str, Any]) -> None:
         from ...admin.formatting import short_step, status_text
         from ...admin.health import current_step, with_ownership
-        from ...clock import db_clock
         from ...models import Workflow
+        from ...store.clock import db_clock
 
         queryset = Workflow.objects.using(self._using).order_by("-created_at", "id")
         if options["status"]:
@@ -288,8 +288,8 @@ class Command(BaseCommand):
     def _engines(self, options: dict[str, Any]) -> None:
         from ...admin.formatting import format_duration
         from ...admin.health import engine_rows
-        from ...clock import db_clock
         from ...conf import get_settings
+        from ...store.clock import db_clock
 
         rows = engine_rows(self._using, db_clock(self._using), get_settings().workflow_claim_ttl)
         if options["json"]:
@@ -321,7 +321,7 @@ class Command(BaseCommand):
 
     def _claims(self, options: dict[str, Any]) -> None:
         from ...admin.health import claim_rows
-        from ...clock import db_clock
+        from ...store.clock import db_clock
 
         now = db_clock(self._using)
         rows = claim_rows(self._using, now, held_only=not options["all"], limit=options["limit"])
@@ -501,9 +501,9 @@ class Command(BaseCommand):
     def _purge(self, options: dict[str, Any]) -> None:
         from ...admin.formatting import format_duration
         from ...admin.terminal import retention_due
-        from ...clock import db_now
         from ...conf import get_settings
         from ...models import Workflow
+        from ...store.clock import db_now
         from ...transitions import purge
 
         statuses = options["status"] or TERMINAL

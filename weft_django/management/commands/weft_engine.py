@@ -16,6 +16,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
 
 from ...exceptions import ConfigurationError, EngineLeaseAcquisitionTimeoutError, OwnershipModeMismatchError
+from ...store.backend import backend
 
 VERBOSITY_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
 status_logger = logging.getLogger("weft_django.engine.status")
@@ -229,7 +230,7 @@ def banner(engine: Any, metrics_url: str | None) -> str:
     settings = engine.settings
     database = connection.settings_dict.get("NAME")
     host = connection.settings_dict.get("HOST")
-    where = f"{connection.vendor} {database}" + (f" on {host}" if host else "")
+    where = f"{backend(engine.using).display_name} {database}" + (f" on {host}" if host else "")
     if engine.mode == "workflow-lease":
         claim = settings.workflow_claim_ttl, settings.workflow_claim_renew_interval
         ttl = f"claim ttl={_seconds(claim[0])} renew={_seconds(claim[1])}"
@@ -290,8 +291,8 @@ class StatusReporter:
         from django.db.models import Count, Min
 
         from ... import events
-        from ...clock import db_now
         from ...models import Timer
+        from ...store.clock import db_now
 
         engine = self.engine
         now = db_now(engine.using)

@@ -1,0 +1,340 @@
+"""Starting runs: ``start`` (ids, idempotency keys, on_conflict, delayed starts), ``start_or_signal``
+and ``start_with_update``. A start joins the caller's ``transaction.atomic()`` on the WEFT database
+and takes effect (wake-up included) when it commits; the rows are written by ``store.runs.create_run``.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import IntegrityError, transaction
+
+from .. import codec, events, transitions
+from ..exceptions import IdempotencyKeyPurgedError, InvalidArgumentError, WorkflowAlreadyExistsError
+from ..models import IdempotencyKey, Workflow
+from ..queries_and_updates import admit, update_on_thread
+from ..registry import WorkflowDefinition, resolve_workflow
+from ..status import TERMINAL_STATUSES
+from ..store import runs
+from ..validation import validate_workflow_id
+from ..waits import Wait, finish, submit
+from .common import (
+    ON_CONFLICT,
+    _alias,
+    _duration,
+    _encode_input,
+    _start_time,
+    _validate_key,
+    _validate_name,
+    _wait_seconds,
+)
+from .handles import WorkflowHandle
+from .messages import _buffer_signal
+
+
+class _Plan:
+    """Everything a start writes, computed before the first query."""
+
+    def __init__(
+        self,
+        definition: WorkflowDefinition,
+        input_text: str,
+        delay: timedelta | datetime | None,
+        execution_timeout: timedelta | None,
+        idempotency_key: str | None,
+    ) -> None:
+        self.definition = definition
+        self.input_text = input_text
+        self.delay = delay
+        self.execution_timeout = execution_timeout
+        self.idempotency_key = idempotency_key
+
+    def run(self, workflow_id: str) -> runs.NewRun:
+        """The run this plan creates under ``workflow_id``."""
+        return runs.NewRun(
+            workflow_id=workflow_id,
+            workflow_type=self.definition.name,
+            version=self.definition.version,
+            input_text=self.input_text,
+            delay=self.delay,
+            execution_timeout=self.execution_timeout,
+            idempotency_key=self.idempotency_key,
+        )
+
+    def one_statement(self, using: str) -> bool:
+        """Whether its start is one statement (``store.runs.one_statement``)."""
+        return runs.one_statement(self.run(""), using)
+
+
+def _try_insert_run(plan: _Plan, workflow_id: str, using: str, *, savepoint: bool = True) -> bool:
+    """Insert a new run with its claim (fresh epoch, no holder) and its idempotency key, if any
+    (``store.runs.create_run``); False, with nothing written, when the id or key is taken.
+
+    On PostgreSQL one statement that cannot fail on a taken id or key (no savepoint needed); elsewhere
+    the ORM insert in a savepoint, so a taken id rolls back only that savepoint."""
+    created = runs.create_run(plan.run(workflow_id), using, savepoint=savepoint)
+    if created is None:
+        return False
+    events.workflow_started(created, using)
+    return True
+
+
+def _insert_run(plan: _Plan, workflow_id: str, using: str, *, savepoint: bool = True) -> None:
+    """As ``_try_insert_run``; IntegrityError when the id or the key is taken."""
+    if not _try_insert_run(plan, workflow_id, using, savepoint=savepoint):
+        raise IntegrityError(f"workflow id {workflow_id!r} or idempotency key {plan.idempotency_key!r} is taken")
+
+
+def _replace_run(plan: _Plan, workflow_id: str, using: str) -> bool:
+    """on_conflict="start_new": a new run over a terminal one. False when the id is free again."""
+    existing = transitions.lock_workflow(workflow_id, using)
+    if existing is None:
+        return False
+    _check_type(workflow_id, existing["workflow_type"], plan.definition)
+    if existing["status"] not in TERMINAL_STATUSES:
+        raise WorkflowAlreadyExistsError(
+            f'Workflow "{workflow_id}" is still {existing["status"]}; on_conflict="start_new" replaces '
+            f"only a finished run. Cancel it first, or use another id."
+        )
+    transitions.delete_run_rows([workflow_id], using)
+    events.workflow_started(runs.replace_run(plan.run(workflow_id), using), using)
+    return True
+
+
+def _check_type(workflow_id: str, existing_type: str, definition: WorkflowDefinition) -> None:
+    if existing_type != definition.name:
+        raise WorkflowAlreadyExistsError(
+            f'Workflow "{workflow_id}" already exists as a "{existing_type}" run, not "{definition.name}". '
+            f"Use another id."
+        )
+
+
+def _resolve_conflict(plan: _Plan, workflow_id: str, on_conflict: str, using: str) -> WorkflowHandle | None:
+    """Apply ``on_conflict`` to an existing id; None when the id turned out to be free."""
+    if on_conflict == "start_new":
+        return WorkflowHandle(workflow_id) if _replace_run(plan, workflow_id, using) else None
+    existing = Workflow.objects.using(using).filter(pk=workflow_id).values("workflow_type", "status").first()
+    if existing is None:
+        return None
+    if on_conflict == "use_existing":
+        _check_type(workflow_id, existing["workflow_type"], plan.definition)
+        return WorkflowHandle(workflow_id)
+    raise WorkflowAlreadyExistsError(
+        f'Workflow "{workflow_id}" already exists ({existing["workflow_type"]}, {existing["status"]}). Pass '
+        f'on_conflict="use_existing" to get its handle, on_conflict="start_new" to start a new run over a '
+        f"finished one, or use another id."
+    )
+
+
+def _start_with_id(plan: _Plan, workflow_id: str, on_conflict: str, using: str) -> WorkflowHandle:
+    for _ in range(transitions.MAX_ATTEMPTS):
+        # The insert is the test for a taken id; a taken id writes nothing and leaves the caller's
+        # transaction usable (_try_insert_run).
+        if _try_insert_run(plan, workflow_id, using):
+            return WorkflowHandle(workflow_id)
+        handle = transitions.run_in_transaction(using, lambda: _resolve_conflict(plan, workflow_id, on_conflict, using))
+        if handle is not None:
+            return handle
+    raise WorkflowAlreadyExistsError(  # pragma: no cover - the id was created and purged over and over
+        f'Workflow "{workflow_id}" kept changing while it was being started; try again.'
+    )
+
+
+def _existing_for_key(key: str, definition: WorkflowDefinition, using: str) -> WorkflowHandle | None:
+    mapping = IdempotencyKey.objects.using(using).filter(pk=key).first()
+    if mapping is None:
+        return None
+    current = Workflow.objects.using(using).filter(pk=mapping.workflow_id).values("run_id", "workflow_type").first()
+    if mapping.purged_at is not None or current is None or current["run_id"] != mapping.run_id:
+        when = f" on {mapping.purged_at:%Y-%m-%d %H:%M:%S %Z}" if mapping.purged_at else ""
+        raise IdempotencyKeyPurgedError(
+            f'Idempotency key "{key}" started workflow "{mapping.workflow_id}", whose run was '
+            f"purged{when} or replaced. Use a new key to start another run."
+        )
+    _check_type(mapping.workflow_id, current["workflow_type"], definition)
+    return WorkflowHandle(mapping.workflow_id)
+
+
+def _start_with_key(plan: _Plan, key: str, using: str) -> WorkflowHandle:
+    if plan.one_statement(using):
+        # PostgreSQL: insert first (one statement; a taken key inserts nothing), then look the key up.
+        for _ in range(transitions.MAX_ATTEMPTS):
+            workflow_id = str(uuid.uuid4())
+            if _try_insert_run(plan, workflow_id, using):
+                return WorkflowHandle(workflow_id)
+            existing = _existing_for_key(key, plan.definition, using)
+            if existing is not None:
+                return existing
+    for _ in range(transitions.MAX_ATTEMPTS):
+        try:
+            with transaction.atomic(using=using):
+                existing = _existing_for_key(key, plan.definition, using)
+                if existing is not None:
+                    return existing
+                workflow_id = str(uuid.uuid4())
+                _insert_run(plan, workflow_id, using, savepoint=False)  # a taken key rolls this atomic() back
+                return WorkflowHandle(workflow_id)
+        except IntegrityError:
+            continue
+    raise WorkflowAlreadyExistsError(  # pragma: no cover
+        f'Idempotency key "{key}" could not be resolved after {transitions.MAX_ATTEMPTS} attempts; try again.'
+    )
+
+
+def start(
+    workflow: Any,
+    /,
+    *,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    id: str | None = None,
+    idempotency_key: str | None = None,
+    on_conflict: str = "error",
+    start_after: Any = None,
+    start_at: datetime | None = None,
+    execution_timeout: Any = None,
+) -> WorkflowHandle:
+    """Start a run of ``workflow`` (the decorated function, its definition or its registered name).
+
+    The new run is ``running`` with no owner until an engine claims it, or ``pending`` until
+    ``start_after`` / ``start_at``. Joins the caller's transaction; the run exists once it commits.
+    """
+    if id is not None and idempotency_key is not None:
+        raise InvalidArgumentError(
+            "id and idempotency_key are mutually exclusive: with an idempotency key the workflow id is "
+            "generated. Pass one of them."
+        )
+    if on_conflict not in ON_CONFLICT:
+        raise InvalidArgumentError(f'on_conflict must be "error", "use_existing" or "start_new" (got {on_conflict!r}).')
+    if id is not None:
+        validate_workflow_id(id)
+    if idempotency_key is not None:
+        _validate_key(idempotency_key, "idempotency_key")
+    delay = _start_time(start_after, start_at)
+    timeout = (
+        _duration(execution_timeout, "execution_timeout", positive=True) if execution_timeout is not None else None
+    )
+    definition = resolve_workflow(workflow)
+    plan = _Plan(definition, _encode_input(args, kwargs), delay, timeout, idempotency_key)
+    using = _alias()
+    if idempotency_key is not None:
+        return _start_with_key(plan, idempotency_key, using)
+    if id is not None:
+        return _start_with_id(plan, id, on_conflict, using)
+    workflow_id = str(uuid.uuid4())
+    _insert_run(plan, workflow_id, using)  # one statement (in autocommit its own transaction), or atomic()
+    return WorkflowHandle(workflow_id)
+
+
+async def astart(workflow: Any, /, **options: Any) -> WorkflowHandle:
+    """Async twin of :func:`start`."""
+    return await sync_to_async(start)(workflow, **options)
+
+
+def start_or_signal(
+    workflow: Any,
+    signal_name: str,
+    payload: Any = None,
+    *,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    id: str,
+    signal_id: str | None = None,
+) -> tuple[WorkflowHandle, str]:
+    """Signal run ``id``, starting it first if it is absent or finished (as ``on_conflict="start_new"``),
+    in one transaction. Returns ``(handle, "started" | "signalled")``. A run of another workflow type
+    under ``id`` raises WorkflowAlreadyExistsError. Joins the caller's transaction, like ``start``."""
+    validate_workflow_id(id)
+    _validate_name(signal_name, "signal_name")
+    if signal_id is not None:
+        _validate_key(signal_id, "signal_id")
+    text = codec.encode_payload(payload, path="payload")
+    plan = _Plan(resolve_workflow(workflow), _encode_input(args, kwargs), None, None, None)
+    using = _alias()
+
+    def deliver(started: bool) -> bool:
+        status = _buffer_signal(id, signal_name, text, signal_id, using)
+        return status in ("buffered", "duplicate")  # else the run ended meanwhile: go round
+
+    outcome = _with_run(plan, id, using, deliver)
+    return WorkflowHandle(id), "started" if outcome else "signalled"
+
+
+def start_with_update(
+    workflow: Any,
+    update_name: str,
+    payload: Any = None,
+    *,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    id: str,
+    idempotency_key: str | None = None,
+    timeout: Any = "5s",
+) -> tuple[WorkflowHandle, Any]:
+    """Send update ``update_name`` to run ``id``, starting it first if it is absent or finished, with
+    the start and the update's admission in one transaction; then wait for the update's result.
+    Returns ``(handle, result)``; the errors are those of :func:`update` and WorkflowAlreadyExistsError
+    for a run of another type. Waits, so it uses its own connection (never the caller's transaction)."""
+    validate_workflow_id(id)
+    _validate_name(update_name, "update_name")
+    if idempotency_key is not None:
+        _validate_key(idempotency_key, "idempotency_key")
+    seconds = _wait_seconds(timeout)
+    text = codec.encode_payload(payload, path="payload")
+    plan = _Plan(resolve_workflow(workflow), _encode_input(args, kwargs), None, None, None)
+    alias = _alias()
+    admission = functools.partial(_admit_starting, plan, id, update_name, text, idempotency_key, alias)
+    waiting = functools.partial(update_on_thread, admission=admission)
+    future, abandoned = submit(waiting, id, update_name, text, idempotency_key, seconds, alias)
+    return WorkflowHandle(id), finish(future, abandoned)
+
+
+def _with_run(plan: _Plan, workflow_id: str, using: str, deliver: Any) -> bool:
+    """In one transaction: start run ``workflow_id`` if it is absent or finished, then ``deliver(started)``.
+    Returns whether a run was started. ``deliver`` returns False when the run ended in between."""
+    for _ in range(transitions.MAX_ATTEMPTS):
+        with transaction.atomic(using=using):
+            started = _try_insert_run(plan, workflow_id, using)
+            if not started:
+                existing = (
+                    Workflow.objects.using(using).filter(pk=workflow_id).values("workflow_type", "status").first()
+                )
+                if existing is None:
+                    continue  # purged meanwhile: insert again
+                _check_type(workflow_id, existing["workflow_type"], plan.definition)
+                started = existing["status"] in TERMINAL_STATUSES
+                if started and not _replace_run(plan, workflow_id, using):
+                    continue
+            if deliver(started):
+                return started
+    raise WorkflowAlreadyExistsError(  # pragma: no cover - the run kept ending and restarting
+        f'Workflow "{workflow_id}" kept changing while it was being started; try again.'
+    )
+
+
+def _admit_starting(
+    plan: _Plan, workflow_id: str, name: str, text: str, key: str | None, alias: str, wait: Wait
+) -> str:
+    """start_with_update's admission, on its weft-wait thread: start the run if it is absent or
+    finished and admit the update, in one transaction (again after a concurrent admission with the
+    same key). Returns the update's id."""
+    admitted: list[str] = []
+
+    def deliver(started: bool) -> bool:
+        admitted.append(admit(workflow_id, name, text, key, wait, alias))
+        return True
+
+    for attempt in range(transitions.MAX_ATTEMPTS):
+        try:
+            _with_run(plan, workflow_id, alias, deliver)
+            break
+        except IntegrityError:
+            admitted.clear()
+            if attempt == transitions.MAX_ATTEMPTS - 1:
+                raise
+    return admitted[-1]

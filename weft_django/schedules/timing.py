@@ -1,0 +1,168 @@
+"""Schedules' time arithmetic: cron in an IANA time zone, intervals, deterministic jitter.
+
+Every occurrence has a nominal UTC time and the run id ``f"{schedule_id}@{nominal:%Y-%m-%dT%H:%M:%SZ}"``;
+jitter delays when it fires, never its id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import uuid
+import zoneinfo
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from croniter import croniter
+
+from ..models import Schedule
+from ..status import OverlapPolicy
+
+MAX_SCHEDULE_ID_LENGTH = 200  # the run ids add 21 characters and must fit the 255 of a workflow id
+MAX_EVERY_SECONDS = 2**31 - 1
+MAX_JITTER_MS = 2**31 - 1
+MAX_TIMEZONE_LENGTH = 64
+MAX_CRON_LENGTH = 200
+NEXT_FIRE_TIMES = 5
+OVERLAP_POLICIES: tuple[str, ...] = tuple(str(value) for value in OverlapPolicy.values)
+CRON_ALIASES = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+# Bigger than any daylight-saving shift: later cron candidates never map to instants before this margin.
+_DST_MARGIN = timedelta(hours=3)
+_UNSET: Any = object()
+
+STARTED, QUEUED, SKIPPED, EXISTS = "started", "queued", "skipped", "exists"
+
+
+def occurrence_id(schedule_id: str, nominal: datetime) -> str:
+    """The run id of the occurrence at ``nominal``: two engines firing it start one run."""
+    return f"{schedule_id}@{nominal.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}"
+
+
+def manual_id(schedule_id: str) -> str:
+    return f"{schedule_id}@manual-{uuid.uuid4().hex[:8]}"
+
+
+def _ceil_second(moment: datetime) -> datetime:
+    whole = moment.replace(microsecond=0)
+    return whole if whole == moment else whole + timedelta(seconds=1)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """When a schedule's occurrences are: validated ``cron`` xor ``every``, zone, jitter."""
+
+    schedule_id: str
+    cron: str | None
+    every: int | None
+    timezone: str
+    jitter_ms: int
+
+    @classmethod
+    def of(cls, row: Schedule) -> Timing:
+        return cls(row.id, row.cron, row.every, row.timezone, row.jitter_ms)
+
+    @property
+    def expression(self) -> str:
+        assert self.cron is not None
+        return CRON_ALIASES.get(self.cron.lower(), self.cron)
+
+    @property
+    def fixed_time(self) -> bool:
+        """Vixie cron's rule: a job whose minute and hour fields have no wildcard or step runs at a
+        particular wall-clock time; across a daylight-saving change it fires once per matching day."""
+        minute, hour = self.expression.split()[:2]
+        return not any(mark in minute + hour for mark in "*/")
+
+    def jitter(self, nominal: datetime) -> timedelta:
+        """Deterministic in [0, jitter): every engine computes the same delay for an occurrence."""
+        if not self.jitter_ms:
+            return timedelta(0)
+        digest = hashlib.sha256(occurrence_id(self.schedule_id, nominal).encode()).digest()
+        return timedelta(milliseconds=int.from_bytes(digest[:8], "big") % self.jitter_ms)
+
+    def fire_at(self, nominal: datetime) -> datetime:
+        return nominal + self.jitter(nominal)
+
+    def first_after(self, now: datetime) -> datetime:
+        """The nominal time of the first occurrence of a schedule created (or re-timed) at ``now``:
+        ``every`` fires one period later (from the next whole second), ``cron`` at its next match."""
+        if self.every is not None:
+            return _ceil_second(now) + timedelta(seconds=self.every)
+        return next(self._cron_after(now))
+
+    def following(self, nominal: datetime) -> Iterator[datetime]:
+        """The nominal times after the occurrence at ``nominal``, in order."""
+        if self.every is None:
+            yield from self._cron_after(nominal)
+            return
+        period = timedelta(seconds=self.every)
+        while True:
+            nominal += period
+            yield nominal
+
+    def upcoming(self, nominal: datetime, now: datetime) -> datetime:
+        """The first occurrence, from ``nominal`` on, that fires after ``now`` (resume, describe)."""
+        if self.fire_at(nominal) > now:
+            return nominal
+        if self.every is not None:
+            period = timedelta(seconds=self.every)
+            nominal += max(0, (now - nominal - timedelta(milliseconds=self.jitter_ms)) // period) * period
+            while self.fire_at(nominal) <= now:
+                nominal += period
+            return nominal
+        start = max(nominal, now - timedelta(milliseconds=self.jitter_ms))
+        return next(n for n in self._cron_after(start) if self.fire_at(n) > now)
+
+    def fire_times(self, nominal: datetime, count: int = NEXT_FIRE_TIMES) -> list[datetime]:
+        times = [self.fire_at(nominal)]
+        following = self.following(nominal)
+        while len(times) < count:
+            times.append(self.fire_at(next(following)))
+        return times
+
+    def _cron_after(self, after: datetime) -> Iterator[datetime]:
+        """UTC instants strictly after ``after`` whose wall-clock time in the zone matches the cron.
+
+        Candidates are wall-clock times (croniter on naive datetimes: plain calendar arithmetic), each
+        mapped to its instants: a wall time skipped by a forward change fires shifted by the gap
+        (PEP 495 ``fold=0``: 02:30 becomes 03:30 summer time) if the job is fixed-time, and not at all
+        otherwise; a wall time repeated by a backward change fires at its first occurrence if the job
+        is fixed-time, and at both otherwise. Instants are buffered until no later candidate can map
+        before them, then yielded once each, in order.
+        """
+        zone = zoneinfo.ZoneInfo(self.timezone)
+        fixed = self.fixed_time
+        wall = after.astimezone(zone).replace(tzinfo=None)
+        candidates = croniter(self.expression, wall - _DST_MARGIN, hash_id=self.schedule_id)
+        pending: list[datetime] = []
+        last = after
+        while True:
+            candidate = candidates.get_next(datetime)
+            for instant in _instants(candidate, zone, fixed):
+                heapq.heappush(pending, instant)
+            bound = candidate.replace(tzinfo=zone).astimezone(UTC) - _DST_MARGIN
+            while pending and pending[0] <= bound:
+                instant = heapq.heappop(pending)
+                if instant > last:
+                    last = instant
+                    yield instant
+
+
+def _instants(wall: datetime, zone: zoneinfo.ZoneInfo, fixed: bool) -> tuple[datetime, ...]:
+    first = wall.replace(tzinfo=zone, fold=0).astimezone(UTC)
+    second = wall.replace(tzinfo=zone, fold=1).astimezone(UTC)
+    if first == second:
+        return (first,)
+    if first.astimezone(zone).replace(tzinfo=None) != wall:  # in the gap of a forward change
+        return (first,) if fixed else ()
+    return (first,) if fixed else (first, second)  # repeated by a backward change
