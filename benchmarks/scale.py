@@ -236,7 +236,7 @@ def scenario_parked(options: argparse.Namespace, stamp: str) -> dict[str, Any]:
     from benchmarks.benchapp.workflows import parked, sleeper
     from weft_django.engine import ownership
     from weft_django.models import Timer, WorkflowClaim
-    from weft_django.notify import send
+    from weft_django.store.notify import send
 
     n = options.parked_workflows
     half = n // 2
@@ -433,9 +433,9 @@ def scenario_timers(options: argparse.Namespace, stamp: str) -> dict[str, Any]:
 
     import weft_django as weft
     from benchmarks.benchapp.workflows import sleeper
-    from weft_django.clock import db_now
     from weft_django.engine import ownership, sweeps
     from weft_django.engine.engine import Engine as InProcessEngine
+    from weft_django.store.clock import db_now
 
     counts = sorted(int(c) for c in options.timer_counts.split(",") if c.strip())
     poll = 0.1

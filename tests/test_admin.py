@@ -13,10 +13,10 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 import weft_django as weft
-from weft_django.clock import db_clock, db_now
 from weft_django.models import BufferedSignal, Engine, PendingUpdate, Timer, Workflow, WorkflowClaim
 from weft_django.status import TimerKind
 from weft_django.store import engines
+from weft_django.store.clock import db_clock, db_now
 
 ADMIN = "/admin/weft_django"
 READ_ONLY_MODELS = ("workflowclaim", "engine", "timer", "bufferedsignal", "pendingupdate")

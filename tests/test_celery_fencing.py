@@ -15,7 +15,6 @@ from django.test import override_settings
 import weft_django as weft
 from tests.testapp import workflows as testflows
 from tests.testapp.models import ActivityCall, Reservation
-from weft_django.clock import db_now
 from weft_django.codec import decode, encode_payload
 from weft_django.conf import get_settings
 from weft_django.engine import remote
@@ -23,6 +22,7 @@ from weft_django.engine.activities import AttemptTask
 from weft_django.engine.executors import ActivityExecutors
 from weft_django.exceptions import ConfigurationError
 from weft_django.models import RemoteAttempt, RemoteAttemptState, Step, Workflow, WorkflowClaim
+from weft_django.store.clock import db_now
 
 pytestmark = pytest.mark.django_db
 USING = "default"

@@ -37,7 +37,6 @@ from hypothesis.stateful import (
 
 import weft_django as weft
 from weft_django import transitions
-from weft_django.clock import db_now
 from weft_django.engine import fencing, ownership
 from weft_django.engine.driver import StepRecord
 from weft_django.exceptions import (
@@ -61,6 +60,7 @@ from weft_django.models import (
 )
 from weft_django.store import claims as store_claims
 from weft_django.store import commit as store_commit
+from weft_django.store.clock import db_now
 
 IDS = ("sm-0", "sm-1", "sm-2")
 ENGINES = ("engine-a", "engine-b")

@@ -17,7 +17,6 @@ from django.db import connection, transaction
 import weft_django as weft
 from weft_django import client, codec, transitions, waits
 from weft_django.client import InvalidArgumentError, InvalidWorkflowIdError
-from weft_django.clock import db_now
 from weft_django.exceptions import (
     IdempotencyKeyPurgedError,
     PayloadNotSerializableError,
@@ -39,6 +38,7 @@ from weft_django.models import (
     Workflow,
     WorkflowClaim,
 )
+from weft_django.store.clock import db_now
 from weft_django.testing import wait_for
 
 
@@ -83,7 +83,7 @@ def close_connection() -> None:
 
 
 def weft_notify(kind: str, workflow_id: str) -> None:
-    from weft_django import notify
+    from weft_django.store import notify
 
     notify.send(kind, workflow_id, "default")
 

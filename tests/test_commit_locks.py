@@ -19,12 +19,12 @@ from django.db import DatabaseError, connection, connections
 
 import weft_django as weft
 from weft_django import transitions
-from weft_django.clock import db_now
 from weft_django.engine import fencing, ownership
 from weft_django.engine.driver import StepRecord
 from weft_django.engine.engine import Engine
 from weft_django.models import Step, Workflow, WorkflowClaim
 from weft_django.store import commit as store_commit
+from weft_django.store.clock import db_now
 
 from .test_commit_order import GATE, _outcome_waiting, _step, _tick_until
 

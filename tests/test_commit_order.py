@@ -17,13 +17,13 @@ import pytest
 from django.db import DatabaseError
 
 import weft_django as weft
-from weft_django.clock import db_now
 from weft_django.engine import engine as engine_module
 from weft_django.engine import messages
 from weft_django.engine.activities import AttemptOutcome
 from weft_django.engine.engine import Engine
 from weft_django.models import PendingUpdate, QueryRequest, Step, Workflow
 from weft_django.store import commit as store_commit
+from weft_django.store.clock import db_now
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

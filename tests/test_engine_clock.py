@@ -9,9 +9,9 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from weft_django.clock import db_now
 from weft_django.engine import engine as engine_module
 from weft_django.engine.engine import Engine
+from weft_django.store.clock import db_now
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

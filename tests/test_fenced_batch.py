@@ -10,11 +10,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import weft_django as weft
-from weft_django.clock import db_now
 from weft_django.engine import fencing, ownership
 from weft_django.engine.driver import StepRecord
 from weft_django.models import BufferedSignal, PendingUpdate, Step, Timer, Workflow, WorkflowClaim
 from weft_django.store import commit as store_commit
+from weft_django.store.clock import db_now
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

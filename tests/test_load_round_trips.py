@@ -14,7 +14,6 @@ from django.test.utils import CaptureQueriesContext
 
 import weft_django as weft
 from tests.testapp.workflows import add
-from weft_django.clock import db_now
 from weft_django.engine import loader as loader_module
 from weft_django.engine import progress
 from weft_django.engine.driver import AppliedRecord
@@ -24,6 +23,7 @@ from weft_django.engine.messages import deliver_messages
 from weft_django.engine.wakeups import Listener
 from weft_django.models import AppliedUpdate, PendingUpdate, Step, Timer, Workflow, WorkflowClaim
 from weft_django.store import histories
+from weft_django.store.clock import db_now
 from weft_django.testing import running_engine, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]

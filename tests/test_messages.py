@@ -12,8 +12,6 @@ import pytest
 from django.db import connection, connections, transaction
 
 import weft_django as weft
-from weft_django import notify
-from weft_django.clock import db_now
 from weft_django.engine import messages
 from weft_django.engine.engine import Engine
 from weft_django.exceptions import InvalidArgumentError, InvalidWorkflowIdError
@@ -26,6 +24,8 @@ from weft_django.models import (
     Workflow,
     WorkflowClaim,
 )
+from weft_django.store import notify
+from weft_django.store.clock import db_now
 from weft_django.testing import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)

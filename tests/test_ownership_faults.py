@@ -48,7 +48,7 @@ def test_a_deposed_engine_cannot_commit():
         old_epoch,
         steps=[StepRecord(0, "activity", "x", "completed", "1")],
     )
-    from weft_django.clock import db_now
+    from weft_django.store.clock import db_now
 
     result = fencing.fenced_commit("engine-a", [writes], db_now(), "default")
     assert result.committed == set() and result.lost == {"fence-1": "deposed"}
@@ -142,8 +142,8 @@ def test_engines_of_another_mode_refuse_to_start_until_the_marker_is_reset():
 def test_the_mode_marker_is_not_reset_while_an_engine_heartbeats():
     from django.core.management import CommandError, call_command
 
-    from weft_django.clock import db_now
     from weft_django.models import Engine, OwnershipMarker
+    from weft_django.store.clock import db_now
 
     ownership.check_mode_marker("first", "workflow-lease", "default")
     now = db_now()

@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 
 import weft_django as weft
-from weft_django.clock import db_clock
 from weft_django.models import StoreLease, WorkflowClaim
+from weft_django.store.clock import db_clock
 from weft_django.testing import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.subprocess]

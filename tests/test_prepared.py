@@ -9,8 +9,8 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 import weft_django as weft
-from weft_django import prepared
 from weft_django.models import BufferedSignal, Workflow
+from weft_django.store import prepared
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 

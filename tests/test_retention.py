@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pytest
 
 import weft_django as weft
-from weft_django.clock import db_now
 from weft_django.conf import get_settings
 from weft_django.engine import retention
 from weft_django.engine.schedules import ScheduleFiring
 from weft_django.models import IdempotencyKey, Step, Workflow, WorkflowClaim
+from weft_django.store.clock import db_now
 from weft_django.store.epochs import next_epoch
 
 pytestmark = pytest.mark.django_db(transaction=True)

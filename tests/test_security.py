@@ -34,10 +34,10 @@ from django.test import Client, RequestFactory
 
 import weft_django as weft
 from weft_django import codec
-from weft_django.clock import db_now
 from weft_django.exceptions import CorruptPayloadError, PayloadNotSerializableError, PayloadSizeExceededError
 from weft_django.models import BufferedSignal, PendingUpdate, QueryRequest, Schedule, Step, Timer, Workflow
 from weft_django.status import TimerKind
+from weft_django.store.clock import db_now
 
 PACKAGE = Path(weft.__file__).resolve().parent
 SOURCES = sorted(PACKAGE.rglob("*.py"))

@@ -12,10 +12,10 @@ from django.db import transaction
 import weft_django as weft
 from weft_django import events as observe
 from weft_django import signals
-from weft_django.clock import db_now
 from weft_django.engine.driver import StepRecord
 from weft_django.engine.engine import Engine
 from weft_django.models import Workflow, WorkflowClaim
+from weft_django.store.clock import db_now
 from weft_django.store.commit import WorkflowWrites
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -110,7 +110,7 @@ def test_freeze_past_claim_waits_on_the_database_clock_then_late_writes_are_refu
     frozen = zombie.freeze_past_claim()
     assert set(frozen.claims) == {handle.id}
     claim = WorkflowClaim.objects.get(workflow_id=handle.id)
-    from weft_django.clock import db_clock
+    from weft_django.store.clock import db_clock
 
     assert claim.expires_at + grace < db_clock()  # past TTL + grace: any engine may take it over now
     weft_engines("kit-rescuer", weft=FAST)
@@ -148,7 +148,7 @@ def test_freezing_an_engine_that_holds_nothing_is_refused(weft_engines):
 def test_late_writes_are_detected():
     """The check behind assert_writes_refused is not vacuous: a step written or changed under a frozen
     epoch after the freeze is reported; one under the new epoch is not."""
-    from weft_django.clock import db_now
+    from weft_django.store.clock import db_now
 
     handle = weft.start("tests.sum", args=[1, 1])
     WorkflowClaim.objects.filter(pk=handle.id).update(epoch=7, engine_id="old")

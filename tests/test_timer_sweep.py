@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from weft_django.clock import db_now
 from weft_django.engine import sweeps
 from weft_django.engine.periodic import builtin_tasks
 from weft_django.models import Timer, Workflow
+from weft_django.store.clock import db_now
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

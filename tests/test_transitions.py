@@ -12,7 +12,6 @@ from django.db import OperationalError, connection, transaction
 
 import weft_django as weft
 from weft_django import transitions
-from weft_django.clock import db_now
 from weft_django.exceptions import (
     WorkflowNotFoundError,
     WorkflowStateError,
@@ -32,6 +31,7 @@ from weft_django.models import (
 )
 from weft_django.store import epochs
 from weft_django.store import mailbox as store_mailbox
+from weft_django.store.clock import db_now
 
 ACTIVE = ["pending", "running", "suspended"]
 TERMINAL = ["completed", "failed", "cancelled", "timed_out"]

@@ -26,11 +26,11 @@ from django.db import close_old_connections, transaction
 
 from .. import events
 from ..activity_runtime import ActivityInfo, AttemptControl, bind
-from ..clock import db_now
 from ..codec import decode, encode_payload
 from ..exceptions import ActivityTimeoutError
 from ..registry import ActivityDefinition
 from ..store import runs
+from ..store.clock import db_now
 from .driver import describe_exception
 from .fencing import lock_claims
 

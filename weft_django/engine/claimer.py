@@ -9,10 +9,10 @@ import time
 from collections.abc import Callable
 
 from .. import events
-from ..clock import db_now
 from ..conf import WeftSettings
 from ..status import OwnershipMode
 from ..store import runs
+from ..store.clock import db_now
 from . import ownership
 
 logger = logging.getLogger("weft_django.engine.engine")

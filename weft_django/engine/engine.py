@@ -28,12 +28,12 @@ from typing import Any
 from django.db import DatabaseError, connections
 
 from .. import events
-from ..clock import db_now
 from ..conf import WeftSettings, get_settings
 from ..exceptions import WeftError
 from ..status import OwnershipMode
 from ..store import histories, runs
 from ..store.backend import backend
+from ..store.clock import db_now
 from . import ownership, sessions
 from .activities import commit_atomic_attempt
 from .claimer import Claimer

@@ -45,11 +45,11 @@ from django.db import DatabaseError, transaction
 
 from ..codec import decode, encode, encode_payload
 from ..exceptions import QueryNotFoundError, WeftError
-from ..notify import send_many
 from ..operations import WaitForUpdate
 from ..status import QueryStatus, UpdateStatus
 from ..store import claims, mailbox
 from ..store.commit import UpdateDone, UpdateRaceLost, WorkflowWrites, fenced_messages
+from ..store.notify import send_many
 from ..store.sessions import allow_user_code, relax_commit
 from .driver import Leaf, StepRecord, describe_exception
 from .progress import AdmittedRow

@@ -18,10 +18,9 @@ from datetime import timedelta
 from django.db import transaction
 
 from .. import events
-from ..clock import db_now
 from ..exceptions import OwnershipModeMismatchError
-from ..notify import send
 from ..store import claims, engines
+from ..store.clock import db_now
 from ..store.engines import (  # moved to weft_django.store.engines (issue 15): re-export until callers move
     heartbeat_engine,
     other_live_engines,
@@ -31,6 +30,7 @@ from ..store.engines import (  # moved to weft_django.store.engines (issue 15): 
     reset_mode_marker,
     stop_engine,
 )
+from ..store.notify import send
 
 logger = logging.getLogger(__name__)
 TAKEOVER_GRACE_MULTIPLIER = 2

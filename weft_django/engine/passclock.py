@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 
-from ..clock import db_now, offset_generation
 from ..store.backend import backend
+from ..store.clock import db_now, offset_generation
 
 ESTIMATE_JITTER = timedelta(milliseconds=5)  # how far a fresh reading may fall behind the last estimate
 

@@ -38,16 +38,16 @@ from django.db import DatabaseError, connections, transaction
 from django.db.models import Q
 
 from ..activity_runtime import ActivityInfo, AttemptControl, bind
-from ..clock import db_clock, db_now
 from ..codec import decode, encode, encode_payload
 from ..conf import database_alias, payload_max_bytes
 from ..exceptions import ActivityCancelledError
 from ..models import RemoteAttempt, RemoteAttemptState, Step
-from ..notify import send
 from ..registry import RetryPolicy, registry
 from ..status import StepStatus
 from ..store import claims
+from ..store.clock import db_clock, db_now
 from ..store.commit import fenced
+from ..store.notify import send
 from .activities import describe_failure
 
 logger = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from .. import transitions
-from ..clock import db_now
+from ..store.clock import db_now
 from ..store.maintenance import expired_runs
 
 if TYPE_CHECKING:

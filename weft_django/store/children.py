@@ -14,9 +14,9 @@ from django.db import IntegrityError, transaction
 
 from ..codec import encode
 from ..models import BufferedSignal, Workflow
-from ..notify import send_many
 from . import claims
 from .epochs import next_epoch
+from .notify import send_many
 
 MAILBOX_PREFIX = "__weft_child__:"
 

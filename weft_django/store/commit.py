@@ -30,7 +30,6 @@ from typing import Any
 from django.db import transaction
 
 from ..models import AppliedUpdate, Step, Timer, Workflow
-from ..notify import send_many
 from ..status import ACTIVE_STATUSES, UpdateStatus
 from . import claims, mailbox, sessions
 from .backend import backend
@@ -43,6 +42,7 @@ from .commit_statement import (
     step_columns_known,
 )
 from .commit_statement import fits_one_statement as _fits_one_statement
+from .notify import send_many
 from .writes import FenceResult, Finish, UpdateDone, UpdateRaceLost, WorkflowWrites, latest_per_seq
 
 logger = logging.getLogger("weft_django.engine.fencing")  # the name the docs and operators know

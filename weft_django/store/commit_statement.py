@@ -9,13 +9,13 @@ import json
 from datetime import datetime
 from typing import Any
 
-from .. import prepared
 from ..models import Step, Timer, Workflow
-from ..notify import CHANNEL, MAX_PAYLOAD
 from ..status import ACTIVE_STATUSES, SignalState, UpdateStatus
+from . import prepared
 from .backend import backend
 from .claims import FENCE_CTE, release_cte_sql
 from .mailbox import BUFFERED_STATE_SQL, SIGNAL_TABLE, TERMINAL_ERROR_JSON, UPDATE_TABLE
+from .notify import CHANNEL, MAX_PAYLOAD
 from .writes import WorkflowWrites, latest_per_seq
 
 STEP_TABLE = Step._meta.db_table

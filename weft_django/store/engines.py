@@ -9,9 +9,9 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.utils.dateparse import parse_datetime
 
-from ..clock import _python_now, db_clock
 from ..models import Engine, OwnershipMarker, StoreLease
 from .backend import backend
+from .clock import _python_now, db_clock
 from .epochs import next_epoch, next_epoch_sql
 
 # -- client side (start, handles, transitions, schedules, testing) --------------------------

@@ -16,9 +16,9 @@ from typing import Any, NamedTuple
 
 from django.db import DatabaseError, connections
 
-from . import prepared
 from ..models import AppliedUpdate, BufferedSignal, PendingUpdate, Step, Timer, Workflow, WorkflowClaim
 from ..status import SignalState, UpdateStatus
+from . import prepared
 from .backend import backend
 
 # -- client side (start, handles, transitions, schedules, testing) --------------------------

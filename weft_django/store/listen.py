@@ -9,8 +9,8 @@ from contextlib import contextmanager
 
 import psycopg
 
-from ..notify import CHANNEL
 from .backend import backend
+from .notify import CHANNEL
 
 
 @contextmanager
