@@ -433,8 +433,9 @@ def scenario_timers(options: argparse.Namespace, stamp: str) -> dict[str, Any]:
 
     import weft_django as weft
     from benchmarks.benchapp.workflows import sleeper
-    from weft_django.engine import ownership, sweeps
+    from weft_django.engine import sweeps
     from weft_django.engine.engine import Engine as InProcessEngine
+    from weft_django.store import engines
     from weft_django.store.clock import db_now
 
     counts = sorted(int(c) for c in options.timer_counts.split(",") if c.strip())
@@ -442,7 +443,7 @@ def scenario_timers(options: argparse.Namespace, stamp: str) -> dict[str, Any]:
     # The template: one sleeper started and parked by an engine in this process (which writes its timer).
     weft.start(sleeper, args=[0, SLEEP_SECONDS], id="t-0")
     InProcessEngine("bench-template").run_until_idle(60)
-    ownership.register_engine(HOLDER, "workflow-lease", "default")
+    engines.register_engine(HOLDER, "workflow-lease", "default")
     with connection.cursor() as cursor:  # the template is held by HOLDER too, like its clones
         cursor.execute(
             "UPDATE weft_django_workflowclaim SET engine_id = %s, claimed_at = clock_timestamp(), "
@@ -453,7 +454,7 @@ def scenario_timers(options: argparse.Namespace, stamp: str) -> dict[str, Any]:
     def level(count: int, due: str) -> dict[str, Any]:
         from benchmarks import sqltrace
 
-        ownership.heartbeat_engine(HOLDER, "default")
+        engines.heartbeat_engine(HOLDER, "default")
         fixture = _counts()
         engine = InProcessEngine("bench-tick")
         engine.start()

@@ -15,7 +15,6 @@ from django.test.utils import CaptureQueriesContext
 import weft_django as weft
 from tests.testapp.workflows import add
 from weft_django.engine import loader as loader_module
-from weft_django.engine import progress
 from weft_django.engine.driver import AppliedRecord
 from weft_django.engine.engine import Engine
 from weft_django.engine.messages import _state as mailbox_state
@@ -93,7 +92,7 @@ def test_a_claimed_batch_loads_in_one_round_trip_and_runs_as_before(monkeypatch)
     loads: list[tuple[list[str], list[dict[str, Any]]]] = []
     real_load = loader_module.load
 
-    def counting_load(workflow_ids: list[str], using: str) -> progress.Loaded:
+    def counting_load(workflow_ids: list[str], using: str) -> histories.Loaded:
         with CaptureQueriesContext(connections[using]) as captured:
             loaded = real_load(workflow_ids, using)
         loads.append((list(workflow_ids), captured.captured_queries))
@@ -200,7 +199,7 @@ def _step_fields(step: Any) -> tuple[Any, ...]:
     )
 
 
-def _assert_same_as_orm(loaded: progress.Loaded, orm: dict[str, Any], admitted: bool) -> None:
+def _assert_same_as_orm(loaded: histories.Loaded, orm: dict[str, Any], admitted: bool) -> None:
     assert set(loaded.runs) == set(orm["runs"])
     for wid, row in loaded.runs.items():
         w = orm["runs"][wid]
@@ -236,13 +235,13 @@ def test_the_batch_reads_what_the_separate_queries_read(monkeypatch):
     orm = _orm_state(ids)
     assert all(orm[key] for key in ("steps", "applied", "timers", "admitted"))
     with CaptureQueriesContext(connections["default"]) as captured:
-        batched = progress.load(ids + missing, "default")
+        batched = histories.load(ids + missing, "default")
     assert len(captured.captured_queries) == 1
     _assert_same_as_orm(batched, orm, admitted=True)
 
     monkeypatch.setattr(histories, "_client_binding", lambda cursor: False)  # e.g. server-side binding
     with CaptureQueriesContext(connections["default"]) as captured:
-        separate = progress.load(ids + missing, "default")
+        separate = histories.load(ids + missing, "default")
     assert len(captured.captured_queries) == 4  # runs, steps, applied updates, timers
     _assert_same_as_orm(separate, orm, admitted=False)
 
@@ -252,7 +251,7 @@ def test_chunks_of_500_ids_one_round_trip_each():
     many = [f"absent-{i}" for i in range(600)] + ids
     orm = _orm_state(ids)
     with CaptureQueriesContext(connections["default"]) as captured:
-        loaded = progress.load(many, "default")
+        loaded = histories.load(many, "default")
     assert len(captured.captured_queries) == 2
     _assert_same_as_orm(loaded, orm, admitted=True)
 

@@ -24,10 +24,10 @@ from . import metrics, signals
 
 if TYPE_CHECKING:
     from .engine.activities import AttemptOutcome, AttemptTask
-    from .engine.children import ChildStart
-    from .engine.fencing import FenceResult, WorkflowWrites
     from .engine.progress import Owned
     from .models import Workflow
+    from .store.children import ChildStart
+    from .store.commit import FenceResult, WorkflowWrites
 
 logger = logging.getLogger(__name__)
 

@@ -30,9 +30,9 @@ from ..codec import decode, encode_payload
 from ..exceptions import ActivityTimeoutError
 from ..registry import ActivityDefinition
 from ..store import runs
+from ..store.claims import lock_claims
 from ..store.clock import db_now
 from .driver import describe_exception
-from .fencing import lock_claims
 
 logger = logging.getLogger(__name__)
 
@@ -89,11 +89,6 @@ class AttemptOutcome:
     retryable: bool = True
     committed: bool = False  # an atomic activity already wrote its step in its own transaction
     refused: bool = False  # an atomic activity found the claim gone: nothing was written
-
-
-describe_failure = (
-    describe_exception  # merged into engine.driver.describe_exception (issue 15): re-export until callers move
-)
 
 
 def commit_atomic_attempt(engine_id: str, using: str, task: AttemptTask, result: str) -> None:

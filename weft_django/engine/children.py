@@ -13,25 +13,13 @@ is how the parent reads a child's end."""
 from __future__ import annotations
 
 from ..codec import decode
-from ..store.children import (  # moved to weft_django.store.children (issue 15): re-export until callers move
-    MAILBOX_PREFIX,
-    ChildStart,
-    mailbox_name,
-    report_child_end,
-    start_children,
-)
 from .driver import CORRUPT_RECORD, Outcome
 
 MAX_DEPTH = 10
 
 __all__ = [
-    "MAILBOX_PREFIX",
     "MAX_DEPTH",
-    "ChildStart",
     "child_outcome",
-    "mailbox_name",
-    "report_child_end",
-    "start_children",
 ]
 
 

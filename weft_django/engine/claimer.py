@@ -11,7 +11,7 @@ from collections.abc import Callable
 from .. import events
 from ..conf import WeftSettings
 from ..status import OwnershipMode
-from ..store import runs
+from ..store import engines, runs
 from ..store.clock import db_now
 from . import ownership
 
@@ -135,7 +135,7 @@ class Claimer:
     def _detect_second_instance(self) -> None:
         if not self.settings.detect_second_instance or self.mode == OwnershipMode.WORKFLOW_LEASE:
             return
-        others = ownership.other_live_engines(self.engine_id, within=self.settings.workflow_claim_ttl, using=self.using)
+        others = engines.other_live_engines(self.engine_id, within=self.settings.workflow_claim_ttl, using=self.using)
         for other in set(others) - self._warned_engines:
             logger.warning(
                 "second engine instance detected engine=%s other=%s mode=%s: OWNERSHIP=%r assumes one engine; "

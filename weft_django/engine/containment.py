@@ -26,10 +26,10 @@ from django.db import DatabaseError
 
 from ..exceptions import EngineInternalError
 from ..store import runs
+from ..store.commit import WorkflowWrites
 from ..store.histories import Loaded, RunRow, load
 from .activities import AttemptTask
 from .driver import WorkflowRun
-from .fencing import WorkflowWrites
 from .owned import Owned, mark_stuck
 
 logger = logging.getLogger("weft_django.engine.engine")

@@ -31,15 +31,17 @@ from .. import events
 from ..conf import WeftSettings, get_settings
 from ..exceptions import WeftError
 from ..status import OwnershipMode
-from ..store import histories, runs
+from ..store import engines, histories, runs
+from ..store import sessions as store_sessions
 from ..store.backend import backend
 from ..store.clock import db_now
+from ..store.commit import WorkflowWrites
 from . import ownership, sessions
 from .activities import commit_atomic_attempt
 from .claimer import Claimer
 from .containment import contain_tick_failure
 from .executors import ActivityExecutors
-from .fencing import WorkflowWrites, fenced_commit
+from .fencing import fenced_commit
 from .loader import Loader
 from .messages import _state as mailbox_state
 from .messages import deliver_messages, prefetch_admitted
@@ -122,7 +124,7 @@ class Engine:
         self._carry_retry_at = 0.0
         self._last_maintenance = self._last_mailbox_sweep = 0.0  # time.monotonic() when they last ran
         self.clock = PassClock(self.using)
-        commit_atomic = sessions.bounded_commit(
+        commit_atomic = store_sessions.bounded_commit(
             functools.partial(commit_atomic_attempt, self.engine_id, self.using), self.using, self._session_limit
         )
         self.executor = ActivityExecutors(
@@ -146,9 +148,9 @@ class Engine:
         Raises:
             EngineLeaseAcquisitionTimeoutError: "lease" mode and another engine kept the lease.
         """
-        sessions.bind(self.using, self._session_limit)  # the loop's thread; unbound in shutdown()
+        store_sessions.bind(self.using, self._session_limit)  # the loop's thread; unbound in shutdown()
         ownership.check_mode_marker(self.engine_id, self.settings.ownership, self.using)
-        ownership.register_engine(self.engine_id, self.settings.ownership, self.using)
+        engines.register_engine(self.engine_id, self.settings.ownership, self.using)
         if self.mode == OwnershipMode.LEASE:
             if self.lease.wait(self.stopping):
                 self.claimer.take_over_now = True  # the lease holder takes every claim at once
@@ -229,7 +231,7 @@ class Engine:
             ownership.release(self.engine_id, {wid: o.epoch for wid, o in self.owned.items()}, self.using)
             events.claims_released(self, len(self.owned))
             self.lease.release()
-            ownership.stop_engine(self.engine_id, self.using)
+            engines.stop_engine(self.engine_id, self.using)
         except DatabaseError:
             logger.exception("could not release claims at shutdown engine=%s", self.engine_id)
         for owned in self.owned.values():
@@ -238,7 +240,7 @@ class Engine:
         self._publish_epochs()
         for thread in self._threads:
             thread.join(timeout=2)
-        sessions.unbind(self.using)
+        store_sessions.unbind(self.using)
         logger.info("engine stopped engine=%s", self.engine_id)
 
     def _drain(self) -> None:

@@ -11,18 +11,10 @@ from datetime import datetime, timedelta
 
 from .. import events
 from ..store import commit
-from ..store.claims import lock_claims  # moved to weft_django.store.claims (issue 15): re-export until callers move
-from ..store.commit import (  # moved to weft_django.store.commit (issue 15): re-export until callers move
-    FenceResult,
-    Finish,
-    WorkflowWrites,
-)
-from ..store.mailbox import (  # moved to weft_django.store.mailbox (issue 15): re-export until callers move
-    BUFFERED_STATE_SQL,
-)
+from ..store.commit import FenceResult, WorkflowWrites
 from ..transitions import close_children
 
-__all__ = ["BUFFERED_STATE_SQL", "FenceResult", "Finish", "WorkflowWrites", "fenced_commit", "lock_claims"]
+__all__ = ["fenced_commit"]
 
 # A run that ends closes its children through the transitions (parent_close_policy); a child started
 # raises the engine's event.

@@ -15,11 +15,11 @@ from ..exceptions import VersionMismatchError, WeftError, WorkflowNotRegisteredE
 from ..models import Timer
 from ..registry import registry
 from ..status import WorkflowStatus
+from ..store.commit import WorkflowWrites
 from ..store.histories import AdmittedRow, RunRow, load
 from . import ownership
 from .containment import internal_error, load_each
 from .driver import AppliedRecord, StepRecord
-from .fencing import WorkflowWrites
 from .owned import Owned, mark_stuck
 from .progress import Progress
 

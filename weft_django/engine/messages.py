@@ -49,10 +49,10 @@ from ..operations import WaitForUpdate
 from ..status import QueryStatus, UpdateStatus
 from ..store import claims, mailbox
 from ..store.commit import UpdateDone, UpdateRaceLost, WorkflowWrites, fenced_messages
+from ..store.histories import AdmittedRow
 from ..store.notify import send_many
 from ..store.sessions import allow_user_code, relax_commit
 from .driver import Leaf, StepRecord, describe_exception
-from .progress import AdmittedRow
 
 if TYPE_CHECKING:
     from .engine import Engine

@@ -11,11 +11,11 @@ from datetime import datetime
 from ..exceptions import WeftError
 from ..models import Timer
 from ..operations import StartChild
+from ..store.children import mailbox_name
+from ..store.commit import WorkflowWrites
 from . import steps
 from .activities import AttemptTask
-from .children import mailbox_name
 from .driver import Leaf, WorkflowRun
-from .fencing import WorkflowWrites
 
 logger = logging.getLogger("weft_django.engine.engine")
 

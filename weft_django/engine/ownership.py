@@ -21,15 +21,6 @@ from .. import events
 from ..exceptions import OwnershipModeMismatchError
 from ..store import claims, engines
 from ..store.clock import db_now
-from ..store.engines import (  # moved to weft_django.store.engines (issue 15): re-export until callers move
-    heartbeat_engine,
-    other_live_engines,
-    register_engine,
-    release_store_lease,
-    renew_store_lease,
-    reset_mode_marker,
-    stop_engine,
-)
 from ..store.notify import send
 
 logger = logging.getLogger(__name__)
@@ -122,14 +113,7 @@ __all__ = [
     "acquire_store_lease",
     "check_mode_marker",
     "fire_delayed_starts",
-    "heartbeat_engine",
-    "other_live_engines",
-    "register_engine",
     "release",
-    "release_store_lease",
     "renew",
-    "renew_store_lease",
-    "reset_mode_marker",
-    "stop_engine",
     "take_over_from_others",
 ]

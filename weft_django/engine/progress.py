@@ -24,40 +24,22 @@ from ..operations import RunActivity, Sleep, StartChild, WaitForSignal, WaitForU
 from ..registry import WorkflowDefinition
 from ..status import StepStatus, TimerKind, WorkflowStatus
 from ..store import histories
-from ..store.histories import (  # moved to weft_django.store.histories (issue 15): re-export until callers move
-    AdmittedRow,
-    Loaded,
-    RunRow,
-    buffered_signals,
-    load,
-    load_applied,
-    load_runs,
-    load_steps,
-    load_timers,
-)
+from ..store.children import ChildStart
+from ..store.commit import Finish, WorkflowWrites
+from ..store.histories import RunRow, buffered_signals
 from . import steps
 from .activities import AttemptOutcome, AttemptTask
-from .children import MAX_DEPTH, ChildStart
+from .children import MAX_DEPTH
 from .driver import AppliedRecord, Leaf, StepRecord, WorkflowRun
-from .fencing import Finish, WorkflowWrites
 from .owned import Owned, collect_recorded, mailbox_of, mark_stuck, writes_of
 from .timers import TimerHeap
 from .wake import Wake
 
 logger = logging.getLogger("weft_django.engine.engine")
 __all__ = [
-    "AdmittedRow",
-    "Loaded",
     "Owned",
     "Progress",
-    "RunRow",
-    "buffered_signals",
     "collect_recorded",
-    "load",
-    "load_applied",
-    "load_runs",
-    "load_steps",
-    "load_timers",
     "mailbox_of",
     "mark_stuck",
     "writes_of",

@@ -48,7 +48,7 @@ from ..store import claims
 from ..store.clock import db_clock, db_now
 from ..store.commit import fenced
 from ..store.notify import send
-from .activities import describe_failure
+from .driver import describe_exception
 
 logger = logging.getLogger(__name__)
 HEARTBEAT_INTERVAL = 1.0  # seconds: a worker writes heartbeat details at most this often
@@ -345,7 +345,7 @@ def _run(key: AttemptKey, activity: str, args_text: str, control: WorkerControl,
             key.attempt,
             type(exc).__name__,
         )
-        failure, types = describe_failure(exc), exception_types(exc)
+        failure, types = describe_exception(exc), exception_types(exc)
         return _commit(lambda: fail(key, activity, failure, types, worker, using), using)
     return _commit(lambda: complete(key, result, using), using)
 

@@ -14,7 +14,9 @@ from django.db import DatabaseError, close_old_connections, connections
 
 from ..conf import WeftSettings
 from ..exceptions import EngineLeaseAcquisitionTimeoutError
-from . import ownership, sessions
+from ..store import engines
+from ..store import sessions as store_sessions
+from . import ownership
 from .wake import Wake
 
 logger = logging.getLogger("weft_django.engine.engine")
@@ -64,7 +66,7 @@ class StoreLease:
             if stopping.is_set():
                 return False
             if time.monotonic() >= deadline:
-                ownership.stop_engine(self.engine_id, self.using)
+                engines.stop_engine(self.engine_id, self.using)
                 raise EngineLeaseAcquisitionTimeoutError(
                     f"Engine {self.engine_id!r} could not acquire the store-wide lease within "
                     f"{self.settings.lease_wait_timeout} (OWNERSHIP='lease' allows one engine at a time; another "
@@ -88,7 +90,7 @@ class StoreLease:
     def renew(self) -> bool:
         """Renew the lease if held (renewal thread). Returns False when it was found lost."""
         epoch = self.epoch
-        if epoch is None or ownership.renew_store_lease(
+        if epoch is None or engines.renew_store_lease(
             self.engine_id, epoch, ttl=self.settings.lease_ttl, using=self.using
         ):
             return True
@@ -98,7 +100,7 @@ class StoreLease:
     def release(self) -> None:
         """Give the lease up (shutdown)."""
         if self.epoch is not None:
-            ownership.release_store_lease(self.engine_id, self.epoch, self.using)
+            engines.release_store_lease(self.engine_id, self.epoch, self.using)
 
 
 class Renewal:
@@ -144,7 +146,7 @@ class Renewal:
 
     def _loop(self, stop: threading.Event) -> None:
         interval = self.settings.workflow_claim_renew_interval.total_seconds()
-        sessions.bind(self.using, self.session_limit)
+        store_sessions.bind(self.using, self.session_limit)
         try:
             while not stop.wait(interval):
                 with self.wake.lock:
@@ -153,7 +155,7 @@ class Renewal:
                     if not self.lease.renew():
                         self.wake.up()
                     lost = ownership.renew(self.engine_id, epochs, self.settings.workflow_claim_ttl, self.using)
-                    ownership.heartbeat_engine(self.engine_id, self.using)
+                    engines.heartbeat_engine(self.engine_id, self.using)
                 except DatabaseError as exc:  # a storage error is not a loss: try again next tick
                     self.on_failure(exc)
                     logger.warning("claim renewal failed engine=%s error=%s", self.engine_id, exc)

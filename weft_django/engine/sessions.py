@@ -24,12 +24,6 @@ from datetime import timedelta
 
 from ..conf import WeftSettings
 from ..status import OwnershipMode
-from ..store.sessions import (  # moved to weft_django.store.sessions (issue 15): re-export until callers move
-    allow_user_code,
-    bind,
-    bounded_commit,
-    unbind,
-)
 
 MIN_LIMIT = timedelta(seconds=1)
 
@@ -47,4 +41,4 @@ def session_limit(settings: WeftSettings) -> timedelta:
     return max(ttl / 2, MIN_LIMIT)
 
 
-__all__ = ["MIN_LIMIT", "allow_user_code", "bind", "bounded_commit", "session_limit", "unbind"]
+__all__ = ["MIN_LIMIT", "session_limit"]

@@ -113,7 +113,7 @@ class Command(BaseCommand):
             raise CommandError("\n".join(f"{p.id}: {p.message} HINT: {p.hint}" for p in errors))
         self._refuse_unapplied_migrations(settings.database)
         if options["reset_ownership_mode"]:
-            from ...engine.ownership import other_live_engines, reset_mode_marker
+            from ...store.engines import other_live_engines, reset_mode_marker
 
             # Two modes owning work at once breaks the ownership rules: refuse while engines still run.
             alive = other_live_engines("", within=settings.workflow_claim_ttl, using=settings.database)
