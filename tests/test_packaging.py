@@ -37,7 +37,7 @@ def _tracked_files() -> list[str]:
 
 def _expected() -> set[str]:
     """Paths (relative to the project root) that every distribution must hold."""
-    wanted = {"weft_django/py.typed", "weft_django/__init__.py"}
+    wanted = {"weft_django/py.typed", "weft_django/__init__.py", "weft_django/tasks/__init__.py"}
     for folder in ("migrations", "templates", "static"):
         for path in (PACKAGE / folder).rglob("*"):
             if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
