@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from .models import Workflow
 
 logger = logging.getLogger(__name__)
+# Runs that ended badly, as operators read them at -v 1 (WARNING). An engine logger name, as docs/operations.md says.
+run_logger = logging.getLogger("weft_django.engine.workflows")
 
 
 @dataclasses.dataclass
@@ -39,6 +41,7 @@ class EngineStats:
     steps_committed: int = 0
     steps_failed: int = 0
     workflows_finished: int = 0
+    workflows_failed: int = 0
     claims_acquired: int = 0
     claims_taken_over: int = 0
     claims_lost: int = 0
@@ -199,6 +202,9 @@ def committed(engine: Any, batch: Iterable[WorkflowWrites], result: FenceResult)
             metrics.claims("released")
         if writes.finish is not None:
             counts.workflows_finished += 1
+            if writes.finish.status == "failed":
+                counts.workflows_failed += 1
+                _log_failed(engine, writes)
             metrics.workflow_finished(writes.finish.status)
             signal = _FINISH_SIGNALS.get(writes.finish.status)
             if signal is not None:
@@ -206,6 +212,21 @@ def committed(engine: Any, batch: Iterable[WorkflowWrites], result: FenceResult)
     for reason in result.lost.values():
         counts.commits_refused += 1
         metrics.commit_refused(reason)
+
+
+def _log_failed(engine: Any, writes: WorkflowWrites) -> None:
+    owned = engine.owned.get(writes.workflow_id)
+    workflow_type = owned.run.ctx.workflow_type if owned is not None else None
+    error = writes.finish.error if writes.finish is not None and isinstance(writes.finish.error, dict) else {}
+    run_logger.warning(
+        "workflow failed workflow=%s type=%s engine=%s epoch=%s error=%s: %s",
+        writes.workflow_id,
+        workflow_type,
+        engine.engine_id,
+        writes.epoch,
+        error.get("type", "Error"),
+        error.get("message", ""),
+    )
 
 
 def _activity_failed_kwargs(engine_id: str, writes: WorkflowWrites, step: Any) -> Callable[[], dict[str, Any]]:
