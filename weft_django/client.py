@@ -24,6 +24,7 @@ from django.db.models.functions import Coalesce
 
 from . import codec, events, notify, prepared, transitions, validation
 from .clock import db_now, workflow_now_sql
+from .conf import warn_if_invalid
 from .epochs import next_epoch, next_epoch_sql
 from .exceptions import (
     IdempotencyKeyPurgedError,
@@ -489,6 +490,7 @@ def start(
         _duration(execution_timeout, "execution_timeout", positive=True) if execution_timeout is not None else None
     )
     definition = resolve_workflow(workflow)
+    warn_if_invalid()  # issue 20: a WEFT typo is heard of here, not only when an engine refuses to start
     plan = _Plan(definition, _encode_input(args, kwargs), delay, timeout, idempotency_key)
     using = _alias()
     if idempotency_key is not None:

@@ -99,12 +99,12 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
-        from ...conf import get_settings
+        from ...conf import describe_problems, get_settings, problems
 
         try:
             settings = get_settings()
         except ConfigurationError as exc:
-            raise CommandError(str(exc)) from None
+            raise CommandError(describe_problems(problems()) or str(exc)) from None
         from ...checks import sqlite_problems
 
         errors = [p for p in sqlite_problems(settings.database) if p.id.startswith("weft.E")]
