@@ -14,11 +14,13 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
+from django.db.models import Count, Max
 from django.dispatch import Signal
+from django.utils import timezone
 
 from . import metrics, signals
 
@@ -304,6 +306,32 @@ def workflow_ended(row: Mapping[str, Any], status: str, reason: str | None, usin
 
 
 # -- claims ----------------------------------------------------------------------------------------------
+@_guard
+def claims_left_by_previous_process(engine: Any, grace: timedelta) -> None:
+    """At start-up: claims still held under this engine's id by a process that died without releasing
+    them (``kill -9``, then a restart with the same ``--engine-id``). Nothing can tell that process from a
+    live one, so the claims are taken over like any other, once they expired plus the grace; say so, and
+    when, instead of waiting silently. ``grace``: how long after expiry a claim may be taken over."""
+    claim_model: Any = _models()[1]
+    held = claim_model.objects.using(engine.using).filter(engine_id=engine.engine_id)
+    found = held.aggregate(n=Count("pk"), latest=Max("expires_at"))
+    if not found["n"] or found["latest"] is None:
+        return
+    takeover_at = found["latest"] + grace
+    wait = max((takeover_at - timezone.now()).total_seconds(), 0.0)
+    logger.warning(
+        "claims held by a previous process engine=%s claims=%s expires_at=%s takeover_at=%s wait=%.0fs: a process "
+        "with this engine id stopped without releasing them (kill -9?); they are taken over once they expired plus "
+        "the grace (%ss), like any other engine's",
+        engine.engine_id,
+        found["n"],
+        found["latest"].isoformat(),
+        takeover_at.isoformat(),
+        wait,
+        grace.total_seconds(),
+    )
+
+
 @_guard
 def claims_acquired(engine_id: str, got: Mapping[str, Any], using: str) -> None:
     """Unheld claims taken (``got``: {workflow id: epoch or (epoch, previous holder)}), committed."""

@@ -114,6 +114,8 @@ class Engine(Progress):
         sessions.bind(self.using, self._session_limit)  # the loop's thread; unbound in shutdown()
         ownership.check_mode_marker(self.engine_id, self.settings.ownership, self.using)
         ownership.register_engine(self.engine_id, self.settings.ownership, self.using)
+        grace = self.settings.workflow_claim_renew_interval * ownership.TAKEOVER_GRACE_MULTIPLIER
+        events.claims_left_by_previous_process(self, grace)  # issue 20: a restart after kill -9 says why it waits
         if self.mode == OwnershipMode.LEASE:
             self._wait_for_store_lease()
         elif self.mode == OwnershipMode.NONE:
