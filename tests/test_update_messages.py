@@ -1,0 +1,49 @@
+"""A rejected update names the fields its validator refused (issue 20), in Python and in the CLI."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from django.core.management import CommandError, call_command
+
+import weft_django as weft
+from weft_django.testing import owns
+
+
+def test_the_message_names_each_issues_path() -> None:
+    error = weft.UpdateValidationError(
+        "note",
+        [
+            {"message": "This field is required.", "path": ["text"]},
+            {"message": "Enter a valid value.", "path": ["items", 0, "qty"]},
+            {"message": "rejected as a whole", "path": None},
+        ],
+    )
+    assert str(error) == (
+        'Update "note" rejected by validator: text: This field is required.; '
+        "items[0].qty: Enter a valid value.; rejected as a whole"
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_form_validators_rejection_names_the_fields_in_python_and_in_the_cli(weft_engine) -> None:
+    handle = weft.start("tests.msg_counter", id="u-paths")
+    owns(weft_engine, handle.id)
+    with pytest.raises(weft.UpdateValidationError) as caught:
+        handle.update("form_note", {"priority": 0}, timeout="10s")
+    assert "text: This field is required." in str(caught.value)
+    assert "priority: Ensure this value is greater than or equal to 1." in str(caught.value)
+    with pytest.raises(CommandError) as cli:
+        call_command(
+            "weft",
+            "update",
+            handle.id,
+            "form_note",
+            "--payload",
+            '{"priority": 0}',
+            "--timeout",
+            "10s",
+            stdout=io.StringIO(),
+        )
+    assert "text: This field is required." in str(cli.value)
