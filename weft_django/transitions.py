@@ -170,9 +170,13 @@ def _close_mailbox(workflow_id: str, status: str, now: datetime, using: str) -> 
     BufferedSignal.objects.using(using).filter(workflow_id=workflow_id, state=SignalState.BUFFERED).update(
         state=SignalState.DROPPED
     )
-    PendingUpdate.objects.using(using).filter(
-        workflow_id=workflow_id, status__in=[UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED]
-    ).update(
+    taken = f'Workflow "{workflow_id}" was {status} after its wait_for_update took this update, before it answered.'
+    PendingUpdate.objects.using(using).filter(workflow_id=workflow_id, status=UpdateStatus.ACCEPTED).update(
+        status=UpdateStatus.FAILED,
+        error={"type": "WorkflowTerminalError", "message": taken, "accepted": True},  # issue 20: consumed
+        completed_at=now,
+    )
+    PendingUpdate.objects.using(using).filter(workflow_id=workflow_id, status=UpdateStatus.ADMITTED).update(
         status=UpdateStatus.FAILED,
         error={
             "type": "WorkflowTerminalError",

@@ -367,6 +367,12 @@ _STEP_KEPT = ("workflow_id", "run_id", "seq", "started_at")  # an upsert keeps t
 _MAILBOX_ERROR = json.dumps(
     {"type": "WorkflowTerminalError", "message": "The workflow ended before the update was applied."}
 )
+# Issue 20: an update a wait_for_update took (accepted) was consumed, not left unapplied.
+_TAKEN_ERROR = {
+    "type": "WorkflowTerminalError",
+    "message": "The workflow took the update (wait_for_update) but ended before it answered it (no respond()).",
+    "accepted": True,
+}
 
 
 def _step_columns_known() -> bool:
@@ -541,10 +547,12 @@ def _run_write_statement(
         )
         params.append(SignalState.DROPPED)
         ctes.append(
-            f"failed AS (UPDATE {UPDATE_TABLE} SET status = %s, completed_at = %s, error = %s::jsonb "
+            f"failed AS (UPDATE {UPDATE_TABLE} SET status = %s, completed_at = %s, "
+            f"error = CASE WHEN status = %s THEN %s::jsonb ELSE %s::jsonb END "
             f"WHERE workflow_id = ANY({ended_ids}) AND status IN (%s, %s))"
         )
-        params.extend([UpdateStatus.FAILED, now, _MAILBOX_ERROR, UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED])
+        params.extend([UpdateStatus.FAILED, now, UpdateStatus.ACCEPTED, json.dumps(_TAKEN_ERROR), _MAILBOX_ERROR])
+        params.extend([UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED])
         ctes.append(f"timers AS (DELETE FROM {TIMER_TABLE} WHERE workflow_id = ANY({ended_ids}))")
     if released:
         # The fence locked these claims at our epochs in this transaction: clear the holder, keep the
@@ -587,9 +595,10 @@ def _close_mailboxes(workflow_ids: list[str], now: datetime, using: str) -> None
     BufferedSignal.objects.using(using).filter(workflow_id__in=workflow_ids, state=SignalState.BUFFERED).update(
         state=SignalState.DROPPED
     )
-    PendingUpdate.objects.using(using).filter(
-        workflow_id__in=workflow_ids, status__in=[UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED]
-    ).update(
+    PendingUpdate.objects.using(using).filter(workflow_id__in=workflow_ids, status=UpdateStatus.ACCEPTED).update(
+        status=UpdateStatus.FAILED, completed_at=now, error=_TAKEN_ERROR
+    )
+    PendingUpdate.objects.using(using).filter(workflow_id__in=workflow_ids, status=UpdateStatus.ADMITTED).update(
         status=UpdateStatus.FAILED,
         completed_at=now,
         error={
