@@ -78,3 +78,16 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {"weft_django": {"handlers": ["console"], "level": os.environ.get("WEFT_LOG_LEVEL", "WARNING")}},
 }
+
+# django.tasks (Django 6.0+) or the django-tasks backport (5.2) on weft: tests/test_tasks.py.
+TASKS = {
+    "default": {
+        "BACKEND": "weft_django.tasks.WeftBackend",
+        "QUEUES": ["default", "emails"],
+        "OPTIONS": {"RETRY": {"max_attempts": 3, "initial_backoff": "10ms", "max_backoff": "50ms"}},
+    },
+    "once": {
+        "BACKEND": "weft_django.tasks.WeftBackend",
+        "OPTIONS": {"RETRY": {"max_attempts": 1}, "TIMEOUT": "30s"},
+    },
+}

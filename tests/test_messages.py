@@ -178,7 +178,7 @@ VALIDATION_CASES = [
     (
         "multi",
         1,
-        "first problem; second",
+        "first problem; x[0]: second",
         [{"message": "first problem", "path": None}, {"message": "second", "path": ["x", 0]}],
     ),
     (
@@ -191,7 +191,7 @@ VALIDATION_CASES = [
         ],
     ),
     ("form_note", "not a dict", "NoteForm expects a dict of form fields, not str", None),
-    ("django_note", "no", "must be 'ok'; rejected as a whole", None),
+    ("django_note", "no", "value: must be 'ok'; rejected as a whole", None),
 ]
 
 

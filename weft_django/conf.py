@@ -9,6 +9,7 @@ every broken rule for the system checks.
 from __future__ import annotations
 
 import difflib
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -18,6 +19,8 @@ from django.conf import settings
 
 from .durations import MAX_DURATION_TEXT, DurationTooLong, InvalidDuration, to_ms
 from .exceptions import ConfigurationError
+
+logger = logging.getLogger(__name__)
 
 DEFAULTS: dict[str, Any] = {
     "OWNERSHIP": "workflow-lease",
@@ -369,6 +372,38 @@ def _evaluate() -> tuple[WeftSettings | None, list[SettingsProblem]]:
 def problems() -> list[SettingsProblem]:
     """Every broken rule in ``settings.WEFT``, in weft's order (what ``manage.py check`` reports)."""
     return _evaluate()[1]
+
+
+def describe_problems(found: list[SettingsProblem]) -> str:
+    """``found`` as ``manage.py check`` words them, one per line: "weft.E013: <message> HINT: <hint>"."""
+    return "\n".join(f"{p.id}: {p.message} HINT: {p.hint}" for p in found)
+
+
+_warned: set[str] = set()
+
+
+def warn_if_invalid() -> None:
+    """Log once (WARNING, logger weft_django.conf) each distinct set of broken rules in ``settings.WEFT``,
+    for callers that work without the full settings (``start()`` needs only DATABASE and
+    PAYLOAD_MAX_BYTES): a typo is then heard of before an engine refuses to start. Never raises."""
+    try:
+        raw = getattr(settings, "WEFT", None)
+        if raw is None:
+            return
+        fingerprint = (
+            repr(sorted(raw.items(), key=lambda item: str(item[0]))) if isinstance(raw, Mapping) else repr(raw)
+        )
+        if fingerprint in _warned:
+            return
+        found = problems()
+        _warned.add(fingerprint)
+    except Exception:  # a warning must never break the caller
+        return
+    if found:
+        logger.warning(
+            "settings.WEFT is invalid; weft_engine will refuse to start until it is fixed:\n%s",
+            describe_problems(found),
+        )
 
 
 def get_settings() -> WeftSettings:

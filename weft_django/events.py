@@ -14,13 +14,15 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
+from django.db.models import Count, Max
 from django.dispatch import Signal
 
 from . import metrics, signals
+from .store.clock import db_clock
 
 if TYPE_CHECKING:
     from .engine.activities import AttemptOutcome, AttemptTask
@@ -30,6 +32,8 @@ if TYPE_CHECKING:
     from .store.commit import FenceResult, WorkflowWrites
 
 logger = logging.getLogger(__name__)
+# Runs that ended badly, as operators read them at -v 1 (WARNING). An engine logger name, as docs/operations.md says.
+run_logger = logging.getLogger("weft_django.engine.workflows")
 
 
 @dataclasses.dataclass
@@ -39,6 +43,7 @@ class EngineStats:
     steps_committed: int = 0
     steps_failed: int = 0
     workflows_finished: int = 0
+    workflows_failed: int = 0
     claims_acquired: int = 0
     claims_taken_over: int = 0
     claims_lost: int = 0
@@ -199,6 +204,9 @@ def committed(engine: Any, batch: Iterable[WorkflowWrites], result: FenceResult)
             metrics.claims("released")
         if writes.finish is not None:
             counts.workflows_finished += 1
+            if writes.finish.status == "failed":
+                counts.workflows_failed += 1
+                _log_failed(engine, writes)
             metrics.workflow_finished(writes.finish.status)
             signal = _FINISH_SIGNALS.get(writes.finish.status)
             if signal is not None:
@@ -206,6 +214,21 @@ def committed(engine: Any, batch: Iterable[WorkflowWrites], result: FenceResult)
     for reason in result.lost.values():
         counts.commits_refused += 1
         metrics.commit_refused(reason)
+
+
+def _log_failed(engine: Any, writes: WorkflowWrites) -> None:
+    owned = engine.owned.get(writes.workflow_id)
+    workflow_type = owned.run.ctx.workflow_type if owned is not None else None
+    error = writes.finish.error if writes.finish is not None and isinstance(writes.finish.error, dict) else {}
+    run_logger.warning(
+        "workflow failed workflow=%s type=%s engine=%s epoch=%s error=%s: %s",
+        writes.workflow_id,
+        workflow_type,
+        engine.engine_id,
+        writes.epoch,
+        error.get("type", "Error"),
+        error.get("message", ""),
+    )
 
 
 def _activity_failed_kwargs(engine_id: str, writes: WorkflowWrites, step: Any) -> Callable[[], dict[str, Any]]:
@@ -283,6 +306,32 @@ def workflow_ended(row: Mapping[str, Any], status: str, reason: str | None, usin
 
 
 # -- claims ----------------------------------------------------------------------------------------------
+@_guard
+def claims_left_by_previous_process(engine: Any, grace: timedelta) -> None:
+    """At start-up: claims still held under this engine's id by a process that died without releasing
+    them (``kill -9``, then a restart with the same ``--engine-id``). Nothing can tell that process from a
+    live one, so the claims are taken over like any other, once they expired plus the grace; say so, and
+    when, instead of waiting silently. ``grace``: how long after expiry a claim may be taken over."""
+    claim_model: Any = _models()[1]
+    held = claim_model.objects.using(engine.using).filter(engine_id=engine.engine_id)
+    found = held.aggregate(n=Count("pk"), latest=Max("expires_at"))
+    if not found["n"] or found["latest"] is None:
+        return
+    takeover_at = found["latest"] + grace
+    wait = max((takeover_at - db_clock(engine.using)).total_seconds(), 0.0)
+    logger.warning(
+        "claims held by a previous process engine=%s claims=%s expires_at=%s takeover_at=%s wait=%.0fs: a process "
+        "with this engine id stopped without releasing them (kill -9?); they are taken over once they expired plus "
+        "the grace (%ss), like any other engine's",
+        engine.engine_id,
+        found["n"],
+        found["latest"].isoformat(),
+        takeover_at.isoformat(),
+        wait,
+        grace.total_seconds(),
+    )
+
+
 @_guard
 def claims_acquired(engine_id: str, got: Mapping[str, Any], using: str) -> None:
     """Unheld claims taken (``got``: {workflow id: epoch or (epoch, previous holder)}), committed."""

@@ -171,13 +171,33 @@ class QueryFailedError(WeftError):
         self.error = _error_dict(error)
 
 
+def issue_path(path: Any) -> str:
+    """An issue's path as text: ["items", 0, "qty"] -> "items[0].qty"; "" for none."""
+    if path is None or path == []:
+        return ""
+    parts = path if isinstance(path, list | tuple) else [path]
+    text = ""
+    for part in parts:
+        if isinstance(part, int) and not isinstance(part, bool):
+            text += f"[{part}]"
+        else:
+            text += f".{part}" if text else str(part)
+    return text
+
+
 class UpdateValidationError(WeftError):
-    """The update's validator refused it; nothing was applied. ``.issues`` lists each problem."""
+    """The update's validator refused it; nothing was applied. ``.issues``: its ``{"message", "path"}``
+    dicts; the message names each issue's path before its message ("text: This field is required.")."""
 
     def __init__(self, name: str, issues: list[dict[str, Any]]) -> None:
         self.name = name
         self.issues = issues
-        joined = "; ".join(str(issue["message"]) for issue in issues)
+        joined = "; ".join(
+            f"{where}: {issue.get('message')}"
+            if (where := issue_path(issue.get("path")))
+            else str(issue.get("message"))
+            for issue in issues
+        )
         super().__init__(f'Update "{name}" rejected by validator: {joined}')
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import uuid
 
+from django.apps import apps
+from django.core.exceptions import ImproperlyConfigured
 from django.db import models
 from django.db.models import Q
 
@@ -20,6 +22,15 @@ from .status import (
     UpdateStatus,
     WorkflowStatus,
 )
+
+NOT_INSTALLED = (
+    '"weft_django" is not in INSTALLED_APPS, so weft has no tables and nothing runs workflows. Add "weft_django" '
+    "to INSTALLED_APPS in your settings, then run `python manage.py migrate` (creates weft's tables) and "
+    "`python manage.py weft_engine` (runs the workflows)."
+)
+if apps.apps_ready and not apps.is_installed("weft_django"):
+    # Otherwise Django's own RuntimeError ("doesn't declare an explicit app_label") is all the user sees.
+    raise ImproperlyConfigured(NOT_INSTALLED)
 
 _ACTIVE = Q(status__in=[WorkflowStatus.PENDING, WorkflowStatus.RUNNING, WorkflowStatus.SUSPENDED])
 

@@ -10,9 +10,39 @@ from typing import Any, ClassVar
 
 from .registry import ActivityDefinition
 
+_CALLS = {
+    "activity": "ctx.run",
+    "sleep": "ctx.sleep",
+    "signal": "ctx.wait_for_signal",
+    "update": "ctx.wait_for_update",
+    "wait_until": "ctx.wait_until",
+    "memo": "ctx.memo",
+    "child": "ctx.start_child",
+    "all": "ctx.all",
+    "race": "ctx.race",
+}
+
 
 class Operation:
     kind: ClassVar[str] = ""
+
+    def _not_a_result(self) -> str:
+        call = _CALLS.get(self.kind, "ctx.run")
+        return (
+            f"{call}(...) returns an operation for the engine, not its result: yield it, as in "
+            f"`result = yield {call}(...)` (a {type(self).__name__} was used as if it were the result; "
+            f"every ctx operation in a workflow needs `yield`)."
+        )
+
+    def __getitem__(self, key: Any) -> Any:
+        # Also what `for x in op` and `x in op` reach (the old sequence protocol).
+        raise TypeError(self._not_a_result())
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for names the operation does not have; dunder and private lookups stay plain.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}. {self._not_a_result()}")
 
     @property
     def name(self) -> str:

@@ -270,6 +270,7 @@ def await_update(workflow_id: str, name: str, update_id: str, wait: Wait) -> Any
                 error={
                     "type": "WorkflowTerminalError",
                     "message": "The workflow ended before the update was answered.",
+                    **({"accepted": True} if row["status"] == UpdateStatus.ACCEPTED else {}),  # issue 20
                 },
             )
             continue
@@ -305,6 +306,11 @@ def _update_outcome(workflow_id: str, name: str, row: Mapping[str, Any]) -> Any:
             f"waiting); it was not applied. Send it again to retry."
         )
     error = row["error"] if isinstance(row["error"], dict) else {}
+    if error.get("type") == "WorkflowTerminalError" and error.get("accepted"):  # issue 20: consumed, not unapplied
+        raise WorkflowTerminalError(
+            f'Update "{name}" to workflow "{workflow_id}" was taken by the workflow\'s wait_for_update("{name}"), '
+            f"but the run ended before it answered it (respond() was never called), so there is no response."
+        )
     if error.get("type") == "WorkflowTerminalError" and "stage" not in error:
         raise WorkflowTerminalError(
             f'Update "{name}" to workflow "{workflow_id}" was not applied: {error.get("message", "the run ended")}'

@@ -273,6 +273,13 @@ def workflow(fn: Callable[..., Any] | None = None, /, *, name: str | None = None
     """Register a generator function as a workflow. Works bare or with ``name=`` / ``version=``."""
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+            raise WorkflowDefinitionError(
+                f"@weft.workflow needs a plain generator function, not `async def`: "
+                f"{func.__module__}.{func.__qualname__} is async. Write it with `def` and `yield` each durable "
+                f"operation instead of `await`ing it, e.g. `result = yield ctx.run(my_activity)`; put async code "
+                f"in an activity (a plain function calling it with asgiref's async_to_sync)."
+            )
         if not inspect.isgeneratorfunction(func):
             raise WorkflowDefinitionError(
                 f"@weft.workflow needs a generator function: {func.__module__}.{func.__qualname__} has no "

@@ -129,7 +129,9 @@ def _end_run(row: dict[str, Any], status: WorkflowStatus, using: str, *, reason:
         "type": "WorkflowTerminalError",
         "message": f'Workflow "{workflow_id}" was {status} before this update was applied.',
     }
-    mailbox.close_mailboxes([workflow_id], now, using, error=error)
+    taken = f'Workflow "{workflow_id}" was {status} after its wait_for_update took this update, before it answered.'
+    taken_error = {"type": "WorkflowTerminalError", "message": taken, "accepted": True}
+    mailbox.close_mailboxes([workflow_id], now, using, error=error, taken_error=taken_error)
     Timer.objects.using(using).filter(workflow_id=workflow_id).delete()
     _close_children(row, status, using)
     events.workflow_ended(row, status, reason, using)  # the signal waits for this transaction's commit

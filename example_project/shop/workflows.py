@@ -69,3 +69,21 @@ def order_pipeline(ctx: weft.WorkflowContext, order_id: int, amount: str):
         "charge_id": charge["charge_id"],
         "receipt": receipt,
     }
+
+
+@weft.workflow(name="shop.order_with_approval")
+def order_with_approval(ctx: weft.WorkflowContext, order_id: int, amount: str):
+    """The pipeline with a person in the loop (``python manage.py weft_demo`` runs it): after the charge
+    it waits for an "approve" signal, then a durable 2 s timer, then sends the receipt."""
+    reservation = yield ctx.run(reserve_stock, order_id)
+    charge = yield ctx.run(charge_card, order_id, amount)
+    approval = yield ctx.wait_for_signal("approve", timeout="1h")  # a payload such as {"by": "alice"}
+    yield ctx.sleep("2s")  # a durable timer: recorded in the database, fires even after a restart
+    receipt = yield ctx.run(send_receipt, order_id, charge)
+    return {
+        "order_id": order_id,
+        "reservation": reservation["reservation"],
+        "charge_id": charge["charge_id"],
+        "approved_by": approval["by"],
+        "receipt": receipt,
+    }

@@ -15,6 +15,7 @@ from asgiref.sync import sync_to_async
 from django.db import IntegrityError, transaction
 
 from .. import codec, events, transitions
+from ..conf import warn_if_invalid
 from ..exceptions import IdempotencyKeyPurgedError, InvalidArgumentError, WorkflowAlreadyExistsError
 from ..models import IdempotencyKey, Workflow
 from ..queries_and_updates import admit, update_on_thread
@@ -220,6 +221,7 @@ def start(
         _duration(execution_timeout, "execution_timeout", positive=True) if execution_timeout is not None else None
     )
     definition = resolve_workflow(workflow)
+    warn_if_invalid()  # a WEFT typo is heard of here, not only when an engine refuses to start
     plan = _Plan(definition, _encode_input(args, kwargs), delay, timeout, idempotency_key)
     using = _alias()
     if idempotency_key is not None:

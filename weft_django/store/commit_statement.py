@@ -14,7 +14,7 @@ from ..status import ACTIVE_STATUSES, SignalState, UpdateStatus
 from . import prepared
 from .backend import backend
 from .claims import FENCE_CTE, release_cte_sql
-from .mailbox import BUFFERED_STATE_SQL, SIGNAL_TABLE, TERMINAL_ERROR_JSON, UPDATE_TABLE
+from .mailbox import BUFFERED_STATE_SQL, SIGNAL_TABLE, TAKEN_ERROR_JSON, TERMINAL_ERROR_JSON, UPDATE_TABLE
 from .notify import CHANNEL, MAX_PAYLOAD
 from .writes import WorkflowWrites, latest_per_seq
 
@@ -204,10 +204,12 @@ def run_write_statement(
         )
         params.append(SignalState.DROPPED)
         ctes.append(
-            f"failed AS (UPDATE {UPDATE_TABLE} SET status = %s, completed_at = %s, error = %s::jsonb "
+            f"failed AS (UPDATE {UPDATE_TABLE} SET status = %s, completed_at = %s, "
+            f"error = CASE WHEN status = %s THEN %s::jsonb ELSE %s::jsonb END "
             f"WHERE workflow_id = ANY({ended_ids}) AND status IN (%s, %s))"
         )
-        params.extend([UpdateStatus.FAILED, now, _MAILBOX_ERROR, UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED])
+        params.extend([UpdateStatus.FAILED, now, UpdateStatus.ACCEPTED, TAKEN_ERROR_JSON, _MAILBOX_ERROR])
+        params.extend([UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED])
         ctes.append(f"timers AS (DELETE FROM {TIMER_TABLE} WHERE workflow_id = ANY({ended_ids}))")
     if released:
         # The fence locked these claims at our epochs in this transaction: clear the holder, keep the

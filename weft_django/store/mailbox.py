@@ -23,8 +23,21 @@ ENDED_BEFORE_APPLIED = {"type": "WorkflowTerminalError", "message": "The workflo
 _ACTIVE = [str(status.value) for status in (WorkflowStatus.PENDING, WorkflowStatus.RUNNING, WorkflowStatus.SUSPENDED)]
 
 
+# An update a wait_for_update took (accepted) was consumed, not left unapplied: its caller is told so.
+TAKEN_ERROR = {
+    "type": "WorkflowTerminalError",
+    "message": "The workflow took the update (wait_for_update) but ended before it answered it (no respond()).",
+    "accepted": True,
+}
+
+
 def close_mailboxes(
-    workflow_ids: list[str], now: datetime, using: str, *, error: Mapping[str, str] | None = None
+    workflow_ids: list[str],
+    now: datetime,
+    using: str,
+    *,
+    error: Mapping[str, Any] | None = None,
+    taken_error: Mapping[str, Any] | None = None,
 ) -> None:
     """Close the mailbox of these runs (they ended): unconsumed signals are dropped, admitted and
     accepted updates fail, as nothing will ever handle them now. In the caller's transaction.
@@ -33,14 +46,19 @@ def close_mailboxes(
         workflow_ids: the runs that ended.
         now: workflow time, the updates' completed_at.
         using: the connection alias.
-        error: the failed updates' error (default ``ENDED_BEFORE_APPLIED``).
+        error: the error of updates never taken (default ``ENDED_BEFORE_APPLIED``).
+        taken_error: the error of updates a ``wait_for_update`` took but never answered (default
+            ``TAKEN_ERROR``; it carries ``"accepted": True`` so the caller hears the update was consumed).
     """
     BufferedSignal.objects.using(using).filter(workflow_id__in=workflow_ids, state=SignalState.BUFFERED).update(
         state=SignalState.DROPPED
     )
-    PendingUpdate.objects.using(using).filter(
-        workflow_id__in=workflow_ids, status__in=[UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED]
-    ).update(status=UpdateStatus.FAILED, error=dict(error or ENDED_BEFORE_APPLIED), completed_at=now)
+    PendingUpdate.objects.using(using).filter(workflow_id__in=workflow_ids, status=UpdateStatus.ACCEPTED).update(
+        status=UpdateStatus.FAILED, error=dict(taken_error or TAKEN_ERROR), completed_at=now
+    )
+    PendingUpdate.objects.using(using).filter(workflow_id__in=workflow_ids, status=UpdateStatus.ADMITTED).update(
+        status=UpdateStatus.FAILED, error=dict(error or ENDED_BEFORE_APPLIED), completed_at=now
+    )
 
 
 def buffer_signal(workflow_id: str, name: str, text: str, signal_id: str | None, using: str) -> bool:
@@ -194,6 +212,7 @@ UPDATE_TABLE = PendingUpdate._meta.db_table
 BUFFERED_STATE_SQL = f"state = '{SignalState.BUFFERED.value}'"
 TERMINAL_ERROR = ENDED_BEFORE_APPLIED
 TERMINAL_ERROR_JSON = json.dumps(TERMINAL_ERROR)
+TAKEN_ERROR_JSON = json.dumps(TAKEN_ERROR)
 CLEANUP_BATCH = 1000
 
 

@@ -100,12 +100,12 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
-        from ...conf import get_settings
+        from ...conf import describe_problems, get_settings, problems
 
         try:
             settings = get_settings()
         except ConfigurationError as exc:
-            raise CommandError(str(exc)) from None
+            raise CommandError(describe_problems(problems()) or str(exc)) from None
         from ...checks import sqlite_problems
 
         errors = [p for p in sqlite_problems(settings.database) if p.id.startswith("weft.E")]
@@ -304,8 +304,9 @@ class StatusReporter:
             f"status engine={engine.engine_id} claims={len(engine.owned)} "
             f"activities={len(engine.executor.running)} "
             f"steps=+{current.steps_committed - before.steps_committed} "
-            f"failed=+{current.steps_failed - before.steps_failed} "
+            f"steps_failed=+{current.steps_failed - before.steps_failed} "
             f"finished=+{current.workflows_finished - before.workflows_finished} "
+            f"failed=+{current.workflows_failed - before.workflows_failed} "
             f"acquired=+{current.claims_acquired - before.claims_acquired} "
             f"takeovers=+{current.claims_taken_over - before.claims_taken_over} "
             f"lost=+{current.claims_lost - before.claims_lost} "

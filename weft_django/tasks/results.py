@@ -1,0 +1,192 @@
+"""A task's ``TaskResult``, read from its workflow run: the run row, its one activity step and its claim.
+
+| TaskResult        | from                                                                            |
+|-------------------|---------------------------------------------------------------------------------|
+| id                | the workflow id                                                                 |
+| status            | READY: not started, waiting for ``run_after``, between retries or suspended;    |
+|                   | RUNNING: an attempt is running; SUCCESSFUL: completed; FAILED: failed,          |
+|                   | cancelled or timed out                                                          |
+| enqueued_at       | the run's ``created_at``                                                        |
+| started_at        | when the first attempt began (the step's ``started_at``)                        |
+| last_attempted_at | when the step last changed: its ``completed_at``, else its ``started_at``       |
+| finished_at       | the run's ``finished_at``                                                       |
+| errors            | the step's recorded error (weft keeps the last one), or why the run ended       |
+| worker_ids        | the engine that holds (or last held) the run, once per attempt                  |
+| return_value      | the run's result                                                                |
+"""
+
+from __future__ import annotations
+
+import traceback
+from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from weft_django import codec
+from weft_django.models import Step, Timer, Workflow, WorkflowClaim
+from weft_django.status import StepStatus, TimerKind, WorkflowStatus
+
+from ._compat import Task, TaskError, TaskResult, TaskResultDoesNotExist, TaskResultStatus
+from .backend import WORKFLOW_NAME, WeftBackend
+
+_FAILED = {WorkflowStatus.FAILED, WorkflowStatus.CANCELLED, WorkflowStatus.TIMED_OUT}
+_ENDED_ERRORS = {
+    WorkflowStatus.CANCELLED: "weft_django.exceptions.WorkflowCancelledError",
+    WorkflowStatus.TIMED_OUT: "weft_django.exceptions.WorkflowTimedOutError",
+    WorkflowStatus.FAILED: "weft_django.exceptions.WorkflowFailedError",
+}
+
+
+class TaskNotFoundError(LookupError):
+    """A task's module path does not name a ``django.tasks`` Task run by a WeftBackend (renamed, removed,
+    or a row not written by ``enqueue``)."""
+
+
+def resolve_task(path: str) -> Task[Any, Any]:
+    """The Task object at ``path`` (``module.qualname``, ``Task.module_path``).
+
+    Raises TaskNotFoundError when it cannot be imported, is not a Task, or its backend is not a
+    WeftBackend: only functions decorated with ``@task`` for this backend are ever called."""
+    try:
+        found = import_string(path)
+    except ImportError as exc:
+        raise TaskNotFoundError(f"Task {path!r} cannot be imported: {exc}") from exc
+    if not isinstance(found, Task):
+        raise TaskNotFoundError(f"{path!r} is not a django.tasks Task (decorate the function with @task).")
+    if not isinstance(found.get_backend(), WeftBackend):
+        raise TaskNotFoundError(f"Task {path!r} runs on backend {found.backend!r}, which is not a WeftBackend.")
+    return found
+
+
+def _task_of(request: dict[str, Any], run_after: datetime | None) -> Task[Any, Any]:
+    task = resolve_task(request["task"])
+    changes: dict[str, Any] = {}
+    if request.get("queue_name") not in (None, task.queue_name):
+        changes["queue_name"] = request["queue_name"]
+    if request.get("priority") not in (None, task.priority):
+        changes["priority"] = request["priority"]
+    if run_after is not None and run_after != task.run_after:
+        changes["run_after"] = run_after
+    if request.get("backend") not in (None, task.backend):
+        changes["backend"] = request["backend"]
+    return task.using(**changes) if changes else task
+
+
+def _error(error: Any) -> TaskError:
+    data = error if isinstance(error, dict) else {}
+    path = str(data.get("qualified_type") or data.get("type") or "Exception")
+    if "." not in path:
+        path = f"builtins.{path}"
+    text = str(data.get("traceback") or f"{data.get('type', 'Exception')}: {data.get('message', '')}\n")
+    return TaskError(exception_class_path=path, traceback=text)
+
+
+def load_result(result_id: str, using: str) -> TaskResult[Any, Any]:
+    """The TaskResult of task run ``result_id`` on database ``using``.
+
+    Raises TaskResultDoesNotExist when no task run has that id (never enqueued, purged, or a workflow that
+    is not a task), or when its task can no longer be imported."""
+    row = (
+        Workflow.objects.using(using)
+        .filter(pk=result_id, workflow_type=WORKFLOW_NAME)
+        .values("id", "run_id", "status", "input", "result", "error", "start_at", "created_at", "finished_at")
+        .first()
+    )
+    if row is None:
+        raise TaskResultDoesNotExist(f"No task result {result_id!r} (never enqueued, or purged).")
+    request = codec.decode(row["input"])["args"][0]
+    try:
+        task = _task_of(request, row["start_at"] if request.get("run_after") else None)
+    except TaskNotFoundError as exc:
+        raise TaskResultDoesNotExist(f"Task result {result_id!r} exists, but {exc}") from exc
+    step = (
+        Step.objects.using(using)
+        .filter(workflow_id=result_id, run_id=row["run_id"], seq=0)
+        .values("status", "error", "attempts", "started_at", "completed_at")
+        .first()
+    )
+    claim = WorkflowClaim.objects.using(using).filter(pk=result_id).values_list("engine_id", "last_engine_id").first()
+    engine = next((name for name in claim or () if name), "weft")
+    status = row["status"]
+    errors: list[TaskError] = []
+    if step is not None and step["error"]:
+        errors.append(_error(step["error"]))
+    if status == WorkflowStatus.COMPLETED:
+        state = TaskResultStatus.SUCCESSFUL
+    elif status in _FAILED:
+        state = TaskResultStatus.FAILED
+        if not errors:
+            ended = row["error"] if isinstance(row["error"], dict) else {"message": f"the run was {status}"}
+            errors.append(_error({**ended, "qualified_type": _ENDED_ERRORS[WorkflowStatus(status)]}))
+    elif (
+        step is not None
+        and step["status"] == StepStatus.RUNNING
+        and status == WorkflowStatus.RUNNING
+        and not Timer.objects.using(using).filter(workflow_id=result_id, kind=TimerKind.ACTIVITY_RETRY).exists()
+    ):
+        state = TaskResultStatus.RUNNING
+    else:
+        state = TaskResultStatus.READY
+    attempts = step["attempts"] if step is not None else 0
+    result: TaskResult[Any, Any] = TaskResult(
+        task=task,
+        id=row["id"],
+        status=state,
+        enqueued_at=row["created_at"],
+        started_at=step["started_at"] if step is not None else None,
+        finished_at=row["finished_at"],
+        last_attempted_at=(step["completed_at"] or step["started_at"]) if step is not None else None,
+        args=request["args"],
+        kwargs=request["kwargs"],
+        backend=request.get("backend") or task.backend,
+        errors=errors,
+        worker_ids=[engine] * attempts,
+    )
+    if state == TaskResultStatus.SUCCESSFUL:
+        object.__setattr__(result, "_return_value", codec.decode(row["result"]))
+    return result
+
+
+def attempt_result(
+    result_id: str,
+    using: str,
+    attempt: int,
+    *,
+    value: Any = None,
+    error: BaseException | None = None,
+    finished: bool = False,
+) -> TaskResult[Any, Any]:
+    """The TaskResult an attempt sees (``TaskContext.task_result``) and sends with ``task_started`` /
+    ``task_finished``: the stored one, RUNNING at attempt ``attempt``, or SUCCESSFUL with ``value`` /
+    FAILED with ``error`` once ``finished``."""
+    stored = load_result(result_id, using)
+    now = timezone.now()
+    workers = list(stored.worker_ids[:attempt])
+    workers += [workers[-1] if workers else "weft"] * (attempt - len(workers))
+    state = TaskResultStatus.RUNNING
+    errors = list(stored.errors)
+    if finished:
+        state = TaskResultStatus.FAILED if error is not None else TaskResultStatus.SUCCESSFUL
+        if error is not None:
+            path = f"{type(error).__module__}.{type(error).__qualname__}"
+            text = "".join(traceback.format_exception(error))
+            errors = [*errors, TaskError(exception_class_path=path, traceback=text)]
+    result: TaskResult[Any, Any] = TaskResult(
+        task=stored.task,
+        id=stored.id,
+        status=state,
+        enqueued_at=stored.enqueued_at,
+        started_at=stored.started_at or now,
+        finished_at=now if finished else None,
+        last_attempted_at=now,
+        args=stored.args,
+        kwargs=stored.kwargs,
+        backend=stored.backend,
+        errors=errors,
+        worker_ids=workers,
+    )
+    if finished and error is None:
+        object.__setattr__(result, "_return_value", value)
+    return result
