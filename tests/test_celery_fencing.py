@@ -224,5 +224,6 @@ def test_an_untimed_celery_activity_fails_at_dispatch_with_a_typed_error():
 def test_without_celery_the_celery_executor_refuses_to_start(monkeypatch):
     monkeypatch.setitem(sys.modules, "celery", None)  # as if the extra were not installed
     monkeypatch.delitem(sys.modules, "weft_django.contrib.celery", raising=False)
+    monkeypatch.delitem(sys.modules, "weft_django.engine.celery_executor", raising=False)
     with override_settings(WEFT={"ACTIVITY_EXECUTOR": "celery"}), pytest.raises(ConfigurationError, match="Celery"):
         ActivityExecutors("e", 1, lambda: None, lambda task, text: None, USING, get_settings())

@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, overload
 
+import weft_django  # the lazy public facade (weft.start): importing it loads nothing else
+
 from .durations import MAX_DURATION, InvalidDuration, to_nonnegative_timedelta
 from .exceptions import WorkflowDefinitionError, WorkflowNotRegisteredError
 
@@ -135,10 +137,13 @@ class WorkflowDefinition:
         return self.fn(*args, **kwargs)
 
     def start(self, *args: Any, **kwargs: Any) -> WorkflowHandle:
-        """Start a run with a generated id; every argument goes to the workflow."""
-        from .client import start
+        """Start a run with a generated id; every argument goes to the workflow (``weft.start``).
 
-        return start(self, args=args, kwargs=kwargs)
+        The shortcut calls the package's public ``weft_django.start``, as user code does, so the
+        registry (which the client reads) never imports the client itself.
+        """
+        handle: WorkflowHandle = weft_django.start(self, args=args, kwargs=kwargs)
+        return handle
 
 
 class Registry:

@@ -15,26 +15,16 @@ Workers must import this module: ``Celery("proj", include=["weft_django.contrib.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
-import time
 from typing import Any
 
-from celery import Celery, current_app, shared_task
-from django.db import DatabaseError, connections
+from celery import shared_task
 
 from ..engine import remote
-from ..engine.activities import AttemptOutcome, AttemptTask
-from ..exceptions import ConfigurationError
+from ..engine.celery_executor import RUN_ACTIVITY, CeleryExecutor, celery_app
+from ..engine.maintenance import run_maintenance
 
 logger = logging.getLogger(__name__)
-RUN_ACTIVITY = "weft_django.run_activity"
 RUN_MAINTENANCE = "weft_django.run_maintenance"
-SEND_BATCH = 500
-RESEND_DELAY = 1.0  # seconds before a send that failed (broker unreachable) is tried again
-
-_settings_app: Celery | None = None
-_settings_app_lock = threading.Lock()
 
 
 @shared_task(name=RUN_ACTIVITY, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
@@ -64,8 +54,6 @@ def run_maintenance_task(engine_id: str | None = None, **ignored: Any) -> None:
     from the message: whoever can publish to the broker could otherwise run it as another, live
     engine and end that engine's registration when the pass stops (docs/security.md). An
     ``engine_id`` in the message (older beat entries passed one) is ignored and logged."""
-    from ..engine.maintenance import run_maintenance
-
     if engine_id is not None or ignored:
         logger.warning(
             "run_maintenance task: ignoring the engine id %r and arguments %s of the message; the pass "
@@ -76,200 +64,4 @@ def run_maintenance_task(engine_id: str | None = None, **ignored: Any) -> None:
     run_maintenance()
 
 
-def celery_app() -> Celery:
-    """The app the engine sends through: the current app when the process loaded the project's (as
-    Celery's Django guide does in ``proj/__init__.py``), else one configured from the Django settings'
-    ``CELERY_*`` keys."""
-    app = current_app._get_current_object()
-    if not _broker(app):
-        app = _from_settings()
-    if not _broker(app):
-        raise ConfigurationError(
-            'Activities with executor "celery" need a Celery broker: set CELERY_BROKER_URL in settings (read '
-            'with app.config_from_object("django.conf:settings", namespace="CELERY")), and load your Celery app '
-            "in the engine process (proj/__init__.py: from .celery import app as celery_app)."
-        )
-    return app
-
-
-def _broker(app: Celery) -> bool:
-    return bool(app.conf.broker_url or app.conf.broker_write_url)
-
-
-def _from_settings() -> Celery:
-    global _settings_app
-    with _settings_app_lock:
-        if _settings_app is None:
-            app = Celery("weft_django", set_as_current=False)
-            app.config_from_object("django.conf:settings", namespace="CELERY")
-            _settings_app = app
-        return _settings_app
-
-
-class CeleryExecutor:
-    """The engine's side: send attempts, read back the outcomes workers committed, time attempts out.
-
-    Sending happens on a thread of its own, so a slow or unreachable broker never stalls the engine
-    loop; an attempt's timeout starts once its message is sent (a send that fails is retried, and is
-    not the activity's failure)."""
-
-    def __init__(
-        self,
-        engine_id: str,
-        outcomes: queue.SimpleQueue[AttemptOutcome],
-        using: str,
-        poll_interval: float,
-        app: Celery | None = None,
-    ) -> None:
-        self.app = app or celery_app()
-        self.outcomes = outcomes
-        self._engine_id = engine_id
-        self._using = using
-        self._poll_interval = poll_interval
-        self._running: dict[tuple[str, int, int, int], AttemptTask] = {}
-        self._lock = threading.Lock()
-        self._outbox: queue.SimpleQueue[AttemptTask | None] = queue.SimpleQueue()
-        self._stop = threading.Event()
-        self._sender: threading.Thread | None = None
-        self._last_poll = 0.0
-
-    # -- sending --------------------------------------------------------------------------------------
-    def submit(self, task: AttemptTask) -> None:
-        key = remote.AttemptKey(task.workflow_id, task.run_id, task.seq, task.attempt, task.epoch)
-        task.control = remote.RemoteControl(task.control.info, key, self._using, self._forget)
-        with self._lock:
-            self._running[task.key] = task
-            if self._sender is None:
-                self._sender = threading.Thread(target=self._send_loop, name="weft-celery-send", daemon=True)
-                self._sender.start()
-        self._outbox.put(task)
-
-    def _send_loop(self) -> None:
-        try:
-            while not self._stop.is_set():
-                batch = self._next_batch()
-                if not batch:
-                    continue
-                try:
-                    unsent = self._send(batch)
-                except Exception:  # never let the sender die: the attempts would wait for ever
-                    logger.exception("sending activities failed engine=%s; retrying", self._engine_id)
-                    unsent = batch
-                if unsent:
-                    self._stop.wait(RESEND_DELAY)
-                    for task in unsent:
-                        self._outbox.put(task)
-        finally:
-            connections.close_all()  # this thread's connections
-
-    def _next_batch(self) -> list[AttemptTask]:
-        try:
-            first = self._outbox.get(timeout=0.5)
-        except queue.Empty:
-            return []
-        batch = [first]
-        while len(batch) < SEND_BATCH:
-            try:
-                batch.append(self._outbox.get_nowait())
-            except queue.Empty:
-                break
-        with self._lock:
-            return [task for task in batch if task is not None and task.key in self._running]
-
-    def _send(self, batch: list[AttemptTask]) -> list[AttemptTask]:
-        """Record the attempts as sent, then publish them; return those that could not be sent."""
-        try:
-            remote.record_sent([(_key(t), t.definition.name, t.definition.queue or "") for t in batch], self._using)
-        except DatabaseError as exc:
-            logger.warning("could not record attempts before sending them error=%s; retrying", exc)
-            connections[self._using].close()
-            return batch
-        unsent = []
-        for task in batch:
-            try:
-                self.app.send_task(
-                    RUN_ACTIVITY,
-                    kwargs={
-                        "workflow_id": task.workflow_id,
-                        "run_id": task.run_id,
-                        "seq": task.seq,
-                        "attempt": task.attempt,
-                        "epoch": task.epoch,
-                        "activity": task.definition.name,
-                        "args_text": task.args_text,
-                    },
-                    queue=task.definition.queue or None,
-                    retry=True,
-                    retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.5, "interval_max": 0.5},
-                )
-            except Exception as exc:  # the broker's errors depend on the transport
-                logger.warning(
-                    "could not send activity workflow=%s seq=%s error=%s; retrying", task.workflow_id, task.seq, exc
-                )
-                unsent.append(task)
-                continue
-            timeout = task.definition.timeout
-            task.deadline = time.monotonic() + timeout.total_seconds() if timeout is not None else None
-            assert isinstance(task.control, remote.RemoteControl)
-            task.control.sent = True
-        return unsent
-
-    # -- outcomes ---------------------------------------------------------------------------------------
-    def poll(self, notified: set[str]) -> None:
-        """Settle attempts whose outcome a worker committed (all of them every poll interval, those of
-        woken workflows at once), and time out those past their deadline, fenced (remote.expire)."""
-        tasks = self.running
-        if not tasks:
-            return
-        clock = time.monotonic()
-        full = clock - self._last_poll >= self._poll_interval
-        if full:
-            self._last_poll = clock
-        check = [task for task in tasks if full or task.workflow_id in notified]
-        settled: set[tuple[str, int, int, int]] = set()
-        if check:
-            by_key = {_key(task): task for task in check}
-            for key, outcome in remote.poll(list(by_key), self._using).items():
-                self._settle(by_key[key], outcome)
-                settled.add(key.ident)
-        for task in tasks:
-            control = task.control
-            if task.key in settled or not isinstance(control, remote.RemoteControl) or not control.sent:
-                continue
-            if task.deadline is None or clock < task.deadline:
-                continue
-            expiry, late = remote.expire(self._engine_id, control.key, task.definition.name, self._using)
-            if expiry is remote.Expiry.EXPIRED:
-                self._forget(control.key)
-                control.lock.release()  # fenced out: the engine's timeout path takes it from here
-            elif late is not None:
-                self._settle(task, late)
-
-    def _settle(self, task: AttemptTask, outcome: remote.RemoteOutcome) -> None:
-        self._forget(_key(task))
-        task.control.finished = True
-        if outcome.ok:
-            self.outcomes.put(AttemptOutcome(task, ok=True, result=outcome.result, committed=True))
-            return
-        retryable = remote.is_retryable(task.definition.retry, outcome.error_types)
-        self.outcomes.put(AttemptOutcome(task, ok=False, error=outcome.error or {}, retryable=retryable))
-
-    def _forget(self, key: remote.AttemptKey) -> None:
-        with self._lock:
-            self._running.pop(key.ident, None)
-
-    @property
-    def running(self) -> list[AttemptTask]:
-        with self._lock:
-            return list(self._running.values())
-
-    def shutdown(self, wait_seconds: float) -> None:
-        """Stop sending. Attempts not sent yet stay recorded as running: the next owner sends them."""
-        self._stop.set()
-        self._outbox.put(None)
-        if self._sender is not None:
-            self._sender.join(timeout=max(wait_seconds, 1.0))
-
-
-def _key(task: AttemptTask) -> remote.AttemptKey:
-    return remote.AttemptKey(task.workflow_id, task.run_id, task.seq, task.attempt, task.epoch)
+__all__ = ["RUN_ACTIVITY", "RUN_MAINTENANCE", "CeleryExecutor", "celery_app", "run_activity", "run_maintenance_task"]

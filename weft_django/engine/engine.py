@@ -151,8 +151,7 @@ class Engine:
         store_sessions.bind(self.using, self._session_limit)  # the loop's thread; unbound in shutdown()
         ownership.check_mode_marker(self.engine_id, self.settings.ownership, self.using)
         engines.register_engine(self.engine_id, self.settings.ownership, self.using)
-        grace = self.settings.workflow_claim_renew_interval * ownership.TAKEOVER_GRACE_MULTIPLIER
-        events.claims_left_by_previous_process(self, grace)  # a restart after kill -9 says why it waits
+        events.claims_left_by_previous_process(self, ownership.takeover_grace(self.settings))
         if self.mode == OwnershipMode.LEASE:
             if self.lease.wait(self.stopping):
                 self.claimer.take_over_now = True  # the lease holder takes every claim at once

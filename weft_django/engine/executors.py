@@ -1,7 +1,7 @@
 """Which executor runs an attempt: the activity's ``executor=`` option, else WEFT["ACTIVITY_EXECUTOR"].
 
 "threads" is the engine's own pool (engine/activities.py). "celery" sends the attempt to Celery workers
-(weft_django/contrib/celery.py); Celery is imported only when an attempt needs it, so projects without
+(weft_django/engine/celery_executor.py); Celery is imported only when an attempt needs it, so projects without
 the extra never load it. A Celery attempt needs a per-attempt timeout: a worker that dies keeps its
 message invisible until the broker's visibility timeout (an hour by default on Redis), so only the
 attempt timeout lets the engine retry in time. An attempt that cannot be sent for a configuration
@@ -80,7 +80,7 @@ class ActivityExecutors:
     def _remote(self) -> Executor:
         if self._celery is None:
             try:
-                from ..contrib.celery import CeleryExecutor
+                from .celery_executor import CeleryExecutor  # optional: the celery extra
             except ImportError as exc:
                 raise ConfigurationError(
                     f'Activities with executor "celery" need Celery in the engine process ({exc}): '

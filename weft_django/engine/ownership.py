@@ -18,6 +18,7 @@ from datetime import timedelta
 from django.db import transaction
 
 from .. import events
+from ..conf import WeftSettings
 from ..exceptions import OwnershipModeMismatchError
 from ..store import claims, engines
 from ..store.clock import db_now
@@ -25,6 +26,11 @@ from ..store.notify import send
 
 logger = logging.getLogger(__name__)
 TAKEOVER_GRACE_MULTIPLIER = 2
+
+
+def takeover_grace(settings: WeftSettings) -> timedelta:
+    """How long after its expiry a claim may be taken over: TAKEOVER_GRACE_MULTIPLIER renew intervals."""
+    return settings.workflow_claim_renew_interval * TAKEOVER_GRACE_MULTIPLIER
 
 
 def acquire(

@@ -1,0 +1,80 @@
+"""Claim rows: the only code that writes or locks ``WorkflowClaim`` (``tests/test_architecture.py``
+checks it).
+
+- ``holding``: acquire, renew, release, take over, and the fence locks of an engine's commits;
+- ``lifecycle``: the unheld claim of a new run (start, children, schedules), epoch rotation by the
+  transitions, cancel's family lock, the test kit's claim edits.
+
+Every claim lock is taken in workflow_id order, in one statement, before any other write of its
+transaction. Every statement uses the database clock.
+"""
+
+from __future__ import annotations
+
+from .holding import (
+    CHUNK,
+    CLAIM_TABLE,
+    FENCE_CTE,
+    WORKFLOW_TABLE,
+    acquire,
+    classify_unheld,
+    holder,
+    holders,
+    insert_unheld,
+    lock_at_epochs,
+    lock_batch_and_family,
+    lock_claims,
+    lock_ids,
+    release_claims,
+    release_cte_sql,
+    release_locked_claims,
+    renew,
+    start_delayed,
+    take_over,
+    why_lost,
+)
+from .lifecycle import (
+    FAMILY_LOCK_ROUNDS,
+    active_descendants,
+    delete_claims,
+    expire_claims,
+    held_claims,
+    lock_claim,
+    lock_family,
+    rotate_epoch,
+    unheld_claim_sql,
+    write_claim,
+)
+
+__all__ = [
+    "CHUNK",
+    "CLAIM_TABLE",
+    "FAMILY_LOCK_ROUNDS",
+    "FENCE_CTE",
+    "WORKFLOW_TABLE",
+    "acquire",
+    "active_descendants",
+    "classify_unheld",
+    "delete_claims",
+    "expire_claims",
+    "held_claims",
+    "holder",
+    "holders",
+    "insert_unheld",
+    "lock_at_epochs",
+    "lock_batch_and_family",
+    "lock_claim",
+    "lock_claims",
+    "lock_family",
+    "lock_ids",
+    "release_claims",
+    "release_cte_sql",
+    "release_locked_claims",
+    "renew",
+    "rotate_epoch",
+    "start_delayed",
+    "take_over",
+    "unheld_claim_sql",
+    "why_lost",
+    "write_claim",
+]
