@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, connections
 from django.db.models import QuerySet
 
 from . import events
@@ -48,8 +48,9 @@ from .status import (
 from .store import claims, mailbox, notify, runs
 
 # moved to weft_django.store.claims (issue 15): re-export until callers move
-from .store.claims import active_descendants, lock_family, rotate_epoch, write_claim  # noqa: F401
+from .store.claims import active_descendants, rotate_epoch, write_claim  # noqa: F401
 from .store.clock import db_now
+from .store.commit import fenced
 
 logger = logging.getLogger(__name__)
 
@@ -77,13 +78,25 @@ def _is_retryable(error: DatabaseError) -> bool:
     return "database is locked" in str(error)  # SQLite, when a writer outlasts the busy timeout
 
 
-def run_in_transaction(using: str, body: Callable[[], T]) -> T:
-    """Run ``body`` in ``transaction.atomic(using)``, retrying deadlocks and serialization failures
-    when this call owns the transaction."""
+def run_in_transaction(using: str, body: Callable[[], T], *, lock: Iterable[str] = (), family: bool = False) -> T:
+    """Run ``body`` in the fenced transaction of ``store.commit.fenced`` (the one boundary for
+    workflow-scoped writes): the claims of ``lock`` (and, with ``family``, of their active
+    descendants) are locked sorted, in one statement, before ``body`` writes anything. Deadlocks and
+    serialization failures are retried when this call owns the transaction.
+
+    Args:
+        using: the connection alias.
+        body: the transition's reads and writes.
+        lock: the workflows whose claims the transition changes.
+        family: also lock the active descendants' claims (a run that ends closes its children).
+
+    Raises:
+        django.db.DatabaseError: the transaction failed (after the retries, when they apply).
+    """
     owns_transaction = not connections[using].in_atomic_block
     for attempt in range(1, MAX_ATTEMPTS + 1):
         try:
-            with transaction.atomic(using=using):
+            with fenced(list(lock), using, family=family):
                 return body()
         except DatabaseError as exc:
             if not owns_transaction or attempt == MAX_ATTEMPTS or not _is_retryable(exc):
@@ -186,7 +199,6 @@ def cancel(workflow_id: str, reason: str | None = None, *, using: str | None = N
     alias = _alias(using)
 
     def body() -> int:
-        lock_family(workflow_id, alias)
         row = _lock(workflow_id, alias)
         if row["status"] in TERMINAL_STATUSES:
             raise WorkflowTerminalError(
@@ -194,7 +206,7 @@ def cancel(workflow_id: str, reason: str | None = None, *, using: str | None = N
             )
         return _end_run(row, WorkflowStatus.CANCELLED, alias, reason=reason)
 
-    return run_in_transaction(alias, body)
+    return run_in_transaction(alias, body, lock=[workflow_id], family=True)
 
 
 def time_out(workflow_id: str, *, using: str | None = None) -> int:
@@ -202,7 +214,6 @@ def time_out(workflow_id: str, *, using: str | None = None) -> int:
     alias = _alias(using)
 
     def body() -> int:
-        lock_family(workflow_id, alias)
         row = _lock(workflow_id, alias)
         if row["status"] in TERMINAL_STATUSES:
             raise WorkflowTerminalError(
@@ -210,7 +221,7 @@ def time_out(workflow_id: str, *, using: str | None = None) -> int:
             )
         return _end_run(row, WorkflowStatus.TIMED_OUT, alias)
 
-    return run_in_transaction(alias, body)
+    return run_in_transaction(alias, body, lock=[workflow_id], family=True)
 
 
 _PAST = {"suspend": "suspended", "resume": "resumed", "retry": "retried"}
@@ -254,7 +265,7 @@ def _set_running_status(
         notify.send("w", workflow_id, alias)
         return epoch
 
-    return run_in_transaction(alias, body)
+    return run_in_transaction(alias, body, lock=[workflow_id])
 
 
 def suspend(workflow_id: str, *, using: str | None = None) -> int:

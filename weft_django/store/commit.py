@@ -34,7 +34,7 @@ from ..status import ACTIVE_STATUSES, UpdateStatus
 from . import claims, mailbox, sessions
 from .backend import backend
 from .children import ChildStart, report_child_end, start_children
-from .claims import active_descendants
+from .claims import FAMILY_LOCK_ROUNDS, active_descendants
 from .commit_statement import (
     ONE_STATEMENT_MAX_WORKFLOWS,
     commit_in_one_statement,
@@ -46,7 +46,6 @@ from .notify import send_many
 from .writes import FenceResult, Finish, UpdateDone, UpdateRaceLost, WorkflowWrites, latest_per_seq
 
 logger = logging.getLogger("weft_django.engine.fencing")  # the name the docs and operators know
-FAMILY_LOCK_ROUNDS = 3
 
 __all__ = [
     "ONE_STATEMENT_MAX_WORKFLOWS",

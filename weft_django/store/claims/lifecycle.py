@@ -12,7 +12,6 @@ from ...models import Workflow, WorkflowClaim
 from ...status import ACTIVE_STATUSES, ParentClosePolicy
 from ..backend import backend
 from ..epochs import next_epoch, next_epoch_sql
-from .holding import lock_ids
 
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
 
@@ -133,24 +132,6 @@ def active_descendants(runs: dict[str, str], using: str) -> dict[str, set[str]]:
             if str(root_run).replace("-", "") == str(runs[root]).replace("-", ""):
                 found.setdefault(root, set()).add(child)
     return found
-
-
-def lock_family(workflow_id: str, using: str) -> None:
-    """Lock the claim of ``workflow_id`` and of every active descendant its end would close, in ONE
-    statement in workflow_id order (the global lock order), before any write: a child whose id sorts
-    before its parent's can then never deadlock against an engine's batch commit."""
-    run_id = Workflow.objects.using(using).filter(pk=workflow_id).values_list("run_id", flat=True).first()
-    locked: set[str] = set()
-    wanted = {workflow_id}
-    for _ in range(FAMILY_LOCK_ROUNDS):
-        # A child started between the read and the lock (its parent's commit, before ours got the
-        # parent's claim) is found by the next read; once the parent's claim is ours, none can appear.
-        lock_ids(sorted(wanted), using)
-        locked |= wanted
-        family = active_descendants({workflow_id: str(run_id)}, using).get(workflow_id, set()) if run_id else set()
-        wanted = locked | family
-        if wanted == locked:
-            return
 
 
 def held_claims(engine_id: str, using: str) -> dict[str, int]:
