@@ -79,7 +79,7 @@ LOGGING = {
     "loggers": {"weft_django": {"handlers": ["console"], "level": os.environ.get("WEFT_LOG_LEVEL", "WARNING")}},
 }
 
-# django.tasks (Django 6.0+) or the django-tasks backport (5.2) on weft: tests/test_tasks.py.
+# django.tasks (Django 6.0+) or the django-tasks backport (5.2) on weft: tests/client/test_tasks.py.
 TASKS = {
     "default": {
         "BACKEND": "weft_django.tasks.WeftBackend",

@@ -1,5 +1,5 @@
 """The test settings without "weft_django" in INSTALLED_APPS: a new project that forgot it
-(tests/test_new_user.py)."""
+(tests/project/test_new_user.py)."""
 
 from tests.settings import *  # noqa: F403
 from tests.settings import INSTALLED_APPS

@@ -1,4 +1,4 @@
-"""django.tasks tasks for tests/test_tasks.py, on weft_django.tasks.WeftBackend (tests/settings.py)."""
+"""django.tasks tasks for tests/client/test_tasks.py, on weft_django.tasks.WeftBackend (tests/settings.py)."""
 
 from __future__ import annotations
 

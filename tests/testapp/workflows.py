@@ -308,7 +308,7 @@ def nested(ctx, depth: int):
     return below + 1
 
 
-# -- schedules (tests/test_schedules*.py) --------------------------------------------------------
+# -- schedules (tests/schedules/test_schedules*.py) --------------------------------------------------------
 
 
 @weft.workflow(name="tests.scheduled_run")
@@ -317,7 +317,7 @@ def scheduled_run(ctx, label: str = ""):
     return {"id": recorded, "label": label}
 
 
-# -- messages: queries and updates (tests/test_messages*.py) -------------------------------------
+# -- messages: queries and updates (tests/client/test_messages*.py) -------------------------------------
 
 from django import forms as _forms  # noqa: E402
 from django.core.exceptions import ValidationError as _DjangoValidationError  # noqa: E402
@@ -418,7 +418,7 @@ def msg_other(ctx):
     yield ctx.wait_for_signal("never")
 
 
-# -- Celery executor (tests/test_celery*.py) -----------------------------------------------------
+# -- Celery executor (tests/celery/test_celery*.py) -----------------------------------------------------
 # Activities with executor="celery" run on a real worker (tests/celery_app.py). The gate is a file:
 # a gated activity waits for it, so a test can act while the attempt is running.
 

@@ -66,7 +66,7 @@ class Backend:
 
     def lock_sql(self, *, no_key: bool = False, skip_locked: bool = False) -> str:
         """``lock_clause`` for SQL the store formats (a ``*_sql`` builder of constant fragments, the
-        form tests/test_security.py's scan of raw SQL trusts): empty where there is one writer.
+        form tests/project/test_security.py's scan of raw SQL trusts): empty where there is one writer.
 
         Args:
             no_key: take FOR NO KEY UPDATE (does not block inserts referencing the row).

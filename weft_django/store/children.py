@@ -8,22 +8,18 @@ import dataclasses
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from ..codec import encode
-from ..models import BufferedSignal, Workflow
+from ..models import Workflow
 from . import claims
 from .epochs import next_epoch
+from .mailbox import CHILD_MAILBOX_PREFIX, child_mailbox_name, report_child_end
 from .notify import send_many
 
-MAILBOX_PREFIX = "__weft_child__:"
-
-
-def mailbox_name(seq: int) -> str:
-    """The reserved signal name (and signal id) under which a child reports to the step ``seq``."""
-    return f"{MAILBOX_PREFIX}{seq}"
+# A child reports to its parent's mailbox (store/mailbox.py holds the one writer of that record).
+MAILBOX_PREFIX = CHILD_MAILBOX_PREFIX
+mailbox_name = child_mailbox_name
 
 
 @dataclasses.dataclass
@@ -103,39 +99,3 @@ def start_children(
             )
     send_many("w", list(claimed), using)
     return claimed
-
-
-def report_child_end(
-    child_id: str,
-    parent_id: str,
-    parent_run_id: str,
-    parent_seq: int,
-    status: str,
-    result_text: str | None,
-    error: dict[str, Any] | None,
-    now: datetime,
-    using: str,
-) -> None:
-    """Write the child-terminal record into the parent's mailbox (idempotent by its reserved id) and
-    wake the parent's engine.
-
-    Args:
-        child_id: the child that ended; ``parent_id``, ``parent_run_id``, ``parent_seq``: the step told.
-        status: the child's terminal status; ``result_text``, ``error``: its result or error.
-    """
-    name = mailbox_name(parent_seq)
-    payload = encode({"child_id": child_id, "status": status, "result": result_text, "error": error})
-    BufferedSignal.objects.using(using).bulk_create(
-        [
-            BufferedSignal(
-                workflow_id=parent_id,
-                run_id=parent_run_id,
-                name=name,
-                signal_id=name,
-                payload=payload,
-                created_at=now,
-            )
-        ],
-        ignore_conflicts=True,
-    )
-    send_many("w", [parent_id], using)

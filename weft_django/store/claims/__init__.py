@@ -1,4 +1,4 @@
-"""Claim rows: the only code that writes or locks ``WorkflowClaim`` (``tests/test_architecture.py``
+"""Claim rows: the only code that writes or locks ``WorkflowClaim`` (``tests/project/test_architecture.py``
 checks it).
 
 - ``holding``: acquire, renew, release, take over, and the fence locks of an engine's commits;

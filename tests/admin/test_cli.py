@@ -19,7 +19,7 @@ from django.db import connection
 from django.test import override_settings
 
 import weft_django as weft
-from tests.test_admin import hold
+from tests.admin.test_admin import hold
 from weft_django.client import WorkflowHandle
 from weft_django.management.commands.weft import DESCRIBE_KEYS, table
 from weft_django.models import BufferedSignal, Engine, Schedule, Timer, Workflow
@@ -27,7 +27,7 @@ from weft_django.status import TimerKind
 from weft_django.store.clock import db_clock, db_now
 from weft_django.testing import wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def weft_cli(*args: str) -> str:

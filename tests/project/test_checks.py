@@ -15,7 +15,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
-from tests.test_conf import CASES
+from tests.project.test_conf import CASES
 from weft_django.checks import SQLITE_OPTIONS, is_sqlite, sqlite_problems
 
 RUNNING_ON_SQLITE = "sqlite" in settings.DATABASES["default"]["ENGINE"]

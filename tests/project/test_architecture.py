@@ -17,7 +17,7 @@ from pathlib import Path
 
 import grimp
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "weft_django"
 MAX_LINES = 600
 

@@ -10,7 +10,7 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 
 import weft_django as weft
-from tests.test_admin import ADMIN, hold
+from tests.admin.test_admin import ADMIN, hold
 from weft_django import codec
 from weft_django.models import BufferedSignal, IdempotencyKey, Step, Workflow, WorkflowClaim
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "weft_django"
 
 pytestmark = [pytest.mark.sqlite, pytest.mark.timeout(600)]
@@ -31,7 +31,7 @@ def _tracked_files() -> list[str]:
             capture_output=True,
         ).stdout
     except (OSError, subprocess.CalledProcessError):
-        pytest.fail("tests/test_packaging.py needs git (it builds from the tracked files)")
+        pytest.fail("tests/project/test_packaging.py needs git (it builds from the tracked files)")
     return [name for name in out.decode().split("\0") if name]
 
 

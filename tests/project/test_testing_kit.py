@@ -17,7 +17,7 @@ from weft_django.testing import FrozenEngine, expire_claims, owns, running_engin
 
 pytestmark = pytest.mark.django_db(transaction=True)
 FAST = {"WORKFLOW_CLAIM_TTL": "2s", "WORKFLOW_CLAIM_RENEW_INTERVAL": "500ms"}
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_run_until_idle_drives_a_workflow_to_its_end(weft_run_until_idle):

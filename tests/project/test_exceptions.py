@@ -8,7 +8,7 @@ from pathlib import Path
 import weft_django
 from weft_django import exceptions, waits
 
-DOC = (Path(__file__).resolve().parents[1] / "docs" / "errors.md").read_text()
+DOC = (Path(__file__).resolve().parents[2] / "docs" / "errors.md").read_text()
 
 
 def _public_errors() -> list[type[BaseException]]:

@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.subprocess]
 
 BROKER = celery_settings.CELERY_BROKER_URL
 QUEUES = "weft-tests,weft-tests-other"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FAST = {"WORKFLOW_CLAIM_TTL": "3s", "WORKFLOW_CLAIM_RENEW_INTERVAL": "1s"}
 
 

@@ -17,7 +17,7 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 import weft_django as weft
-from tests.test_bad_inputs import snapshot
+from tests.client.test_bad_inputs import snapshot
 from weft_django.client import WorkflowHandle
 from weft_django.exceptions import (
     ConfigurationError,

@@ -16,7 +16,7 @@ from tests.testapp.workflows import add
 from weft_django import events
 from weft_django.operations import RunActivity, Sleep
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script_without_the_app(code: str) -> subprocess.CompletedProcess[str]:

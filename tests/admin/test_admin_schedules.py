@@ -14,8 +14,8 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 
 import weft_django as weft
-from tests.test_admin import ADMIN
-from tests.test_admin_actions import messages_of
+from tests.admin.test_admin import ADMIN
+from tests.admin.test_admin_actions import messages_of
 from weft_django import schedules
 from weft_django.models import Schedule, Workflow
 
