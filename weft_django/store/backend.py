@@ -43,15 +43,6 @@ class Backend:
         """The Django connection wrapper of this alias (per thread, as Django keeps them)."""
         return connections[self.alias]
 
-    def lock_clause(self, *, no_key: bool = False, skip_locked: bool = False) -> str:
-        """The row-lock suffix of a SELECT; empty where the database has one writer at a time.
-
-        Args:
-            no_key: take FOR NO KEY UPDATE (does not block inserts referencing the row).
-            skip_locked: skip rows another transaction holds instead of waiting.
-        """
-        return ""
-
     # -- engine side: claims, the fenced commit, mailbox, timers, engines, epochs, sessions ------
 
     @classmethod
@@ -65,7 +56,7 @@ class Backend:
         return _SQLITE_NEXT_EPOCH
 
     def lock_sql(self, *, no_key: bool = False, skip_locked: bool = False) -> str:
-        """``lock_clause`` for SQL the store formats (a ``*_sql`` builder of constant fragments, the
+        """The row-lock suffix of a SELECT, for SQL the store formats (a ``*_sql`` builder of constant fragments, the
         form tests/project/test_security.py's scan of raw SQL trusts): empty where there is one writer.
 
         Args:
@@ -120,10 +111,6 @@ class PostgreSQLBackend(Backend):
     bounds_sessions = True
     batches_statements = True
     has_clock = True
-
-    def lock_clause(self, *, no_key: bool = False, skip_locked: bool = False) -> str:
-        clause = " FOR NO KEY UPDATE" if no_key else " FOR UPDATE"
-        return clause + (" SKIP LOCKED" if skip_locked else "")
 
     # -- engine side: claims, the fenced commit, mailbox, timers, engines, epochs, sessions ------
 
