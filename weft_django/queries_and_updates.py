@@ -187,7 +187,7 @@ def admit(
                 return str(existing["id"])  # the same request: its stored (or coming) response
             if row["status"] in TERMINAL_STATUSES:
                 raise terminal
-            mailbox.readmit_update(workflow_id, existing["id"], text, now, wait.db_deadline(now), using)
+            mailbox.readmit_update(workflow_id, existing["id"], text, now, wait.db_deadline(now), using, trace_context)
             return str(existing["id"])
     if row["status"] in TERMINAL_STATUSES:
         raise terminal

@@ -89,6 +89,18 @@ def test_a_start_its_turns_and_attempts_share_the_callers_trace(spans, weft_run_
     assert any(t.attributes["weft.finished"] for t in turns)
 
 
+def test_a_childs_run_joins_its_parents_trace(spans, weft_run_until_idle):
+    handle = weft.start("tests.parent", args=["otel-kid"], kwargs={"children": 2})
+    weft_run_until_idle()
+    assert handle.result(timeout=5)
+    start = _only(spans, "weft.start")
+    kids = {s.attributes["weft.workflow_id"] for s in _named(spans, "weft.workflow.turn")} - {handle.id}
+    assert len(kids) == 2
+    for span in _named(spans, "weft.workflow.turn") + _named(spans, "weft.activity.attempt"):
+        assert span.parent.span_id == start.context.span_id
+    assert Workflow.objects.filter(parent_id=handle.id, trace_context__isnull=False).count() == 2
+
+
 def test_a_failing_attempt_records_its_error(spans, weft_run_until_idle):
     handle = weft.start("tests.non_retryable", args=["otel-refuses"])
     weft_run_until_idle()

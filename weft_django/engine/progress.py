@@ -274,6 +274,7 @@ class Progress:
                 parent_seq=seq,
                 parent_close_policy=op.parent_close_policy,
                 depth=owned.depth + 1,
+                trace_context=owned.trace_context,
             )
         )
 

@@ -199,9 +199,19 @@ def admit_update(
     return str(admitted.id)
 
 
-def readmit_update(workflow_id: str, update_id: Any, text: str, now: datetime, deadline: datetime, using: str) -> None:
-    """Admit an expired update again (a retry with its idempotency key) and wake the run's engine."""
+def readmit_update(
+    workflow_id: str,
+    update_id: Any,
+    text: str,
+    now: datetime,
+    deadline: datetime,
+    using: str,
+    trace_context: str | None = None,
+) -> None:
+    """Admit an expired update again (a retry with its idempotency key) and wake the run's engine;
+    ``trace_context``: the retry's sender's (``weft_django.tracing``)."""
     PendingUpdate.objects.using(using).filter(pk=update_id, status=UpdateStatus.EXPIRED).update(
+        trace_context=trace_context,
         status=UpdateStatus.ADMITTED,
         payload=text,
         created_at=now,
