@@ -65,6 +65,8 @@ class Workflow(models.Model):
     updated_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # The starter's W3C trace context (weft_django.tracing), when tracing was on: the run's spans are its children.
+    trace_context = models.TextField(null=True, blank=True)
 
     class Meta:
         indexes = [
@@ -205,6 +207,7 @@ class BufferedSignal(models.Model):
     state = models.CharField(max_length=16, choices=SignalState.choices, default=SignalState.BUFFERED)
     consumed_seq = models.IntegerField(null=True, blank=True)
     created_at = models.DateTimeField()
+    trace_context = models.TextField(null=True, blank=True)  # the sender's trace context (weft_django.tracing)
 
     class Meta:
         constraints = [
@@ -240,6 +243,7 @@ class PendingUpdate(models.Model):
     # When the caller stops waiting (workflow time). An admitted update left past it by a caller that
     # died is expired by the engines' message cleanup.
     deadline = models.DateTimeField(null=True, blank=True)
+    trace_context = models.TextField(null=True, blank=True)  # the sender's trace context (weft_django.tracing)
 
     class Meta:
         constraints = [

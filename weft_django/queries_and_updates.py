@@ -150,11 +150,13 @@ def _raise_query_failure(workflow_id: str, name: str, error: dict[str, Any]) -> 
 _SETTLED = (UpdateStatus.COMPLETED, UpdateStatus.REJECTED, UpdateStatus.FAILED, UpdateStatus.EXPIRED)
 
 
-def admit(workflow_id: str, name: str, text: str, key: str | None, wait: Wait, using: str) -> str:
+def admit(
+    workflow_id: str, name: str, text: str, key: str | None, wait: Wait, using: str, trace_context: str | None = None
+) -> str:
     """Inside a transaction: admit the update (or find the one with this idempotency key) and send the
     wake-up. Returns the update's id. An expired request with the same key is admitted again.
     InvalidArgumentError for a bad name or key (the client checks them first; checked again here, the
-    last step before they are written)."""
+    last step before they are written). ``trace_context``: the sender's (``weft_django.tracing``)."""
     validate_name(name, "name")
     if key is not None:
         validate_key(key, "idempotency_key")
@@ -185,18 +187,21 @@ def admit(workflow_id: str, name: str, text: str, key: str | None, wait: Wait, u
                 return str(existing["id"])  # the same request: its stored (or coming) response
             if row["status"] in TERMINAL_STATUSES:
                 raise terminal
-            mailbox.readmit_update(workflow_id, existing["id"], text, now, wait.db_deadline(now), using)
+            mailbox.readmit_update(workflow_id, existing["id"], text, now, wait.db_deadline(now), using, trace_context)
             return str(existing["id"])
     if row["status"] in TERMINAL_STATUSES:
         raise terminal
-    return mailbox.admit_update(workflow_id, row["run_id"], name, text, key, now, wait.db_deadline(now), using)
+    deadline = wait.db_deadline(now)
+    return mailbox.admit_update(workflow_id, row["run_id"], name, text, key, now, deadline, using, trace_context)
 
 
-def admit_with_retry(workflow_id: str, name: str, text: str, key: str | None, wait: Wait, alias: str) -> str:
+def admit_with_retry(
+    workflow_id: str, name: str, text: str, key: str | None, wait: Wait, alias: str, trace_context: str | None = None
+) -> str:
     for _ in range(transitions.MAX_ATTEMPTS):
         try:
             with transaction.atomic(using=alias):
-                return admit(workflow_id, name, text, key, wait, alias)
+                return admit(workflow_id, name, text, key, wait, alias, trace_context)
         except IntegrityError:
             continue  # a concurrent call with the same key admitted it first: find that one
     raise UpdateFailedError(f'Update "{name}" to workflow "{workflow_id}" could not be admitted; try again.')
@@ -212,6 +217,7 @@ def update_on_thread(
     abandoned: threading.Event,
     *,
     admission: Callable[[Wait], str] | None = None,
+    trace_context: str | None = None,
 ) -> Any:
     """The one update wait (``update()`` and ``start_with_update()``), on a weft-wait thread: admit the
     update, then wait until its run's engine settles it; returns the handler's result.
@@ -224,6 +230,7 @@ def update_on_thread(
         abandoned: set when the caller stops waiting.
         admission: admits the update in its own way and returns its id (``start_with_update``: with
             the start, in one transaction); default ``admit_with_retry``.
+        trace_context: the sender's trace context, stored with the update (``weft_django.tracing``).
 
     Raises:
         The errors of ``update()``: UpdateValidationError, UpdateFailedError, UpdateTimeoutError,
@@ -232,7 +239,7 @@ def update_on_thread(
     with Wait(alias, seconds, abandoned) as wait:
         wait.subscribe(workflow_id)
         if admission is None:
-            update_id = admit_with_retry(workflow_id, name, text, key, wait, alias)
+            update_id = admit_with_retry(workflow_id, name, text, key, wait, alias, trace_context)
         else:
             update_id = admission(wait)
         return await_update(workflow_id, name, update_id, wait)

@@ -8,12 +8,13 @@ connection); elsewhere they poll.
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
 from django.db import transaction
 
-from .. import codec
+from .. import codec, tracing
 from ..exceptions import WorkflowNotFoundError, WorkflowTerminalError
 from ..models import Workflow
 from ..queries_and_updates import query_on_thread, update_on_thread
@@ -39,11 +40,13 @@ def signal(id: str, name: str, payload: Any = None, *, signal_id: str | None = N
         _validate_key(signal_id, "signal_id")
     text = codec.encode_payload(payload, path="payload")
     using = _alias()
-    if backend(using).writes_in_one_statement:
-        status = _buffer_signal(id, name, text, signal_id, using)  # one statement: atomic by itself
-    else:
-        with transaction.atomic(using=using):
-            status = _buffer_signal(id, name, text, signal_id, using)
+    attributes = {"weft.workflow_id": id, "weft.signal": name, "weft.signal_id": signal_id}
+    with tracing.span("weft.signal", kind="PRODUCER", attributes=attributes):
+        if backend(using).writes_in_one_statement:
+            status = _buffer_signal(id, name, text, signal_id, using)  # one statement: atomic by itself
+        else:
+            with transaction.atomic(using=using):
+                status = _buffer_signal(id, name, text, signal_id, using)
     if status is None:
         raise WorkflowNotFoundError(f'Cannot signal workflow "{id}": no such workflow. Check the id.')
     if status in TERMINAL_STATUSES:
@@ -56,7 +59,7 @@ def _buffer_signal(id: str, name: str, text: str, signal_id: str | None, using: 
     """Append the signal to the current run's mailbox while that run is active and send the wake-up
     (``store.mailbox.buffer_signal``). Returns "buffered" (or "duplicate" for a repeated signal_id),
     else the run's terminal status, or None when there is no such workflow."""
-    if not mailbox.buffer_signal(id, name, text, signal_id, using):
+    if not mailbox.buffer_signal(id, name, text, signal_id, using, tracing.capture()):
         status = Workflow.objects.using(using).filter(pk=id).values_list("status", flat=True).first()
         if status is None or status in TERMINAL_STATUSES:
             return status
@@ -87,7 +90,8 @@ def update(id: str, name: str, payload: Any = None, *, idempotency_key: str | No
     ``timeout``: the request is marked expired and never applied), WorkflowTerminalError and
     WorkflowNotFoundError. A repeated ``idempotency_key`` (per run) returns the stored response and
     applies once; after a timeout it re-admits the request."""
-    return finish(*_submit_update(id, name, payload, idempotency_key, timeout))
+    with _update_span(id, name):
+        return finish(*_submit_update(id, name, payload, idempotency_key, timeout))
 
 
 async def aquery(id: str, name: str, arg: Any = _UNSET, *, timeout: Any = "5s") -> Any:
@@ -99,7 +103,13 @@ async def aupdate(
     id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None, timeout: Any = "5s"
 ) -> Any:
     """Async twin of :func:`update`."""
-    return await afinish(*_submit_update(id, name, payload, idempotency_key, timeout))
+    with _update_span(id, name):
+        return await afinish(*_submit_update(id, name, payload, idempotency_key, timeout))
+
+
+def _update_span(id: str, name: str) -> Any:
+    """The ``weft.update`` span (no-op without tracing), around the admission and the wait."""
+    return tracing.span("weft.update", kind="PRODUCER", attributes={"weft.workflow_id": id, "weft.update": name})
 
 
 def _submit_query(id: str, name: str, arg: Any, timeout: Any) -> tuple[Any, threading.Event]:
@@ -119,4 +129,5 @@ def _submit_update(
         _validate_key(idempotency_key, "idempotency_key")
     seconds = _wait_seconds(timeout)
     text = codec.encode_payload(payload, path="payload")
-    return submit(update_on_thread, id, name, text, idempotency_key, seconds, _alias())
+    waiting = functools.partial(update_on_thread, trace_context=tracing.capture())  # the wait runs on another thread
+    return submit(waiting, id, name, text, idempotency_key, seconds, _alias())

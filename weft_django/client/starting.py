@@ -14,7 +14,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import IntegrityError, transaction
 
-from .. import codec, events, transitions
+from .. import codec, events, tracing, transitions
 from ..conf import warn_if_invalid
 from ..exceptions import IdempotencyKeyPurgedError, InvalidArgumentError, WorkflowAlreadyExistsError
 from ..models import IdempotencyKey, Workflow
@@ -54,6 +54,7 @@ class _Plan:
         self.delay = delay
         self.execution_timeout = execution_timeout
         self.idempotency_key = idempotency_key
+        self.trace_context = tracing.capture()  # the caller's (inside weft.start: the start span's)
 
     def run(self, workflow_id: str) -> runs.NewRun:
         """The run this plan creates under ``workflow_id``."""
@@ -65,6 +66,7 @@ class _Plan:
             delay=self.delay,
             execution_timeout=self.execution_timeout,
             idempotency_key=self.idempotency_key,
+            trace_context=self.trace_context,
         )
 
     def one_statement(self, using: str) -> bool:
@@ -222,15 +224,24 @@ def start(
     )
     definition = resolve_workflow(workflow)
     warn_if_invalid()  # a WEFT typo is heard of here, not only when an engine refuses to start
-    plan = _Plan(definition, _encode_input(args, kwargs), delay, timeout, idempotency_key)
-    using = _alias()
-    if idempotency_key is not None:
-        return _start_with_key(plan, idempotency_key, using)
-    if id is not None:
-        return _start_with_id(plan, id, on_conflict, using)
-    workflow_id = str(uuid.uuid4())
-    _insert_run(plan, workflow_id, using)  # one statement (in autocommit its own transaction), or atomic()
-    return WorkflowHandle(workflow_id)
+    with _start_span(definition, id) as span:
+        plan = _Plan(definition, _encode_input(args, kwargs), delay, timeout, idempotency_key)
+        using = _alias()
+        if idempotency_key is not None:
+            handle = _start_with_key(plan, idempotency_key, using)
+        elif id is not None:
+            handle = _start_with_id(plan, id, on_conflict, using)
+        else:
+            handle = WorkflowHandle(str(uuid.uuid4()))
+            _insert_run(plan, handle.id, using)  # one statement (in autocommit its own transaction), or atomic()
+        tracing.set_attribute(span, "weft.workflow_id", handle.id)
+        return handle
+
+
+def _start_span(definition: WorkflowDefinition, workflow_id: str | None) -> Any:
+    """The ``weft.start`` span (no-op without tracing): the new run's spans are its children."""
+    attributes = {"weft.workflow_type": definition.name, "weft.workflow_version": definition.version}
+    return tracing.span("weft.start", kind="PRODUCER", attributes={**attributes, "weft.workflow_id": workflow_id})
 
 
 async def astart(workflow: Any, /, **options: Any) -> WorkflowHandle:
@@ -256,14 +267,16 @@ def start_or_signal(
     if signal_id is not None:
         _validate_key(signal_id, "signal_id")
     text = codec.encode_payload(payload, path="payload")
-    plan = _Plan(resolve_workflow(workflow), _encode_input(args, kwargs), None, None, None)
+    definition = resolve_workflow(workflow)
     using = _alias()
+    with _start_span(definition, id):
+        plan = _Plan(definition, _encode_input(args, kwargs), None, None, None)
 
-    def deliver(started: bool) -> bool:
-        status = _buffer_signal(id, signal_name, text, signal_id, using)
-        return status in ("buffered", "duplicate")  # else the run ended meanwhile: go round
+        def deliver(started: bool) -> bool:
+            status = _buffer_signal(id, signal_name, text, signal_id, using)
+            return status in ("buffered", "duplicate")  # else the run ended meanwhile: go round
 
-    outcome = _with_run(plan, id, using, deliver)
+        outcome = _with_run(plan, id, using, deliver)
     return WorkflowHandle(id), "started" if outcome else "signalled"
 
 
@@ -288,12 +301,14 @@ def start_with_update(
         _validate_key(idempotency_key, "idempotency_key")
     seconds = _wait_seconds(timeout)
     text = codec.encode_payload(payload, path="payload")
-    plan = _Plan(resolve_workflow(workflow), _encode_input(args, kwargs), None, None, None)
+    definition = resolve_workflow(workflow)
     alias = _alias()
-    admission = functools.partial(_admit_starting, plan, id, update_name, text, idempotency_key, alias)
-    waiting = functools.partial(update_on_thread, admission=admission)
-    future, abandoned = submit(waiting, id, update_name, text, idempotency_key, seconds, alias)
-    return WorkflowHandle(id), finish(future, abandoned)
+    with _start_span(definition, id):
+        plan = _Plan(definition, _encode_input(args, kwargs), None, None, None)
+        admission = functools.partial(_admit_starting, plan, id, update_name, text, idempotency_key, alias)
+        waiting = functools.partial(update_on_thread, admission=admission)
+        future, abandoned = submit(waiting, id, update_name, text, idempotency_key, seconds, alias)
+        return WorkflowHandle(id), finish(future, abandoned)
 
 
 def _with_run(plan: _Plan, workflow_id: str, using: str, deliver: Any) -> bool:
@@ -328,7 +343,7 @@ def _admit_starting(
     admitted: list[str] = []
 
     def deliver(started: bool) -> bool:
-        admitted.append(admit(workflow_id, name, text, key, wait, alias))
+        admitted.append(admit(workflow_id, name, text, key, wait, alias, plan.trace_context))
         return True
 
     for attempt in range(transitions.MAX_ATTEMPTS):

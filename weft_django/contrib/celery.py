@@ -38,12 +38,14 @@ def run_activity(
     epoch: int,
     activity: str,
     args_text: str,
+    trace_context: str | None = None,
 ) -> str:
     """Run one activity attempt and commit its outcome, fenced by its epoch. ``acks_late`` with
     ``reject_on_worker_lost``: a worker that dies mid-attempt leaves the message to be redelivered;
     the redelivery runs only if the attempt is still wanted and records at most once."""
     key = remote.AttemptKey(workflow_id, run_id, seq, attempt, epoch)
-    return remote.run_attempt(key, activity, args_text, worker=self.request.hostname or "")
+    worker = self.request.hostname or ""
+    return remote.run_attempt(key, activity, args_text, worker=worker, trace_context=trace_context)
 
 
 @shared_task(name=RUN_MAINTENANCE, ignore_result=True)

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from django.db import close_old_connections, transaction
 
-from .. import events
+from .. import events, tracing
 from ..activity_runtime import ActivityInfo, AttemptControl, bind
 from ..codec import decode, encode_payload
 from ..exceptions import ActivityTimeoutError
@@ -55,6 +55,7 @@ class AttemptTask:
     # time: the thread pool clears it while the attempt waits for a free thread and sets it when a
     # thread starts running it (start_clock). The engine loop reads it; a float store is atomic.
     deadline: float | None
+    trace_context: str | None = None  # its run's (weft_django.tracing): the attempt's span is a child
     control: AttemptControl = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
@@ -194,7 +195,18 @@ class ThreadExecutor:
         close_old_connections()
         bind(task.control)
         try:
-            outcome = events.timed_attempt(self._attempt, task)
+            with attempt_span(
+                task.workflow_id,
+                task.run_id,
+                task.definition.name,
+                task.seq,
+                task.attempt,
+                task.epoch,
+                task.trace_context,
+            ) as span:
+                outcome = events.timed_attempt(self._attempt, task)
+                if not outcome.ok:
+                    tracing.set_attribute(span, "weft.outcome", "refused" if outcome.refused else "failed")
         finally:
             bind(None)
             close_old_connections()
@@ -264,3 +276,29 @@ class ThreadExecutor:
         self._closed = True
         for _ in self._workers:
             self._queue.put(None)
+
+
+def attempt_span(
+    workflow_id: str,
+    run_id: str,
+    activity: str,
+    seq: int,
+    attempt: int,
+    epoch: int,
+    trace_context: str | None,
+    *,
+    worker: str | None = None,
+) -> Any:
+    """One activity attempt's span (``weft.activity.attempt``), a child of its run's trace context:
+    on an engine thread, or (``worker``) on a Celery worker."""
+    attributes = {
+        "weft.workflow_id": workflow_id,
+        "weft.run_id": run_id,
+        "weft.activity": activity,
+        "weft.seq": seq,
+        "weft.attempt": attempt,
+        "weft.epoch": epoch,
+        "weft.worker": worker,
+    }
+    kind = "INTERNAL" if worker is None else "CONSUMER"
+    return tracing.span("weft.activity.attempt", carrier=trace_context, kind=kind, attributes=attributes)

@@ -149,6 +149,7 @@ class CeleryExecutor:
                         "epoch": task.epoch,
                         "activity": task.definition.name,
                         "args_text": task.args_text,
+                        **({"trace_context": task.trace_context} if task.trace_context else {}),
                     },
                     queue=task.definition.queue or None,
                     retry=True,

@@ -53,6 +53,7 @@ from ..store.histories import AdmittedRow
 from ..store.notify import send_many
 from ..store.sessions import allow_user_code, relax_commit
 from .driver import Leaf, StepRecord, describe_exception
+from .owned import delivery_span
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -216,46 +217,51 @@ def deliver_updates(
     touched: set[str] = set()  # workflows whose in-memory state this transaction changed
     handled: set[str] = set()  # ... by an on_update handler (wait_until is re-checked after commit)
 
+    def deliver(pk: Any, wid: str, name: str, payload: str, batch: dict[str, WorkflowWrites]) -> None:
+        owned = live[wid]
+        run = owned.run
+        if not _settleable(engine, owned, writes):
+            return
+        assert run.frontier is not None
+        w = batch.get(wid)
+        if w is None:
+            w = batch[wid] = WorkflowWrites(wid, owned.run_id, owned.epoch)
+        if name in run.ctx.update_handlers:
+            done, ran = run_update(run.ctx.update_handlers[name], str(pk), name, payload)
+            w.updates_done.append(done)
+            touched.add(wid)
+            if ran:
+                handled.add(wid)
+                w.applied.append(run.record_applied(name, payload, done.result, done.error, str(pk)))
+            _log_outcome(wid, name, done)
+            return
+        leaf = _waiting_leaf(owned, name)
+        if leaf is None:  # the frontier moved on in this batch: look again when it moves next
+            state.parked[wid] = run.frontier.seq
+            return
+        try:
+            text = encode({"update_id": str(pk), "payload": decode(payload)}, path=f'update "{name}" payload')
+        except Exception as exc:  # a corrupt payload row: fail it rather than wedge the workflow
+            w.updates_done.append(UpdateDone(str(pk), UpdateStatus.FAILED, error=_failure(exc, "payload")))
+            return
+        step = StepRecord(leaf.seq, "update", name, "completed", text, completed_at=now)
+        w.updates_done.append(UpdateDone(str(pk), UpdateStatus.ACCEPTED))
+        w.steps.append(step)
+        touched.add(wid)
+        run.record(step)
+        owned.armed.discard(leaf.seq)
+        run.settle(leaf.seq, step.outcome)
+        changed.add(wid)
+
     def build(held: set[str]) -> list[WorkflowWrites]:
         ids = [pk for wid in sorted(held) for pk in ready.get(wid, [])]
         if not ids:
             return []
         batch: dict[str, WorkflowWrites] = {}
-        for pk, wid, name, payload in mailbox.lock_admitted(ids, using):
-            owned = live[wid]
-            run = owned.run
-            if not _settleable(engine, owned, writes):
-                continue
-            assert run.frontier is not None
-            w = batch.get(wid)
-            if w is None:
-                w = batch[wid] = WorkflowWrites(wid, owned.run_id, owned.epoch)
-            if name in run.ctx.update_handlers:
-                done, ran = run_update(run.ctx.update_handlers[name], str(pk), name, payload)
-                w.updates_done.append(done)
-                touched.add(wid)
-                if ran:
-                    handled.add(wid)
-                    w.applied.append(run.record_applied(name, payload, done.result, done.error, str(pk)))
-                _log_outcome(wid, name, done)
-                continue
-            leaf = _waiting_leaf(owned, name)
-            if leaf is None:  # the frontier moved on in this batch: look again when it moves next
-                state.parked[wid] = run.frontier.seq
-                continue
-            try:
-                text = encode({"update_id": str(pk), "payload": decode(payload)}, path=f'update "{name}" payload')
-            except Exception as exc:  # a corrupt payload row: fail it rather than wedge the workflow
-                w.updates_done.append(UpdateDone(str(pk), UpdateStatus.FAILED, error=_failure(exc, "payload")))
-                continue
-            step = StepRecord(leaf.seq, "update", name, "completed", text, completed_at=now)
-            w.updates_done.append(UpdateDone(str(pk), UpdateStatus.ACCEPTED))
-            w.steps.append(step)
-            touched.add(wid)
-            run.record(step)
-            owned.armed.discard(leaf.seq)
-            run.settle(leaf.seq, step.outcome)
-            changed.add(wid)
+        for pk, wid, name, payload, sent in mailbox.lock_admitted(ids, using):
+            attributes = {"weft.update": name, "weft.update_id": str(pk)}
+            with delivery_span("weft.update.deliver", live[wid], sent, attributes):
+                deliver(pk, wid, name, payload, batch)
         for wid, w in batch.items():
             # What the code recorded after a wait_for_update returned (a respond(), a memo) commits with
             # it: a later step must never be durable while an earlier respond() is not (replay would

@@ -7,7 +7,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 from datetime import datetime
+from typing import Any
 
+from .. import tracing
 from ..exceptions import WeftError
 from ..models import Timer
 from ..operations import StartChild
@@ -37,6 +39,7 @@ class Owned:
     parent: tuple[str, str, int] | None = None  # (id, run id, seq) of the parent step waiting for us
     armed_at: dict[int, datetime] = dataclasses.field(default_factory=dict)  # when each wait began
     depth: int = 0
+    trace_context: str | None = None  # the starter's (weft_django.tracing): the run's spans are its children
 
 
 def mailbox_of(leaf: Leaf) -> str:
@@ -92,3 +95,22 @@ def collect_recorded(owned: Owned, writes: dict[str, WorkflowWrites]) -> None:
     if run.responses:
         writes_of(owned, writes).update_responses.extend(run.responses)
         run.responses = []
+
+
+def span_attributes(owned: Owned) -> dict[str, Any]:
+    """A span's attributes naming this workflow's run."""
+    return {
+        "weft.workflow_id": owned.workflow_id,
+        "weft.run_id": owned.run_id,
+        "weft.workflow_type": owned.run.ctx.workflow_type,
+        "weft.epoch": owned.epoch,
+    }
+
+
+def delivery_span(name: str, owned: Owned, sent: str | None, attributes: dict[str, Any]) -> Any:
+    """A signal's (or update's) delivery span: a child of its sender's context, linked to the run's
+    (a child of the run's when the sender's was not stored)."""
+    links = [owned.trace_context] if sent else []
+    carrier = sent or owned.trace_context
+    values = {**span_attributes(owned), **attributes}
+    return tracing.span(name, carrier=carrier, kind="CONSUMER", attributes=values, links=links)

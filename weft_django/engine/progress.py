@@ -16,6 +16,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from .. import tracing
 from ..codec import encode
 from ..context import WorkflowContext
 from ..exceptions import QueryNotFoundError, WorkflowNotLocallyOwnedError
@@ -31,7 +32,7 @@ from . import steps
 from .activities import AttemptOutcome, AttemptTask
 from .children import MAX_DEPTH
 from .driver import AppliedRecord, Leaf, StepRecord, WorkflowRun
-from .owned import Owned, collect_recorded, mailbox_of, mark_stuck, writes_of
+from .owned import Owned, collect_recorded, delivery_span, mailbox_of, mark_stuck, span_attributes, writes_of
 from .timers import TimerHeap
 from .wake import Wake
 
@@ -163,6 +164,7 @@ class Progress:
             else None,
             depth=row.depth,
             clear_stuck=row.stuck_error is not None,
+            trace_context=row.trace_context,
         )
         self.owned[row.id] = owned
         for timer in timers:
@@ -179,10 +181,17 @@ class Progress:
 
     # -- effects of a generator's new frontier ------------------------------------------------------
     def advance(self, wid: str, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]) -> None:
-        """Turn a workflow's new frontier into writes: its end, or the operations to arm."""
+        """Turn a workflow's new frontier into writes: its end, or the operations to arm (one
+        ``weft.workflow.turn`` span)."""
         owned = self.owned.get(wid)
         if owned is None:
             return
+        with tracing.span("weft.workflow.turn", carrier=owned.trace_context, attributes=span_attributes(owned)) as span:
+            self._advance(owned, now, writes, changed)
+            tracing.set_attribute(span, "weft.finished", owned.run.finished)
+
+    def _advance(self, owned: Owned, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]) -> None:
+        wid = owned.workflow_id
         run = owned.run
         collect_recorded(owned, writes)
         if run.finished:
@@ -265,6 +274,7 @@ class Progress:
                 parent_seq=seq,
                 parent_close_policy=op.parent_close_policy,
                 depth=owned.depth + 1,
+                trace_context=owned.trace_context,
             )
         )
 
@@ -282,6 +292,7 @@ class Progress:
             # Provisional: the executor restarts it when the attempt really starts (the thread pool
             # when a thread picks it up, Celery when the message is sent).
             deadline=time.monotonic() + timeout.total_seconds() if timeout else None,
+            trace_context=owned.trace_context,
         )
 
     def _arm_timer(
@@ -510,7 +521,7 @@ class Progress:
             return False
         delivered = False
         taken: set[int] = set()
-        for pk, wid, run_id, name, payload in buffered_signals(list(waiting), self.using):
+        for pk, wid, run_id, name, payload, sent in buffered_signals(list(waiting), self.using):
             owned = self.owned[wid]
             if str(run_id) != owned.run_id or pk in taken:
                 continue
@@ -522,6 +533,7 @@ class Progress:
             writes_of(owned, writes).signals_consumed.append((pk, leaf.seq))
             if not isinstance(leaf.op, StartChild):
                 self._take_timer(owned, TimerKind.SIGNAL_TIMEOUT, leaf.seq, writes)
-            self._settle(owned, steps.delivered(leaf, name, payload, now), writes, changed)
+            with delivery_span("weft.signal.deliver", owned, sent, {"weft.signal": name, "weft.seq": leaf.seq}):
+                self._settle(owned, steps.delivered(leaf, name, payload, now), writes, changed)
             waiting[wid] = [lf for lf in waiting[wid] if lf.seq != leaf.seq]
         return delivered

@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 from django.db import DatabaseError, connections, transaction
 from django.db.models import Q
 
+from .. import tracing
 from ..activity_runtime import ActivityInfo, AttemptControl, bind
 from ..codec import decode, encode, encode_payload
 from ..conf import database_alias, payload_max_bytes
@@ -48,6 +49,7 @@ from ..store import claims
 from ..store.clock import db_clock, db_now
 from ..store.commit import fenced
 from ..store.notify import send
+from .activities import attempt_span
 from .driver import describe_exception
 
 logger = logging.getLogger(__name__)
@@ -290,10 +292,26 @@ class _Refusal(Exception):
         self.disposition = disposition
 
 
-def run_attempt(key: AttemptKey, activity: str, args_text: str, *, worker: str = "", using: str | None = None) -> str:
+def run_attempt(
+    key: AttemptKey,
+    activity: str,
+    args_text: str,
+    *,
+    worker: str = "",
+    using: str | None = None,
+    trace_context: str | None = None,
+) -> str:
     """Run one delivered attempt on a worker and commit its outcome, fenced. Returns what happened:
-    a Disposition, ``"skipped"`` (no longer wanted: not run) or ``"stopped"`` (asked to stop)."""
-    using = using or database_alias()
+    a Disposition, ``"skipped"`` (no longer wanted: not run) or ``"stopped"`` (asked to stop).
+    ``trace_context``: its run's, sent with the message (the attempt's span is a child of it)."""
+    ident = (key.workflow_id, key.run_id, activity, key.seq, key.attempt, key.epoch)
+    with attempt_span(*ident, trace_context, worker=worker or "celery") as span:
+        disposition = _run_attempt(key, activity, args_text, worker, using or database_alias())
+        tracing.set_attribute(span, "weft.outcome", str(disposition))
+        return disposition
+
+
+def _run_attempt(key: AttemptKey, activity: str, args_text: str, worker: str, using: str) -> str:
     # Connections: Celery's Django fixup closes unusable or expired ones around every task.
     reason = why_stale(key, using, activity)
     if reason is not None:

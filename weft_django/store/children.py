@@ -34,6 +34,7 @@ class ChildStart:
     parent_close_policy: str
     depth: int
     run_id: str = ""
+    trace_context: str | None = None  # the parent's (weft_django.tracing): the child's run joins its trace
 
 
 def start_children(
@@ -73,6 +74,7 @@ def start_children(
                     parent_seq=child.parent_seq,
                     parent_close_policy=child.parent_close_policy,
                     depth=child.depth,
+                    trace_context=child.trace_context,
                     created_at=now,
                     updated_at=now,
                     started_at=now,

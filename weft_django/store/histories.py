@@ -91,6 +91,7 @@ class RunRow(NamedTuple):
     parent_run_id: str | None
     parent_seq: int | None
     depth: int
+    trace_context: str | None = None  # the starter's (weft_django.tracing)
 
 
 class AdmittedRow(NamedTuple):
@@ -147,13 +148,14 @@ def _admitted_sql(marks: str) -> str:
 
 
 _BUFFERED_SQL = (
-    f"SELECT id, workflow_id, run_id, name, payload FROM {BufferedSignal._meta.db_table} "
+    f"SELECT id, workflow_id, run_id, name, payload, trace_context FROM {BufferedSignal._meta.db_table} "
     f"WHERE state = '{SignalState.BUFFERED.value}' AND workflow_id = ANY(%s) ORDER BY id"
 )
 
 
-def buffered_signals(workflow_ids: list[str], using: str) -> list[tuple[int, str, Any, str, str]]:
-    """The buffered signals of these workflows, oldest first: (id, workflow id, run id, name, payload).
+def buffered_signals(workflow_ids: list[str], using: str) -> list[tuple[int, str, Any, str, str, str | None]]:
+    """The buffered signals of these workflows, oldest first: (id, workflow id, run id, name, payload,
+    trace context).
     Where the backend prepares statements (PostgreSQL) one prepared statement (a signal's wake-up pass
     runs it; the ORM's compile alone took longer than the round trip).
 
@@ -166,7 +168,7 @@ def buffered_signals(workflow_ids: list[str], using: str) -> list[tuple[int, str
             BufferedSignal.objects.using(using)
             .filter(workflow_id__in=workflow_ids, state=SignalState.BUFFERED)
             .order_by("id")
-            .values_list("id", "workflow_id", "run_id", "name", "payload")
+            .values_list("id", "workflow_id", "run_id", "name", "payload", "trace_context")
         )
         return list(rows)
     connection = connections[using]

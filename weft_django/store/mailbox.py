@@ -61,13 +61,15 @@ def close_mailboxes(
     )
 
 
-def buffer_signal(workflow_id: str, name: str, text: str, signal_id: str | None, using: str) -> bool:
+def buffer_signal(
+    workflow_id: str, name: str, text: str, signal_id: str | None, using: str, trace_context: str | None = None
+) -> bool:
     """Append a signal to the current run's mailbox while that run is active, and send the wake-up.
 
     On PostgreSQL one statement, the NOTIFY riding in it (delivered when it, or the caller's
     transaction, commits); elsewhere engines poll. No lock on the claim: a slow caller must never
     stall renewal. Returns whether a row was inserted (False: no active run, or a repeated
-    ``signal_id`` of this run)."""
+    ``signal_id`` of this run). ``trace_context``: the sender's (``weft_django.tracing``)."""
     store = backend(using)
     connection = store.connection
     signals, workflows = BufferedSignal._meta.db_table, Workflow._meta.db_table
@@ -77,11 +79,11 @@ def buffer_signal(workflow_id: str, name: str, text: str, signal_id: str | None,
         now_sql, now_params = "%s", [connection.ops.adapt_datetimefield_value(db_now(using))]
     # Table names are the models' own; every value is a parameter.
     insert = (
-        f"INSERT INTO {signals} (workflow_id, run_id, name, signal_id, payload, state, created_at) "
-        f"SELECT w.id, w.run_id, %s, %s, %s, %s, {now_sql} FROM {workflows} w "
+        f"INSERT INTO {signals} (workflow_id, run_id, name, signal_id, payload, state, trace_context, created_at) "
+        f"SELECT w.id, w.run_id, %s, %s, %s, %s, %s, {now_sql} FROM {workflows} w "
         f"WHERE w.id = %s AND w.status IN (%s, %s, %s) ON CONFLICT DO NOTHING"
     )
-    params = [name, signal_id, text, str(SignalState.BUFFERED.value), *now_params, workflow_id, *_ACTIVE]
+    params = [name, signal_id, text, str(SignalState.BUFFERED.value), trace_context, *now_params, workflow_id, *_ACTIVE]
     with connection.cursor() as cursor:
         if store.writes_in_one_statement:
             wake = f"w:{workflow_id}" if len(workflow_id) < notify.MAX_PAYLOAD - 2 else "w:*"
@@ -171,7 +173,15 @@ def ask_query(
 
 
 def admit_update(
-    workflow_id: str, run_id: Any, name: str, text: str, key: str | None, now: datetime, deadline: datetime, using: str
+    workflow_id: str,
+    run_id: Any,
+    name: str,
+    text: str,
+    key: str | None,
+    now: datetime,
+    deadline: datetime,
+    using: str,
+    trace_context: str | None = None,
 ) -> str:
     """Insert an admitted update into run ``run_id``'s mailbox and wake its engine; return its id.
     IntegrityError when the run already has an update with idempotency key ``key``."""
@@ -183,14 +193,25 @@ def admit_update(
         idempotency_key=key,
         created_at=now,
         deadline=deadline,
+        trace_context=trace_context,
     )
     notify.send("w", workflow_id, using)
     return str(admitted.id)
 
 
-def readmit_update(workflow_id: str, update_id: Any, text: str, now: datetime, deadline: datetime, using: str) -> None:
-    """Admit an expired update again (a retry with its idempotency key) and wake the run's engine."""
+def readmit_update(
+    workflow_id: str,
+    update_id: Any,
+    text: str,
+    now: datetime,
+    deadline: datetime,
+    using: str,
+    trace_context: str | None = None,
+) -> None:
+    """Admit an expired update again (a retry with its idempotency key) and wake the run's engine;
+    ``trace_context``: the retry's sender's (``weft_django.tracing``)."""
     PendingUpdate.objects.using(using).filter(pk=update_id, status=UpdateStatus.EXPIRED).update(
+        trace_context=trace_context,
         status=UpdateStatus.ADMITTED,
         payload=text,
         created_at=now,
@@ -258,14 +279,14 @@ def admitted_updates(workflow_ids: list[str], using: str) -> list[tuple[Any, str
     )
 
 
-def lock_admitted(update_ids: list[str], using: str) -> list[tuple[Any, str, str, str]]:
+def lock_admitted(update_ids: list[str], using: str) -> list[tuple[Any, str, str, str, str | None]]:
     """Inside the settling transaction: lock these updates while still admitted (SKIP LOCKED where
     rows are locked; SQLite's one-writer transaction holds them already), in (created_at, id) order.
-    Returns (id, workflow id, name, payload) rows."""
+    Returns (id, workflow id, name, payload, trace context) rows."""
     rows = PendingUpdate.objects.using(using).filter(pk__in=update_ids, status=UpdateStatus.ADMITTED)
     if backend(using).skips_locked:
         rows = rows.select_for_update(skip_locked=True)
-    return list(rows.order_by("created_at", "id").values_list("id", "workflow_id", "name", "payload"))
+    return list(rows.order_by("created_at", "id").values_list("id", "workflow_id", "name", "payload", "trace_context"))
 
 
 def queries_waiting(engine_id: str, limit: int, using: str) -> set[str]:

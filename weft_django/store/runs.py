@@ -36,6 +36,7 @@ class NewRun:
         queued: ``pending`` with no timer (a schedule's overlap="queue": released later).
         parent_id, parent_run_id, parent_seq, parent_close_policy, depth: a child's link to its parent.
         run_id: the new run id (a fresh one when empty).
+        trace_context: the starter's trace context (``weft_django.tracing.capture``), or None.
     """
 
     workflow_id: str
@@ -53,6 +54,7 @@ class NewRun:
     parent_close_policy: str | None = None
     depth: int = 0
     run_id: Any = None
+    trace_context: str | None = None
 
     def rows(self, now: datetime) -> tuple[Workflow, Timer | None]:
         """The run's row at workflow time ``now`` and its delayed-start timer (None: it starts now)."""
@@ -85,6 +87,7 @@ class NewRun:
             created_at=now,
             updated_at=now,
             started_at=None if waits else now,
+            trace_context=self.trace_context,
             **links,
         )
         timer = Timer(workflow_id=self.workflow_id, run_id=run.run_id, kind=TimerKind.DELAYED_START, fire_at=begins)
@@ -175,7 +178,7 @@ def now_and_epoch(using: str) -> tuple[datetime, int]:
 # DO NOTHING waits for a concurrent inserter's transaction, as a unique violation would), so it never
 # raises for a conflict and never breaks the caller's transaction. Every data-modifying CTE runs once;
 # the NOTIFY is delivered when the statement's (or the caller's) transaction commits.
-_RUN_GIVEN = {"id", "run_id", "workflow_type", "version", "input", "idempotency_key"}
+_RUN_GIVEN = {"id", "run_id", "workflow_type", "version", "input", "idempotency_key", "trace_context"}
 _CLAIM_COLUMNS = {
     "workflow_id",
     "epoch",
@@ -285,6 +288,7 @@ def _insert_run_sql(new: NewRun, using: str) -> bool:
         "version": new.version,
         "input": new.input_text,
         "idempotency_key": new.idempotency_key,
+        "trace_context": new.trace_context,
         "delay": new.delay,
         "timeout": new.execution_timeout,
         "payload": f"w:{new.workflow_id}",  # ids are at most 255 characters: always under notify.MAX_PAYLOAD

@@ -1,0 +1,136 @@
+"""OpenTelemetry spans (the optional ``[otel]`` extra: ``opentelemetry-api``).
+
+A no-op unless ``opentelemetry`` is importable and the application configured a TracerProvider
+(``opentelemetry.trace.set_tracer_provider``): then ``span`` yields None and ``capture`` returns
+None, so nothing is recorded and nothing is written. Nothing here imports opentelemetry at module
+level.
+
+The caller's trace context crosses the database as text: ``capture()`` serialises the current
+context with the W3C Trace Context propagator (``{"traceparent": ..., "tracestate": ...}`` as
+JSON), the client stores it with the run (``Workflow.trace_context``), a signal or an update, and
+the engine and the Celery worker start their spans under it (``span(..., carrier=text)``).
+
+Spans (docs/tracing.md):
+
+- ``weft.start`` (client, PRODUCER): a start; the run's spans are its children.
+- ``weft.workflow.turn`` (engine): one pass of the engine over one workflow.
+- ``weft.activity.attempt`` (engine thread, or CONSUMER on a Celery worker): one activity attempt.
+- ``weft.signal`` (client, PRODUCER) and ``weft.signal.deliver`` (engine, CONSUMER, linked to the run).
+- ``weft.update`` (client, PRODUCER) and ``weft.update.deliver`` (engine, CONSUMER, linked to the run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+TRACER_NAME = "weft_django"
+MAX_CARRIER = 1024  # a longer serialised context (a huge tracestate) is not stored
+
+_MISSING = object()
+_api: Any = _MISSING  # the opentelemetry modules, or None: imported on first use
+
+
+def _otel() -> Any:
+    """(trace, propagator, context) of opentelemetry-api, or None when it is not installed."""
+    global _api
+    if _api is _MISSING:
+        try:
+            from opentelemetry import context, trace
+            from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+        except ImportError:
+            _api = None
+        else:
+            _api = (trace, TraceContextTextMapPropagator(), context)
+    return _api
+
+
+def reset() -> None:
+    """Forget what was imported (tests that hide or restore opentelemetry)."""
+    global _api
+    _api = _MISSING
+
+
+def enabled() -> bool:
+    """Whether spans are recorded: opentelemetry is installed and a TracerProvider is configured."""
+    api = _otel()
+    if api is None:
+        return False
+    trace = api[0]
+    provider = trace.get_tracer_provider()
+    return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+
+
+def capture() -> str | None:
+    """The current trace context as text to store (None: tracing is off, or no span is current)."""
+    if not enabled():
+        return None
+    trace, propagator, _ = _otel()
+    if not trace.get_current_span().get_span_context().is_valid:
+        return None
+    carrier: dict[str, str] = {}
+    propagator.inject(carrier)
+    if not carrier:
+        return None
+    text = json.dumps(carrier, sort_keys=True, separators=(",", ":"))
+    return text if len(text) <= MAX_CARRIER else None
+
+
+def _extract(text: str | None) -> Any:
+    """The context stored as ``text`` (an empty context for None or unreadable text)."""
+    _, propagator, context = _otel()
+    carrier: Any = None
+    if text:
+        try:
+            carrier = json.loads(text)
+        except ValueError:
+            carrier = None
+    if not isinstance(carrier, dict):
+        return context.Context()
+    return propagator.extract({str(k): str(v) for k, v in carrier.items()}, context=context.Context())
+
+
+def _link(text: str | None) -> Any:
+    trace = _otel()[0]
+    span_context = trace.get_current_span(_extract(text)).get_span_context()
+    return trace.Link(span_context) if span_context.is_valid else None
+
+
+@contextlib.contextmanager
+def span(
+    name: str,
+    *,
+    carrier: Any = _MISSING,
+    kind: str = "INTERNAL",
+    attributes: Mapping[str, Any] | None = None,
+    links: Sequence[str | None] = (),
+) -> Iterator[Any]:
+    """A span named ``name``, current inside the block; yields it, or None when tracing is off.
+
+    Args:
+        carrier: the stored context (``capture()``'s text) the span is a child of; None: a new
+            trace. Left out: the caller's current context (the client side).
+        kind: the SpanKind's name (INTERNAL, PRODUCER, CONSUMER, CLIENT, SERVER).
+        attributes: its attributes (None values are left out).
+        links: stored contexts the span links to (a signal's delivery links to its run).
+    """
+    if not enabled():
+        yield None
+        return
+    trace = _otel()[0]
+    parent = None if carrier is _MISSING else _extract(carrier)
+    found = [link for link in (_link(text) for text in links if text) if link is not None]
+    tracer = trace.get_tracer(TRACER_NAME)
+    values = {key: value for key, value in (attributes or {}).items() if value is not None}
+    with tracer.start_as_current_span(
+        name, context=parent, kind=getattr(trace.SpanKind, kind), attributes=values, links=found
+    ) as current:
+        yield current
+
+
+def set_attribute(current: Any, key: str, value: Any) -> None:
+    """Set an attribute on a span ``span`` yielded (nothing for None)."""
+    if current is not None and value is not None:
+        current.set_attribute(key, value)
