@@ -18,10 +18,10 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
-from django.db.models import Count, Max
 from django.dispatch import Signal
 
 from . import metrics, signals
+from .store.claims import previous_holding
 from .store.clock import db_clock
 
 if TYPE_CHECKING:
@@ -312,20 +312,18 @@ def claims_left_by_previous_process(engine: Any, grace: timedelta) -> None:
     them (``kill -9``, then a restart with the same ``--engine-id``). Nothing can tell that process from a
     live one, so the claims are taken over like any other, once they expired plus the grace; say so, and
     when, instead of waiting silently. ``grace``: how long after expiry a claim may be taken over."""
-    claim_model: Any = _models()[1]
-    held = claim_model.objects.using(engine.using).filter(engine_id=engine.engine_id)
-    found = held.aggregate(n=Count("pk"), latest=Max("expires_at"))
-    if not found["n"] or found["latest"] is None:
+    count, latest = previous_holding(engine.engine_id, engine.using)
+    if not count or latest is None:
         return
-    takeover_at = found["latest"] + grace
+    takeover_at = latest + grace
     wait = max((takeover_at - db_clock(engine.using)).total_seconds(), 0.0)
     logger.warning(
         "claims held by a previous process engine=%s claims=%s expires_at=%s takeover_at=%s wait=%.0fs: a process "
         "with this engine id stopped without releasing them (kill -9?); they are taken over once they expired plus "
         "the grace (%ss), like any other engine's",
         engine.engine_id,
-        found["n"],
-        found["latest"].isoformat(),
+        count,
+        latest.isoformat(),
         takeover_at.isoformat(),
         wait,
         grace.total_seconds(),

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Count, Max
 
 from ...models import Timer, Workflow, WorkflowClaim
 from ...status import TimerKind, WorkflowStatus
@@ -372,18 +373,32 @@ def lock_at_epochs(epochs: dict[str, int], using: str, *, wait: bool = True) -> 
         epochs: {workflow_id: epoch}; ``using``: the connection alias.
         wait: False skips rows another transaction holds.
     """
+    ids = sorted(epochs)
+    if not ids:
+        return set()
     found = backend(using)
     lock = found.lock_sql(no_key=True, skip_locked=not wait)
-    locked: set[str] = set()
-    with found.connection.cursor() as cursor:
-        for wid in sorted(epochs):  # one statement for the common single attempt
-            cursor.execute(
-                f"SELECT 1 FROM {CLAIM_TABLE} WHERE workflow_id = %s AND epoch = %s AND engine_id IS NOT NULL{lock}",
-                [wid, epochs[wid]],
-            )
-            if cursor.fetchone() is not None:
-                locked.add(wid)
-    return locked
+    placeholders = ", ".join(["%s"] * len(ids))
+    with found.connection.cursor() as cursor:  # ONE statement, in workflow_id order (the global lock order)
+        # Epochs come from one global sequence and never repeat across ids (ADR 0002), so the two IN
+        # lists match exactly the (workflow_id, epoch) pairs asked for.
+        cursor.execute(
+            f"SELECT workflow_id, epoch FROM {CLAIM_TABLE} WHERE workflow_id IN ({placeholders}) "
+            f"AND epoch IN ({placeholders}) AND engine_id IS NOT NULL ORDER BY workflow_id{lock}",
+            [*ids, *(epochs[wid] for wid in ids)],
+        )
+        return {wid for wid, epoch in cursor.fetchall() if epochs.get(wid) == epoch}
+
+
+def previous_holding(engine_id: str, using: str) -> tuple[int, datetime | None]:
+    """How many claims ``engine_id`` holds now and the latest of their expiries (an engine at start-up:
+    claims a previous process with its id left behind)."""
+    found = (
+        WorkflowClaim.objects.using(using)
+        .filter(engine_id=engine_id)
+        .aggregate(n=Count("pk"), latest=Max("expires_at"))
+    )
+    return int(found["n"]), found["latest"]
 
 
 def classify_unheld(engine_id: str, epochs: dict[str, int], using: str) -> tuple[dict[str, str], set[str]]:
