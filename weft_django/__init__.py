@@ -31,6 +31,23 @@ _EXPORTS: dict[str, str] = {
     "cancel": "weft_django.client",
     "start_or_signal": "weft_django.client",
     "start_with_update": "weft_django.client",
+    # visibility, fork, bulk operations (issue 19)
+    "list_workflows": "weft_django.visibility",
+    "count_workflows": "weft_django.visibility",
+    "alist_workflows": "weft_django.visibility",
+    "acount_workflows": "weft_django.visibility",
+    "WorkflowSummary": "weft_django.visibility",
+    "WorkflowPage": "weft_django.visibility",
+    "fork": "weft_django.fork",
+    "afork": "weft_django.fork",
+    "bulk_count": "weft_django.bulk",
+    "bulk_cancel": "weft_django.bulk",
+    "bulk_retry": "weft_django.bulk",
+    "bulk_purge": "weft_django.bulk",
+    "abulk_cancel": "weft_django.bulk",
+    "abulk_retry": "weft_django.bulk",
+    "abulk_purge": "weft_django.bulk",
+    "BulkResult": "weft_django.bulk",
     # schedules
     "schedule": "weft_django.schedules",
     "get_schedule": "weft_django.schedules",
@@ -49,6 +66,10 @@ _EXCEPTIONS = [
     "InvalidArgumentError",
     "InvalidWorkflowIdError",
     "InvalidScheduleError",
+    "InvalidSearchAttributeError",
+    "InvalidFilterError",
+    "InvalidForkError",
+    "BulkCountChangedError",
     "WorkflowNotRegisteredError",
     "VersionMismatchError",
     "WorkflowAlreadyExistsError",
@@ -102,6 +123,16 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .activity_runtime import ActivityInfo, activity_info, heartbeat
+    from .bulk import (
+        BulkResult,
+        abulk_cancel,
+        abulk_purge,
+        abulk_retry,
+        bulk_cancel,
+        bulk_count,
+        bulk_purge,
+        bulk_retry,
+    )
     from .client import (
         WorkflowHandle,
         astart,
@@ -117,7 +148,16 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .context import WorkflowContext
     from .engine.maintenance import run_maintenance
     from .exceptions import *  # noqa: F403
+    from .fork import afork, fork
     from .registry import RetryPolicy, activity, workflow
     from .schedules import ScheduleHandle, get_schedule, schedule
     from .status import WorkflowStatus
+    from .visibility import (
+        WorkflowPage,
+        WorkflowSummary,
+        acount_workflows,
+        alist_workflows,
+        count_workflows,
+        list_workflows,
+    )
     from .waits import ResultTimeoutError

@@ -4,7 +4,7 @@ the query, update and cancel handlers the owning engine calls between turns."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -24,6 +24,7 @@ from .operations import (
     WaitUntil,
 )
 from .registry import resolve_activity
+from .search_attributes import check_values
 
 logger = logging.getLogger("weft_django.workflow")
 _BRANCHABLE = (RunActivity, Sleep, WaitForSignal, StartChild)
@@ -67,6 +68,11 @@ class WorkflowContext:
         self.update_handlers: dict[str, tuple[Callable[[Any], Any], Any]] = {}
         self.cancel_handlers: list[Callable[[], Any]] = []
         self.log = _ReplayAwareLogger(self)
+        # Search attributes (issue 19): the declared kinds (set by the engine from the definition),
+        # the current values, and the checked calls not yet handed to a fenced commit.
+        self.attribute_kinds: Mapping[str, str] = {}
+        self.attributes: dict[str, Any] = {}
+        self.pending_attributes: list[dict[str, Any]] = []
 
     # -- operations -------------------------------------------------------------------------
     def run(self, activity: Any, /, *args: Any, **kwargs: Any) -> Operation:
@@ -187,6 +193,33 @@ class WorkflowContext:
 
     def on_cancel(self, handler: Callable[[], Any]) -> None:
         self.cancel_handlers.append(handler)
+
+    # -- search attributes --------------------------------------------------------------------
+    def set_attributes(self, values: Mapping[str, Any] | None = None, /, **named: Any) -> None:
+        """Set search attributes of this run: ``ctx.set_attributes(customer="acme", amount=12.5)``
+        (or a dict). A value None clears the attribute. They become durable with the workflow's next
+        fenced commit, in the order set (the last value of a name wins), and are what
+        ``weft.list_workflows(attributes=...)`` filters on. Not an operation: nothing to yield. Replay
+        sets them again (the same values: the rewrite is harmless, and a forked run gets them).
+
+        Args:
+            values, named: attribute name -> value of its declared type (``@weft.workflow(attributes=)``).
+
+        Raises:
+            InvalidSearchAttributeError: a name is not declared on this workflow or a value has another
+                type; raised in the workflow code (uncaught, it fails the run) and nothing is queued.
+        """
+        if self.detached:
+            return
+        merged = {**(values or {}), **named}
+        checked = check_values(self.attribute_kinds, merged, f'Workflow "{self.workflow_type}"')
+        for name, value in checked.items():
+            if value is None:
+                self.attributes.pop(name, None)
+            else:
+                self.attributes[name] = list(value[1]) if value[0] == "keywords" else value[1]
+        if checked:
+            self.pending_attributes.append(checked)
 
 
 def _duration(value: Any, name: str) -> Any:

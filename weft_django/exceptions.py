@@ -8,7 +8,9 @@ and listed in docs/errors.md. The tree::
     ├── WorkflowDefinitionError (also TypeError)            a @workflow / @activity definition is invalid
     ├── InvalidArgumentError (also ValueError)              an argument to the API is invalid
     │   ├── InvalidWorkflowIdError
-    │   └── InvalidScheduleError
+    │   ├── InvalidScheduleError
+    │   ├── InvalidSearchAttributeError, InvalidFilterError, InvalidForkError   visibility (issue 19)
+    ├── BulkCountChangedError                               a bulk operation's confirmation count is stale
     ├── WorkflowNotRegisteredError, VersionMismatchError    the code for a run is not in this process
     ├── WorkflowAlreadyExistsError, IdempotencyKeyPurgedError   starting
     ├── WorkflowNotFoundError, ScheduleNotFoundError (also LookupError)
@@ -304,9 +306,39 @@ class InvalidScheduleError(InvalidArgumentError):
     """An argument of weft.schedule() / ScheduleHandle.update() is invalid; nothing was written."""
 
 
+class InvalidSearchAttributeError(InvalidArgumentError):
+    """A search attribute is not declared on the workflow (``@weft.workflow(attributes=...)``), or its
+    value does not have the declared type. Raised by ``ctx.set_attributes`` inside workflow code (an
+    uncaught one fails the run) and by ``weft.start(..., attributes=)``; nothing was written."""
+
+
+class InvalidFilterError(InvalidArgumentError):
+    """A filter of ``weft.list_workflows`` / ``count_workflows`` / the bulk operations, or a page
+    cursor, is invalid. The message names the filter and the accepted forms; nothing was read or written."""
+
+
+class InvalidForkError(InvalidArgumentError):
+    """``weft.fork(id, from_step=N)`` cannot fork there: N is negative, beyond the run's recorded steps,
+    or splits a step that has not settled. Nothing was written."""
+
+
+class BulkCountChangedError(WeftError):
+    """A bulk operation's ``expected_count`` no longer matches how many workflows its filter selects:
+    nothing was changed. Count again (``weft.count_workflows``) and confirm the new number."""
+
+    def __init__(self, message: str, expected: int, actual: int) -> None:
+        super().__init__(message)
+        self.expected = expected
+        self.actual = actual
+
+
 __all__ += [
+    "BulkCountChangedError",
     "InvalidArgumentError",
+    "InvalidFilterError",
+    "InvalidForkError",
     "InvalidScheduleError",
+    "InvalidSearchAttributeError",
     "InvalidWorkflowIdError",
     "ScheduleNotFoundError",
     "WorkflowDefinitionError",

@@ -419,3 +419,43 @@ class RemoteAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"{self.workflow_id}#{self.seq} attempt {self.attempt}@{self.epoch} ({self.state})"
+
+
+class WorkflowAttribute(models.Model):
+    """One search attribute value of a workflow's latest run (issue 19, ADR 0010): a typed side table
+    (one typed column filled per row, the others null) so an equality or range filter is a btree
+    range scan of ``(name, value)`` on PostgreSQL and SQLite alike. A keyword list is one row per
+    element (``position``). Written by ``store/visibility.py`` only: with the workflow's fenced
+    commit (``ctx.set_attributes``) or with its start; deleted with the run's rows (purge, id reuse)."""
+
+    # The unique constraint's leading column serves lookups by workflow: no index of its own.
+    workflow = models.ForeignKey(
+        Workflow, on_delete=models.CASCADE, related_name="+", db_constraint=False, db_index=False
+    )
+    name = models.CharField(max_length=100)
+    position = models.PositiveSmallIntegerField(default=0)
+    kind = models.CharField(max_length=16)  # str, int, float, bool, datetime, keywords
+    str_value = models.CharField(max_length=500, null=True, blank=True)
+    num_value = models.FloatField(null=True, blank=True)
+    time_value = models.DateTimeField(null=True, blank=True)
+    bool_value = models.BooleanField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["workflow", "name", "position"], name="weft_attr_wf_name_pos")]
+        indexes = [
+            models.Index(
+                fields=["name", "str_value", "workflow"], name="weft_attr_str", condition=Q(str_value__isnull=False)
+            ),
+            models.Index(
+                fields=["name", "num_value", "workflow"], name="weft_attr_num", condition=Q(num_value__isnull=False)
+            ),
+            models.Index(
+                fields=["name", "time_value", "workflow"], name="weft_attr_time", condition=Q(time_value__isnull=False)
+            ),
+            models.Index(
+                fields=["name", "bool_value", "workflow"], name="weft_attr_bool", condition=Q(bool_value__isnull=False)
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workflow_id}.{self.name}[{self.position}]"

@@ -6,7 +6,7 @@ import dataclasses
 import inspect
 import math
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, overload
 
@@ -14,6 +14,7 @@ import weft_django  # the lazy public facade (weft.start): importing it loads no
 
 from .durations import MAX_DURATION, InvalidDuration, to_nonnegative_timedelta
 from .exceptions import WorkflowDefinitionError, WorkflowNotRegisteredError
+from .search_attributes import declare
 
 if TYPE_CHECKING:
     from .client import WorkflowHandle
@@ -132,6 +133,8 @@ class WorkflowDefinition:
     fn: Callable[..., Any]
     name: str
     version: str
+    # Declared search attributes: name -> kind (weft_django.search_attributes), issue 19.
+    attributes: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -271,11 +274,22 @@ def _activity_options(name: str, _partial: bool = False, **options: Any) -> dict
 @overload
 def workflow(fn: Callable[..., Any], /) -> Callable[..., Any]: ...
 @overload
-def workflow(*, name: str | None = None, version: str = "1") -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
+def workflow(
+    *, name: str | None = None, version: str = "1", attributes: Mapping[str, Any] | None = None
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
 
 
-def workflow(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, version: str = "1") -> Any:
-    """Register a generator function as a workflow. Works bare or with ``name=`` / ``version=``."""
+def workflow(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    version: str = "1",
+    attributes: Mapping[str, Any] | None = None,
+) -> Any:
+    """Register a generator function as a workflow. Works bare or with ``name=`` / ``version=`` /
+    ``attributes=`` (the search attributes it may set: name -> str, int, float, bool, datetime or
+    list[str]; see docs/visibility.md). Raises WorkflowDefinitionError for a bad definition."""
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
@@ -293,7 +307,8 @@ def workflow(fn: Callable[..., Any] | None = None, /, *, name: str | None = None
         if not isinstance(version, str) or not version or len(version) > 64:
             raise WorkflowDefinitionError(f"Workflow version must be a non-empty string (got {version!r}).")
         wf_name = _check_name("Workflow", name if name is not None else f"{func.__module__}.{func.__qualname__}")
-        definition = registry.add_workflow(WorkflowDefinition(func, wf_name, version))
+        kinds = declare(attributes, wf_name)
+        definition = registry.add_workflow(WorkflowDefinition(func, wf_name, version, kinds))
         func.__weft_workflow__ = definition  # type: ignore[attr-defined]
         func.start = definition.start  # type: ignore[attr-defined]
         return func
@@ -335,6 +350,16 @@ def activity(
         return definition
 
     return decorate(fn) if fn is not None else decorate
+
+
+def declared_attributes() -> dict[str, set[str]]:
+    """Every search attribute some registered workflow declares: name -> its kinds (a filter checks
+    its names and values against them)."""
+    found: dict[str, set[str]] = {}
+    for definition in list(registry.workflows.values()):
+        for name, kind in definition.attributes.items():
+            found.setdefault(name, set()).add(kind)
+    return found
 
 
 def autodiscover() -> None:

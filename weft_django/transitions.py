@@ -38,6 +38,7 @@ from .models import (
     Step,
     Timer,
     Workflow,
+    WorkflowAttribute,
 )
 from .status import (
     ACTIVE_STATUSES,
@@ -61,7 +62,7 @@ PURGE_BATCH_SIZE = 500
 _RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})  # deadlock_detected, serialization_failure
 _WORKFLOW_FIELDS = ("id", "run_id", "status", "workflow_type", "parent_id", "parent_run_id", "parent_seq", "error")
 # Rows that belong to a run and go with it (Workflow itself and its claim are handled separately).
-_RUN_TABLES = (Step, Timer, BufferedSignal, PendingUpdate, AppliedUpdate, RemoteAttempt)
+_RUN_TABLES = (Step, Timer, BufferedSignal, PendingUpdate, AppliedUpdate, RemoteAttempt, WorkflowAttribute)
 
 
 def _alias(using: str | None) -> str:
@@ -374,6 +375,14 @@ def purge(
     return sum(run_in_transaction(alias, functools.partial(_purge_batch, batch, alias)) for batch in batches)
 
 
+def purge_terminal(workflow_ids: list[str], *, using: str | None = None) -> int:
+    """Purge those of these workflows that are terminal when the purge's fenced transaction locks
+    them, skipping the others (a bulk purge's batch: one that became active meanwhile is left as it
+    is). Returns how many were deleted."""
+    alias = _alias(using)
+    return run_in_transaction(alias, functools.partial(_purge_batch, sorted(set(workflow_ids)), alias))
+
+
 def _refuse_active(active_ids: Iterable[str]) -> None:
     found = list(active_ids)
     if found:
@@ -413,6 +422,7 @@ __all__ = [
     "delete_run_rows",
     "lock_workflow",
     "purge",
+    "purge_terminal",
     "resume",
     "retry",
     "rotate_epoch",

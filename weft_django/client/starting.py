@@ -20,8 +20,9 @@ from ..exceptions import IdempotencyKeyPurgedError, InvalidArgumentError, Workfl
 from ..models import IdempotencyKey, Workflow
 from ..queries_and_updates import admit, update_on_thread
 from ..registry import WorkflowDefinition, resolve_workflow
+from ..search_attributes import check_values
 from ..status import TERMINAL_STATUSES
-from ..store import runs
+from ..store import runs, visibility
 from ..validation import validate_workflow_id
 from ..waits import Wait, finish, submit
 from .common import (
@@ -55,6 +56,7 @@ class _Plan:
         self.execution_timeout = execution_timeout
         self.idempotency_key = idempotency_key
         self.trace_context = tracing.capture()  # the caller's (inside weft.start: the start span's)
+        self.attributes: dict[str, Any] = {}  # checked search attributes written with the run (issue 19)
 
     def run(self, workflow_id: str) -> runs.NewRun:
         """The run this plan creates under ``workflow_id``."""
@@ -80,7 +82,13 @@ def _try_insert_run(plan: _Plan, workflow_id: str, using: str, *, savepoint: boo
 
     On PostgreSQL one statement that cannot fail on a taken id or key (no savepoint needed); elsewhere
     the ORM insert in a savepoint, so a taken id rolls back only that savepoint."""
-    created = runs.create_run(plan.run(workflow_id), using, savepoint=savepoint)
+    if plan.attributes:  # the run and its attributes in one transaction
+        with transaction.atomic(using=using, savepoint=savepoint):
+            created = runs.create_run(plan.run(workflow_id), using, savepoint=savepoint)
+            if created is not None:
+                visibility.write({workflow_id: plan.attributes}, using)
+    else:
+        created = runs.create_run(plan.run(workflow_id), using, savepoint=savepoint)
     if created is None:
         return False
     events.workflow_started(created, using)
@@ -106,6 +114,8 @@ def _replace_run(plan: _Plan, workflow_id: str, using: str) -> bool:
         )
     transitions.delete_run_rows([workflow_id], using)
     events.workflow_started(runs.replace_run(plan.run(workflow_id), using), using)
+    if plan.attributes:
+        visibility.write({workflow_id: plan.attributes}, using)
     return True
 
 
@@ -201,11 +211,14 @@ def start(
     start_after: Any = None,
     start_at: datetime | None = None,
     execution_timeout: Any = None,
+    attributes: Mapping[str, Any] | None = None,
 ) -> WorkflowHandle:
     """Start a run of ``workflow`` (the decorated function, its definition or its registered name).
 
     The new run is ``running`` with no owner until an engine claims it, or ``pending`` until
     ``start_after`` / ``start_at``. Joins the caller's transaction; the run exists once it commits.
+    ``attributes`` are search attributes the run starts with (declared on the workflow; written with
+    the run; InvalidSearchAttributeError for an undeclared name or a value of another type).
     """
     if id is not None and idempotency_key is not None:
         raise InvalidArgumentError(
@@ -226,6 +239,8 @@ def start(
     warn_if_invalid()  # a WEFT typo is heard of here, not only when an engine refuses to start
     with _start_span(definition, id) as span:
         plan = _Plan(definition, _encode_input(args, kwargs), delay, timeout, idempotency_key)
+        if attributes is not None:
+            plan.attributes = check_values(definition.attributes, attributes, f'weft.start of "{definition.name}"')
         using = _alias()
         if idempotency_key is not None:
             handle = _start_with_key(plan, idempotency_key, using)

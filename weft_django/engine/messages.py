@@ -270,6 +270,8 @@ def deliver_updates(
             w.steps.extend(run.new_steps)
             w.update_responses.extend(run.responses)
             run.new_steps, run.responses = [], []
+            w.attributes.extend(run.ctx.pending_attributes)  # set by an update handler (issue 19)
+            run.ctx.pending_attributes = []
         return list(batch.values())
 
     epochs = {wid: live[wid].epoch for wid in ready}

@@ -95,6 +95,9 @@ def collect_recorded(owned: Owned, writes: dict[str, WorkflowWrites]) -> None:
     if run.responses:
         writes_of(owned, writes).update_responses.extend(run.responses)
         run.responses = []
+    if run.ctx.pending_attributes:  # ctx.set_attributes calls, in order (issue 19)
+        writes_of(owned, writes).attributes.extend(run.ctx.pending_attributes)
+        run.ctx.pending_attributes = []
 
 
 def span_attributes(owned: Owned) -> dict[str, Any]:

@@ -152,6 +152,7 @@ class Progress:
             started_at=row.started_at,
             epoch=epoch,
         )
+        ctx.attribute_kinds = definition.attributes  # ctx.set_attributes checks against them (issue 19)
         run = WorkflowRun(definition, ctx, row.input, history, applied)
         owned = Owned(
             row.id,

@@ -31,7 +31,7 @@ from django.db import transaction
 
 from ..models import AppliedUpdate, Step, Timer, Workflow
 from ..status import ACTIVE_STATUSES, UpdateStatus
-from . import claims, mailbox, sessions
+from . import claims, mailbox, sessions, visibility
 from .backend import backend
 from .children import ChildStart, report_child_end, start_children
 from .claims import FAMILY_LOCK_ROUNDS, active_descendants
@@ -195,7 +195,7 @@ def fenced_commit(
     held: set[str] = set()
     busy: set[str] = set()
     children: dict[str, int] = {}
-    if _fits_one_statement(batch, using):
+    if _fits_one_statement(batch, using) and not visibility.has_attributes(batch):
         held, deferred = commit_in_one_statement(engine_id, batch, now, using)
         batch = [writes for writes in batch if writes.workflow_id in deferred]
         held -= deferred
@@ -299,6 +299,7 @@ def _apply(
     write_steps(batch, now, using)
     apply_messages(batch, now, using)  # before the mailbox closes: a respond() in a terminal commit answers
     _write_timers_and_stuck(batch, now, using)
+    visibility.write_batch(batch, using)
     for w in batch:
         mailbox.consume_signals(w.signals_consumed, using)
     finished = [w for w in batch if w.finish is not None]
@@ -347,6 +348,7 @@ def _apply_in_one_statement(
     parts write first (timers added or deleted, stuck flags, update settlements) is visible to it."""
     apply_messages(batch, now, using)  # before the mailbox closes: a respond() in a terminal commit answers
     _write_timers_and_stuck(batch, now, using)
+    visibility.write_batch(batch, using)
     finished = [w for w in batch if w.finish is not None]
     rows = run_write_statement(engine_id, batch, now, using, fence=False)
     with_children = {value for kind, value in rows if kind == "p"}
@@ -462,5 +464,6 @@ def fenced_messages(
         batch = [w for w in build(held) if w.workflow_id in held and not w.empty] if held else []
         write_steps(batch, now, using)
         apply_messages(batch, now, using)
+        visibility.write_batch(batch, using)
     lost, busy = claims.classify_unheld(engine_id, {wid: e for wid, e in epochs.items() if wid not in held}, using)
     return FenceResult(held, lost, busy=busy)

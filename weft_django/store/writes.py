@@ -95,6 +95,9 @@ class WorkflowWrites:
     updates_done: list[UpdateDone] = dataclasses.field(default_factory=list)
     applied: list[AppliedRecord] = dataclasses.field(default_factory=list)
     update_responses: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    # Search attributes (issue 19): each ctx.set_attributes call's checked values (name -> (kind, value),
+    # None clears), in the order made; store/visibility.py writes them after the fence, last value wins.
+    attributes: list[dict[str, tuple[str, Any] | None]] = dataclasses.field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -109,6 +112,7 @@ class WorkflowWrites:
             or self.finish
             or self.stuck
             or self.clear_stuck
+            or self.attributes
         )
 
 

@@ -1,0 +1,93 @@
+"""``weft.fork``: a new run that reuses the first N recorded steps of another and runs the rest on
+the current code (after a bug fix), like DBOS's fork_workflow and Temporal's reset."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import transaction
+
+from . import events
+from .client.handles import WorkflowHandle
+from .conf import database_alias
+from .exceptions import InvalidForkError, WorkflowAlreadyExistsError, WorkflowNotFoundError
+from .registry import registry
+from .status import StepStatus
+from .store import forks, runs
+from .validation import validate_workflow_id
+
+_SETTLED = (StepStatus.COMPLETED, StepStatus.FAILED)
+
+
+def fork(workflow_id: str, *, from_step: int, new_id: str | None = None) -> WorkflowHandle:
+    """Start a new run (a new workflow id) of the workflow ``workflow_id`` runs, with the same input,
+    whose first ``from_step`` recorded steps (seq 0 .. from_step - 1) are copied from it: replay
+    returns their recorded results and the code runs on from there with the version registered now.
+    The source is not changed. The new run is top-level (no parent, no schedule) and starts with the
+    source's search attributes (replay sets them again as the code does). Joins the caller's
+    transaction, like ``weft.start``.
+
+    Args:
+        workflow_id: the run to fork (its latest run).
+        from_step: how many recorded steps to keep: 0 re-runs everything.
+        new_id: the new workflow id (default: a generated one).
+
+    Raises:
+        WorkflowNotFoundError: no workflow ``workflow_id``.
+        InvalidForkError: ``from_step`` is not a whole number >= 0, is beyond the recorded steps, or
+            keeps a step that has not settled (a running attempt, a wait).
+        WorkflowAlreadyExistsError: ``new_id`` is taken.
+        WorkflowNotRegisteredError: the workflow's type is not registered in this process.
+    """
+    validate_workflow_id(workflow_id)
+    if new_id is not None:
+        validate_workflow_id(new_id, "new_id")
+    if isinstance(from_step, bool) or not isinstance(from_step, int) or from_step < 0:
+        raise InvalidForkError(f"from_step must be a whole number >= 0 (got {from_step!r}).")
+    using = database_alias()
+    with transaction.atomic(using=using):
+        row = forks.source(workflow_id, using)
+        if row is None:
+            raise WorkflowNotFoundError(f'No workflow "{workflow_id}" exists (never started, or purged). Check the id.')
+        _check_steps(workflow_id, forks.recorded_steps(row["run_id"], using), from_step)
+        definition = registry.workflow(row["workflow_type"])
+        target = new_id if new_id is not None else str(uuid.uuid4())
+        new_run = uuid.uuid4()
+        new = runs.NewRun(
+            workflow_id=target,
+            workflow_type=definition.name,
+            version=definition.version,
+            input_text=row["input"],
+            run_id=new_run,
+        )
+        created = runs.create_run(new, using)
+        if created is None:
+            raise WorkflowAlreadyExistsError(f'Workflow "{target}" already exists; pass another new_id (or none).')
+        forks.copy_history(workflow_id, row["run_id"], target, new_run, from_step, using)
+        events.workflow_started(created, using)
+    return WorkflowHandle(target)
+
+
+def _check_steps(workflow_id: str, recorded: list[tuple[int, str]], from_step: int) -> None:
+    by_seq = dict(recorded)
+    if from_step > len(recorded) or any(seq not in by_seq for seq in range(from_step)):
+        raise InvalidForkError(
+            f'Workflow "{workflow_id}" has {len(recorded)} recorded steps; from_step={from_step} is beyond them '
+            f"(use 0 to {len(recorded)})."
+        )
+    unsettled = [seq for seq in range(from_step) if by_seq[seq] not in _SETTLED]
+    if unsettled:
+        raise InvalidForkError(
+            f'Workflow "{workflow_id}": step {unsettled[0]} has not settled ({by_seq[unsettled[0]]}); fork from a '
+            f"step before it (from_step <= {unsettled[0]})."
+        )
+
+
+async def afork(workflow_id: str, **options: Any) -> WorkflowHandle:
+    """Async twin of :func:`fork`."""
+    return await sync_to_async(fork)(workflow_id, **options)
+
+
+__all__ = ["afork", "fork"]

@@ -1,0 +1,238 @@
+"""Visibility: the search attribute rows (``WorkflowAttribute``) and the queries that find workflows
+(list, count, the bulk operations' selection, the admin's attribute filter). ADR 0010.
+
+Attribute rows are written in the transaction of the writes they come with: the engine's fenced
+commit (``write_batch``, after the fence), or a start (``write_for_start``). The list query is
+keyset-paginated newest first, on ``(created_at, id)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Exists, OuterRef, Q, QuerySet
+
+from ..models import Workflow, WorkflowAttribute
+from .writes import WorkflowWrites
+
+COLUMN_OF_KIND = {
+    "str": "str_value",
+    "keywords": "str_value",
+    "int": "num_value",
+    "float": "num_value",
+    "bool": "bool_value",
+    "datetime": "time_value",
+}
+OPERATORS = ("eq", "gt", "gte", "lt", "lte", "in", "exists")
+
+# -- writing --------------------------------------------------------------------------------------
+
+
+def _rows(workflow_id: str, name: str, kind: str, value: Any) -> list[WorkflowAttribute]:
+    column = COLUMN_OF_KIND[kind]
+    values = list(value) if kind == "keywords" else [value]
+    return [
+        WorkflowAttribute(workflow_id=workflow_id, name=name, position=i, kind=kind, **{column: item})
+        for i, item in enumerate(values)
+    ]
+
+
+def write(values: Mapping[str, Mapping[str, tuple[str, Any] | None]], using: str) -> None:
+    """Replace the named attributes of these workflows (workflow id -> name -> (kind, value), None
+    clears the name), in the caller's transaction: one DELETE per workflow, one INSERT for all.
+
+    Raises:
+        django.db.DatabaseError: a statement failed.
+    """
+    fresh: list[WorkflowAttribute] = []
+    for workflow_id, named in values.items():
+        if not named:
+            continue
+        WorkflowAttribute.objects.using(using).filter(workflow_id=workflow_id, name__in=list(named)).delete()
+        for name, checked in named.items():
+            if checked is not None:
+                fresh.extend(_rows(workflow_id, name, *checked))
+    if fresh:
+        WorkflowAttribute.objects.using(using).bulk_create(fresh)
+
+
+def write_batch(batch: list[WorkflowWrites], using: str) -> None:
+    """The attribute part of a fenced commit (inside its transaction, after the fence): each
+    workflow's ``set_attributes`` calls applied in the order it made them (the last value wins)."""
+    merged: dict[str, dict[str, tuple[str, Any] | None]] = {}
+    for writes in batch:
+        for update in writes.attributes:
+            merged.setdefault(writes.workflow_id, {}).update(update)
+    if merged:
+        write(merged, using)
+
+
+def has_attributes(batch: list[WorkflowWrites]) -> bool:
+    """Whether a batch writes attributes (it then takes the general commit path)."""
+    return any(writes.attributes for writes in batch)
+
+
+def read(workflow_ids: Iterable[str], using: str) -> dict[str, dict[str, Any]]:
+    """The attributes of these workflows (id -> name -> value; a keyword list as a list), one query."""
+    found: dict[str, dict[str, Any]] = {}
+    rows = (
+        WorkflowAttribute.objects.using(using)
+        .filter(workflow_id__in=list(workflow_ids))
+        .order_by("workflow_id", "name", "position")
+        .values_list("workflow_id", "name", "kind", "str_value", "num_value", "time_value", "bool_value")
+    )
+    for workflow_id, name, kind, text, number, moment, flag in rows:
+        named = found.setdefault(workflow_id, {})
+        if kind == "keywords":
+            named.setdefault(name, []).append(text)
+        elif kind == "str":
+            named[name] = text
+        elif kind == "int":
+            named[name] = int(number or 0)
+        elif kind == "float":
+            named[name] = float(number or 0)
+        elif kind == "bool":
+            named[name] = bool(flag)
+        else:
+            named[name] = moment
+    return found
+
+
+# -- finding ----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Condition:
+    """One attribute condition: ``name`` ``operator`` ``value`` on the typed ``column``. A keyword list
+    matches when any element does; ``exists`` (value True / False) asks whether the name is set."""
+
+    name: str
+    operator: str
+    column: str
+    value: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """A checked filter (built by ``weft_django.visibility``): every set field must hold."""
+
+    statuses: tuple[str, ...] = ()
+    types: tuple[str, ...] = ()
+    conditions: tuple[Condition, ...] = ()
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    started_after: datetime | None = None
+    started_before: datetime | None = None
+    ended_after: datetime | None = None
+    ended_before: datetime | None = None
+    parent_id: str | None = None
+    schedule_id: str | None = None
+    id_prefix: str | None = None
+
+
+def condition_q(condition: Condition, using: str) -> Any:
+    """The condition as an EXISTS over the attribute rows (a range scan of its partial index)."""
+    rows = WorkflowAttribute.objects.using(using).filter(workflow_id=OuterRef("pk"), name=condition.name)
+    column = condition.column
+    if condition.operator == "exists":
+        rows = rows.filter(**{f"{column}__isnull": False})
+        return Exists(rows) if condition.value else ~Exists(rows)
+    lookup = column if condition.operator == "eq" else f"{column}__{condition.operator}"
+    return Exists(rows.filter(**{lookup: condition.value}))
+
+
+def select(selection: Selection, using: str) -> QuerySet[Workflow]:
+    """The workflows a selection matches (unordered)."""
+    queryset = Workflow.objects.using(using).all()
+    fields: dict[str, Any] = {}
+    if selection.statuses:
+        fields["status__in"] = list(selection.statuses)
+    if selection.types:
+        fields["workflow_type__in"] = list(selection.types)
+    for name, lookup in (
+        ("created_after", "created_at__gte"),
+        ("created_before", "created_at__lt"),
+        ("started_after", "started_at__gte"),
+        ("started_before", "started_at__lt"),
+        ("ended_after", "finished_at__gte"),
+        ("ended_before", "finished_at__lt"),
+        ("parent_id", "parent_id"),
+        ("schedule_id", "schedule_id"),
+        ("id_prefix", "pk__startswith"),
+    ):
+        value = getattr(selection, name)
+        if value is not None:
+            fields[lookup] = value
+    if fields:
+        queryset = queryset.filter(**fields)
+    for condition in selection.conditions:
+        queryset = queryset.filter(condition_q(condition, using))
+    return queryset
+
+
+SUMMARY_COLUMNS = (
+    "id",
+    "run_id",
+    "workflow_type",
+    "version",
+    "status",
+    "parent_id",
+    "schedule_id",
+    "created_at",
+    "started_at",
+    "finished_at",
+    "current_step",
+)
+
+
+def page(selection: Selection, after: tuple[datetime, str] | None, limit: int, using: str) -> list[dict[str, Any]]:
+    """Up to ``limit`` matching runs, newest first (created_at, then id, descending), after the keyset
+    position ``after`` (the last row of the previous page), with their attributes under "attributes"."""
+    queryset = select(selection, using)
+    if after is not None:
+        created, last_id = after
+        queryset = queryset.filter(Q(created_at__lt=created) | Q(created_at=created, pk__lt=last_id))
+    rows = list(queryset.order_by("-created_at", "-pk").values(*SUMMARY_COLUMNS)[:limit])
+    attributes = read([row["id"] for row in rows], using) if rows else {}
+    for row in rows:
+        row["attributes"] = attributes.get(row["id"], {})
+    return rows
+
+
+def count(selection: Selection, using: str) -> int:
+    """How many runs match."""
+    return select(selection, using).count()
+
+
+def ids_batch(selection: Selection, statuses: Iterable[str], after: str | None, limit: int, using: str) -> list[str]:
+    """The next ``limit`` matching ids (in id order, after ``after``) whose status is in ``statuses``:
+    a bulk operation's next batch."""
+    queryset = select(selection, using).filter(status__in=list(statuses))
+    if after is not None:
+        queryset = queryset.filter(pk__gt=after)
+    return list(queryset.order_by("pk").values_list("pk", flat=True)[:limit])
+
+
+__all__ = [
+    "COLUMN_OF_KIND",
+    "OPERATORS",
+    "Condition",
+    "Selection",
+    "condition_q",
+    "count",
+    "has_attributes",
+    "ids_batch",
+    "page",
+    "read",
+    "select",
+    "write",
+    "write_batch",
+]
+
+
+def existing(workflow_ids: list[str], using: str) -> list[str]:
+    """Which of these workflow ids still have a row."""
+    return list(Workflow.objects.using(using).filter(pk__in=workflow_ids).values_list("pk", flat=True))
