@@ -42,7 +42,9 @@ def test_attributes_set_in_workflow_code_are_durable_and_typed():
 
 def test_attributes_at_start_and_filters():
     placed = datetime(2026, 1, 1, tzinfo=UTC)
-    a = weft.start("visibility.order", args=["a", 5.0], attributes={"customer": "acme", "items": 3, "placed_at": placed})
+    a = weft.start(
+        "visibility.order", args=["a", 5.0], attributes={"customer": "acme", "items": 3, "placed_at": placed}
+    )
     b = weft.start("visibility.order", args=["b", 50.0], attributes={"customer": "beta", "items": 7})
     c = weft.start("visibility.order", args=["c", 500.0], attributes={"customer": "acme", "tags": ["vip"]})
     ids = lambda page: [s.id for s in page]  # noqa: E731
