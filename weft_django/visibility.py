@@ -231,6 +231,48 @@ def _value(key: str, kinds: set[str], value: Any, operator: str) -> tuple[str, A
     return COLUMN_OF_KIND[kind], float(value) if kind in ("int", "float") else value
 
 
+def parse_where(where: list[str]) -> dict[str, Any]:
+    """The ``list_workflows`` keyword arguments of ``KEY=VALUE`` texts (``weft list --where``, the
+    admin's bulk form and search): KEY a filter name, or an attribute with an optional ``__op``;
+    VALUE JSON when it parses as JSON, else text (an ISO 8601 time with a zone is a datetime).
+
+    Raises:
+        InvalidFilterError: a text without "=".
+    """
+    out: dict[str, Any] = {}
+    attributes: dict[str, Any] = {}
+    for item in where:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise InvalidFilterError(f'A filter is KEY=VALUE, e.g. customer=acme or amount__gte=10 (got "{item}").')
+        value = _where_value(text)
+        if key in _FILTERS and key != "attributes":
+            if key in ("status", "workflow_type") and key in out:
+                previous = out[key] if isinstance(out[key], list) else [out[key]]
+                value = [*previous, value]
+            out[key] = value
+        else:
+            attributes[key] = value
+    if attributes:
+        out["attributes"] = attributes
+    return out
+
+
+def _where_value(text: str) -> Any:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = text
+    if isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            if moment.utcoffset() is not None:
+                return moment
+        except ValueError:
+            pass
+    return value
+
+
 def encode_cursor(created_at: datetime, workflow_id: str) -> str:
     """The opaque page cursor after the run (created_at, id)."""
     raw = json.dumps([created_at.isoformat(), workflow_id]).encode()
@@ -307,5 +349,6 @@ __all__ = [
     "alist_workflows",
     "count_workflows",
     "list_workflows",
+    "parse_where",
     "selection",
 ]

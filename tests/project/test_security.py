@@ -765,7 +765,7 @@ def test_destructive_subcommands_have_yes_and_refuse_without_it_when_not_interac
     weft.start("security_tests.waits", id="old", args=[1])
     Workflow.objects.filter(pk="old").update(status="completed", finished_at=db_now() - timedelta(days=365))
     before = snapshot()
-    arguments = {"cancel": ["keep"], "purge": ["--older-than", "1d"]}
+    arguments = {"cancel": ["keep"], "purge": ["--older-than", "1d"], "bulk": ["cancel", "--where", "id_prefix=keep"]}
     for name in sorted(asking):
         with pytest.raises(CommandError, match="pass --yes"):
             call_command("weft", name, *arguments.get(name, ["keep"]))

@@ -22,9 +22,16 @@ from ..exceptions import InvalidArgumentError
 from ..models import BufferedSignal, PendingUpdate, Step, Timer, Workflow
 from ..status import ACTIVE_STATUSES, TERMINAL_STATUSES, WorkflowStatus
 from ..validation import validate_reason
-from . import actions, health, views
+from . import actions, health, views, visibility
 from .clocks import claim_now, workflow_now
-from .filters import ActivityFilter, OwnershipFilter
+from .filters import (
+    ActivityFilter,
+    AttributeFilter,
+    OwnershipFilter,
+    ParentFilter,
+    ScheduleFilter,
+    search_by_attributes,
+)
 from .formatting import error_summary, moment, pretty_json, pretty_payload, relative, short_step, status_badge
 from .timeline import build_timeline
 
@@ -87,13 +94,23 @@ class WorkflowAdmin(admin.ModelAdmin):
         "created_display",
         "updated_display",
     )
-    list_filter = ("status", ActivityFilter, OwnershipFilter, ("workflow_type", admin.AllValuesFieldListFilter))
+    list_filter = (
+        "status",
+        ActivityFilter,
+        OwnershipFilter,
+        ("workflow_type", admin.AllValuesFieldListFilter),
+        AttributeFilter,
+        ScheduleFilter,
+        ParentFilter,
+    )
     search_fields = ("id",)
+    search_help_text = "An id, or filters such as customer=acme amount__gte=10 status=failed (see docs/visibility.md)."
+
     date_hierarchy = "created_at"
     ordering = ("-created_at",)
     list_per_page = 50
     show_full_result_count = False  # one COUNT less on big tables
-    actions = actions.ACTIONS
+    actions = [*actions.ACTIONS, visibility.fork_workflow]
     change_list_template = "admin/weft_django/workflow/change_list.html"
     change_form_template = "admin/weft_django/workflow/change_form.html"
     fieldsets = (
@@ -166,6 +183,13 @@ class WorkflowAdmin(admin.ModelAdmin):
         return health.with_ownership(queryset, self.weft_alias).annotate(
             observed_at=Value(claim_now(request), output_field=DateTimeField())
         )
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Workflow], search_term: str
+    ) -> tuple[QuerySet[Workflow], bool]:
+        """KEY=VALUE words filter by search attributes and list_workflows filters; the rest search ids."""
+        queryset, rest = search_by_attributes(request, queryset, search_term)
+        return super().get_search_results(request, queryset, rest)
 
     # -- columns and fields ------------------------------------------------------------------
     @admin.display(description="status", ordering="status")
@@ -328,6 +352,7 @@ class WorkflowAdmin(admin.ModelAdmin):
         return [
             path("ownership/", wrap(self.ownership_view), name="weft_django_workflow_ownership"),
             path("terminal/", wrap(self.terminal_view), name="weft_django_workflow_terminal"),
+            path("bulk/", wrap(self.bulk_view), name="weft_django_workflow_bulk"),
             path("<path:object_id>/act/<str:action>/", wrap(self.object_action_view), name="weft_django_workflow_act"),
             *super().get_urls(),
         ]
@@ -336,6 +361,12 @@ class WorkflowAdmin(admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         return views.ownership(self, request)
+
+    def bulk_view(self, request: HttpRequest) -> HttpResponse:
+        """Cancel, retry or purge by filter, after a confirmation count (admin/visibility.py)."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return visibility.bulk_view(self, request)
 
     def terminal_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):
@@ -387,7 +418,10 @@ class WorkflowAdmin(admin.ModelAdmin):
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         extra = dict(extra_context or {})
-        extra["weft_links"] = views.links(self)
+        extra["weft_links"] = [
+            *views.links(self),
+            {"label": "Bulk by filter", "url": reverse(f"{self.admin_site.name}:weft_django_workflow_bulk")},
+        ]
         response = super().changelist_view(request, extra)
         if isinstance(response, TemplateResponse) and response.context_data and "cl" in response.context_data:
             try:

@@ -146,7 +146,11 @@ def condition_q(condition: Condition, using: str) -> Any:
 
 def select(selection: Selection, using: str) -> QuerySet[Workflow]:
     """The workflows a selection matches (unordered)."""
-    queryset = Workflow.objects.using(using).all()
+    return narrow(Workflow.objects.using(using).all(), selection, using)
+
+
+def narrow(queryset: QuerySet[Workflow], selection: Selection, using: str) -> QuerySet[Workflow]:
+    """``queryset`` (of Workflow) narrowed to the runs a selection matches (the admin's changelist)."""
     fields: dict[str, Any] = {}
     if selection.statuses:
         fields["status__in"] = list(selection.statuses)
@@ -225,6 +229,7 @@ __all__ = [
     "count",
     "has_attributes",
     "ids_batch",
+    "narrow",
     "page",
     "read",
     "select",

@@ -27,6 +27,7 @@ from ...client import SUMMARY_FIELDS
 from ...durations import InvalidDuration, to_nonnegative_timedelta
 from ...exceptions import InvalidArgumentError, WeftError
 from ...status import TERMINAL_STATUSES, WorkflowStatus
+from .. import visibility_cli
 
 DESCRIBE_KEYS = SUMMARY_FIELDS
 TERMINAL = sorted(str(status) for status in TERMINAL_STATUSES)
@@ -103,6 +104,8 @@ class Command(BaseCommand):
         p.add_argument("--status", action="append", choices=WorkflowStatus.values, help="Repeat for several.")
         p.add_argument("--type", dest="workflow_type", help="Only this workflow type (registered name).")
         p.add_argument("--limit", type=_positive_int, default=50, help="At most this many rows (default 50).")
+        visibility_cli.add_where(p)
+        p.add_argument("--cursor", help="The next page of a --where listing (printed under it).")
 
         p = command("describe", "Show one workflow (the keys of WorkflowHandle.describe()).")
         p.add_argument("id")
@@ -167,6 +170,7 @@ class Command(BaseCommand):
 
         p = command("doctor", "Check the database, migrations, settings, claims, timers and engines.")
         p.add_argument("--strict", action="store_true", help="Exit non-zero on warnings too.")
+        visibility_cli.add_subcommands(command)  # fork, bulk (issue 19)
 
     # ------------------------------------------------------------------------------------------
     def handle(self, *args: Any, **options: Any) -> None:
@@ -218,6 +222,9 @@ class Command(BaseCommand):
         from ...models import Workflow
         from ...store.clock import db_clock
 
+        if options.get("where") or options.get("cursor"):
+            visibility_cli.list_where(self, options, table, _when)
+            return
         queryset = Workflow.objects.using(self._using).order_by("-created_at", "id")
         if options["status"]:
             queryset = queryset.filter(status__in=options["status"])
@@ -471,6 +478,12 @@ class Command(BaseCommand):
         self._confirm(f'Cancel workflow "{handle.id}" ({described["workflow_type"]}, {described["status"]})?', options)
         handle.cancel(options["reason"])
         self._done(options, handle.id, "cancelled")
+
+    def _fork(self, options: dict[str, Any]) -> None:
+        visibility_cli.fork_command(self, options)
+
+    def _bulk(self, options: dict[str, Any]) -> None:
+        visibility_cli.bulk_command(self, options)
 
     def _suspend(self, options: dict[str, Any]) -> None:
         from ...client import get_handle
