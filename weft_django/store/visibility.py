@@ -172,8 +172,22 @@ def narrow(queryset: QuerySet[Workflow], selection: Selection, using: str) -> Qu
             fields[lookup] = value
     if fields:
         queryset = queryset.filter(**fields)
+    # The comparisons of one attribute are one EXISTS (one range scan of its index, both bounds in
+    # the index condition); a keyword list then matches when ONE element meets all of them.
+    grouped: dict[tuple[str, str], list[Condition]] = {}
     for condition in selection.conditions:
-        queryset = queryset.filter(condition_q(condition, using))
+        if condition.operator == "exists":
+            queryset = queryset.filter(condition_q(condition, using))
+        else:
+            grouped.setdefault((condition.name, condition.column), []).append(condition)
+    for (name, column), group in grouped.items():
+        rows = WorkflowAttribute.objects.using(using).filter(workflow_id=OuterRef("pk"), name=name)
+        lookups = {column if c.operator == "eq" else f"{column}__{c.operator}": c.value for c in group}
+        if len(lookups) < len(group):  # the same operator twice (eq 1 and eq 2): each its own EXISTS
+            for condition in group:
+                queryset = queryset.filter(condition_q(condition, using))
+        else:
+            queryset = queryset.filter(Exists(rows.filter(**lookups)))
     return queryset
 
 
