@@ -7,8 +7,9 @@ Drops and re-creates its own database (``weft_bench_visibility``, see benchmarks
 connection variables), migrates it, and bulk-inserts the fixture with SQL (``generate_series``): N
 ``bench.visibility`` runs (80 % completed, 20 % running; created_at one millisecond apart), each with
 two attributes, ``customer`` = ``c<i mod customers>`` (str: 1,000 runs per customer by default) and
-``amount`` = ``(i mod 10000) / 10`` (float), then VACUUM ANALYZE (as autovacuum would). Each shape is timed ``--repeats`` times
-through the public API (a random customer / threshold each time), in this process, after a warm-up.
+``amount`` = ``(i mod 10000) / 10`` (float), then VACUUM ANALYZE (as autovacuum would). Each shape
+is timed ``--repeats`` times through the public API (a random customer / threshold each time), in
+this process, after a warm-up.
 Not collected by pytest.
 """
 
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     page = weft.list_workflows(attributes={"customer": "c7"}, limit=50)
     shapes: list[tuple[str, Any]] = [
         (
-            "list, customer = cX (1 in {0}), 50 per page".format(options.customers),
+            f"list, customer = cX (1 in {options.customers}), 50 per page",
             lambda: weft.list_workflows(attributes={"customer": f"c{rng.randrange(options.customers)}"}, limit=50),
         ),
         (
@@ -136,8 +137,10 @@ def main(argv: list[str] | None = None) -> None:
         ("list, status=running, 50 per page (baseline)", lambda: weft.list_workflows(status="running", limit=50)),
     ]
     facts = server_facts()
-    print(f"\nvisibility benchmark: {options.runs:,} runs, {2 * options.runs:,} attribute rows, PostgreSQL "
-          f"{facts['server_version']}, fixture loaded in {load:.1f} s, {options.repeats} repeats per shape\n")
+    print(
+        f"\nvisibility benchmark: {options.runs:,} runs, {2 * options.runs:,} attribute rows, PostgreSQL "
+        f"{facts['server_version']}, fixture loaded in {load:.1f} s, {options.repeats} repeats per shape\n"
+    )
     print(f"  {'shape':58}  {'p50 ms':>8}  {'p99 ms':>8}  {'mean ms':>8}  rows")
     for name, call in shapes:
         samples, last = _time(call, options.repeats)

@@ -38,8 +38,8 @@ _EXPORTS: dict[str, str] = {
     "acount_workflows": "weft_django.visibility",
     "WorkflowSummary": "weft_django.visibility",
     "WorkflowPage": "weft_django.visibility",
-    "fork": "weft_django.fork",
-    "afork": "weft_django.fork",
+    "fork": "weft_django.forking",
+    "afork": "weft_django.forking",
     "bulk_count": "weft_django.bulk",
     "bulk_cancel": "weft_django.bulk",
     "bulk_retry": "weft_django.bulk",
@@ -148,7 +148,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .context import WorkflowContext
     from .engine.maintenance import run_maintenance
     from .exceptions import *  # noqa: F403
-    from .fork import afork, fork
+    from .forking import afork, fork
     from .registry import RetryPolicy, activity, workflow
     from .schedules import ScheduleHandle, get_schedule, schedule
     from .status import WorkflowStatus

@@ -172,3 +172,22 @@ def test_bulk_cancel_against_a_running_engine_is_fenced(weft_engines):
     late = Step.objects.filter(workflow_id__in=ids, epoch__gte=min(epochs.values()))
     assert not [s for s in late if s.epoch >= epochs[s.workflow_id]]  # no step at the cancel's epoch or later
     assert not WorkflowClaim.objects.filter(pk__in=ids, engine_id__isnull=False).exists()
+    # Attributes commit with the steps they follow, in order: "ticks" is n exactly when tick n's
+    # completion is durable (and not before), whatever the cancel cut off.
+    for page in (weft.list_workflows(attributes={"batch": "live"}, limit=50),):
+        for summary in page:
+            done = Step.objects.filter(workflow_id=summary.id, name="visibility.step", status="completed").count()
+            assert summary.attributes.get("ticks") == done - 1, (summary.id, summary.attributes, done)
+
+
+def test_weft_fork_is_the_function_once_every_module_is_imported():
+    """Regression: the module was weft_django/fork.py, and importing it (the admin and the CLI do) set
+    the package attribute ``fork`` to the module, so ``weft.fork(...)`` raised "'module' object is not
+    callable" depending on import order."""
+    import importlib
+
+    for name in ("weft_django.admin.visibility", "weft_django.management.visibility_cli", "weft_django.bulk"):
+        importlib.import_module(name)
+    from weft_django.forking import afork, fork
+
+    assert weft.fork is fork and weft.afork is afork

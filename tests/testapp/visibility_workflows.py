@@ -53,12 +53,13 @@ def caught_bad_attribute(ctx):
     yield ctx.sleep(0)
 
 
-@weft.workflow(name="visibility.waiter", attributes={"batch": str})
+@weft.workflow(name="visibility.waiter", attributes={"batch": str, "ticks": int})
 def waiter(ctx, batch: str):
     ctx.set_attributes(batch=batch)
     n = 0
     while True:  # keeps its engine committing steps until cancelled
         yield ctx.run(step, f"tick-{n}")
+        ctx.set_attributes(ticks=n)  # durable with the commit that records tick n's completion
         yield ctx.sleep("50ms")
         n += 1
 

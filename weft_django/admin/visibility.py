@@ -17,7 +17,7 @@ from django.urls import reverse
 
 from ..bulk import APPLIES_TO, bulk_cancel, bulk_count, bulk_purge, bulk_retry
 from ..exceptions import BulkCountChangedError, WeftError
-from ..fork import fork
+from ..forking import fork
 from ..models import Workflow
 from ..validation import MAX_ID_LENGTH
 from ..visibility import parse_where

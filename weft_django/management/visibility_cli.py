@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..bulk import APPLIES_TO, bulk_cancel, bulk_count, bulk_purge, bulk_retry
-from ..fork import fork
+from ..forking import fork
 from ..visibility import list_workflows, parse_where
 
 
