@@ -20,6 +20,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
+from .client.common import _status
 from .client.handles import WorkflowHandle
 from .conf import database_alias
 from .exceptions import InvalidFilterError
@@ -57,7 +58,7 @@ class WorkflowSummary:
     run_id: str
     workflow_type: str
     version: str
-    status: str
+    status: WorkflowStatus | str  # the stored text for a status weft does not know (an odd row)
     parent_id: str | None
     schedule_id: str | None
     created_at: datetime
@@ -318,7 +319,9 @@ def list_workflows(*, limit: int = DEFAULT_LIMIT, cursor: str | None = None, **f
     rows = visibility.page(chosen, after, limit + 1, database_alias())
     more = len(rows) > limit
     rows = rows[:limit]
-    summaries = [WorkflowSummary(**{**row, "run_id": str(row["run_id"])}) for row in rows]
+    summaries = [
+        WorkflowSummary(**{**row, "run_id": str(row["run_id"]), "status": _status(row["status"])}) for row in rows
+    ]
     last = summaries[-1] if summaries else None
     return WorkflowPage(summaries, encode_cursor(last.created_at, last.id) if more and last else None)
 

@@ -185,3 +185,31 @@ def test_bad_declarations_are_definition_errors(attributes, words):
 
     with pytest.raises(WorkflowDefinitionError, match=words):
         weft.workflow(name=f"visibility.bad_declaration.{words}", attributes=attributes)(body)
+
+
+def test_update_handlers_set_attributes_and_replay_writes_the_same_values():
+    from weft_django.testing import owns, running_engine, wait_for
+
+    handle = weft.start("visibility.tagged")
+    with running_engine("visibility-tagged") as engine:
+        owns(engine, handle.id)
+        assert handle.update("stage", "reviewed", timeout="10s") == "reviewed"
+        wait_for(lambda: weft.count_workflows(attributes={"stage": "reviewed"}) == 1, message="the update's attribute")
+    run_until_idle()  # another engine replays the run: "new", then the re-applied update's "reviewed"
+    assert weft.list_workflows().workflows[0].attributes == {"stage": "reviewed"}
+    weft.signal(handle.id, "done")
+    run_until_idle()
+    assert handle.result(timeout="5s") == {"stage": "reviewed"}  # ctx.attributes: the current values
+
+
+def test_a_new_run_over_an_id_starts_without_the_old_runs_attributes():
+    weft.start("visibility.order", args=["a", 1.0], id="reused", attributes={"items": 4})
+    run_until_idle()
+    assert weft.list_workflows(id_prefix="reused").workflows[0].attributes["items"] == 4
+    weft.start("visibility.order", args=["b", 2.0], id="reused", on_conflict="start_new")
+    assert weft.list_workflows(id_prefix="reused").workflows[0].attributes == {}
+    weft.start("visibility.order", args=["c", 2.0], id="reused2", attributes={"items": 1})
+    run_until_idle()
+    weft.start("visibility.order", args=["c", 2.0], id="reused2", on_conflict="start_new", attributes={"vip": True})
+    assert weft.list_workflows(id_prefix="reused2").workflows[0].attributes == {"vip": True}
+    assert weft.list_workflows(id_prefix="reused2").workflows[0].status is weft.WorkflowStatus.RUNNING

@@ -71,3 +71,15 @@ def failing(ctx, batch: str, fail: bool = True):
     if fail and FORK_VERSION["value"] == "v1":
         raise RuntimeError(f"bug in {value}")
     return value
+
+
+@weft.workflow(name="visibility.tagged", attributes={"stage": str})
+def tagged(ctx):
+    def set_stage(value: str) -> str:
+        ctx.set_attributes(stage=value)  # from an update handler: durable with the update's commit
+        return value
+
+    ctx.on_update("stage", set_stage)
+    ctx.set_attributes(stage="new")
+    yield ctx.wait_for_signal("done")
+    return ctx.attributes
