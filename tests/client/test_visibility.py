@@ -213,3 +213,11 @@ def test_a_new_run_over_an_id_starts_without_the_old_runs_attributes():
     weft.start("visibility.order", args=["c", 2.0], id="reused2", on_conflict="start_new", attributes={"vip": True})
     assert weft.list_workflows(id_prefix="reused2").workflows[0].attributes == {"vip": True}
     assert weft.list_workflows(id_prefix="reused2").workflows[0].status is weft.WorkflowStatus.RUNNING
+
+
+def test_start_attributes_with_an_idempotency_key_are_written_once():
+    first = weft.start("visibility.order", args=["a", 1.0], idempotency_key="k-1", attributes={"items": 5})
+    again = weft.start("visibility.order", args=["a", 1.0], idempotency_key="k-1", attributes={"items": 6})
+    assert first == again
+    assert WorkflowAttribute.objects.filter(workflow_id=first.id).count() == 1
+    assert weft.list_workflows().workflows[0].attributes == {"items": 5}  # the first start's
