@@ -3,11 +3,11 @@
 
 The PostgreSQL statement writes, for every row of the chunk, what the one-statement start of
 ``store.runs`` writes for one: the idempotency key (if any), the run, its unheld claim with a fresh
-epoch (one ``nextval`` per row), its delayed-start timer (if any); and the wake-up, one NOTIFY naming
-each run for a small chunk, else one ``w:*`` (engines rescan: one message instead of thousands in
-PostgreSQL's commit-time notification queue). A taken id or key inserts nothing for that row (ON
-CONFLICT DO NOTHING waits for a concurrent inserter's transaction, as a unique violation would) and
-never raises; the statement returns the ids it inserted.
+epoch (one ``nextval`` per row), its delayed-start timer (if any). A taken id or key inserts nothing
+for that row (ON CONFLICT DO NOTHING waits for a concurrent inserter's transaction, as a unique
+violation would) and never raises; the statement returns the ids it inserted. The wake-up follows
+the commit, as for ``start`` (``store.runs.NOTIFY_AFTER_COMMIT``): one NOTIFY naming each new run
+for a small call, else one ``w:*`` (every engine rescans once: one message instead of thousands).
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from .runs import _CLAIM_COLUMNS, _KEY_COLUMNS, _RUN_GIVEN, _TIMER_COLUMNS, NewR
 # Rows per statement: one statement's parameter arrays stay a few MB at most, and a chunk's locks are
 # taken in its rows' order (the caller sorts them, so concurrent calls lock in the same order).
 CHUNK_ROWS = 2000
-# Up to this many new runs in one statement, one NOTIFY per run (an engine claims exactly those);
-# above it one ``w:*`` (every engine rescans once).
+# Up to this many new runs in one call, one NOTIFY per run (an engine claims exactly those); above it
+# one ``w:*`` (every engine rescans once).
 NAMED_WAKEUPS_UP_TO = 32
 
-_statements: dict[bool, str | None] = {}
+_statements: dict[str, tuple[str, dict[str, Any]] | None] = {}
 
 
 def create_runs(runs: Sequence[NewRun], using: str) -> set[str]:
@@ -51,28 +51,32 @@ def create_runs(runs: Sequence[NewRun], using: str) -> set[str]:
     """
     if not runs:
         return set()
-    if _statement(using, named=True) is None:
+    if _statement(using) is None:
         return {new.workflow_id for new in runs if create_run(new, using) is not None}
     inserted: set[str] = set()
     for begin in range(0, len(runs), CHUNK_ROWS):
         inserted |= _insert_chunk(runs[begin : begin + CHUNK_ROWS], using)
+    if inserted:
+        wakeups = sorted(inserted) if len(inserted) <= NAMED_WAKEUPS_UP_TO else "*"
+        notify.send_after_commit("w", wakeups, using)
     return inserted
 
 
 def bulk_statement_applies(using: str) -> bool:
     """Whether ``create_runs`` writes in one statement per chunk here (PostgreSQL, current models)."""
-    return _statement(using, named=True) is not None
+    return _statement(using) is not None
 
 
 def _insert_chunk(chunk: Sequence[NewRun], using: str) -> set[str]:
-    named = len(chunk) <= NAMED_WAKEUPS_UP_TO
-    sql = _statement(using, named=named)
-    assert sql is not None
+    statement = _statement(using)
+    assert statement is not None
+    sql, constants = statement
     after, at = [], []
     for new in chunk:
         after.append(None if new.delay is None or isinstance(new.delay, datetime) else new.delay)
         at.append(new.delay if isinstance(new.delay, datetime) else None)
     params: dict[str, Any] = {
+        **constants,
         "ids": [new.workflow_id for new in chunk],
         "run_ids": [str(new.run_id or uuid.uuid4()) for new in chunk],
         "types": [new.workflow_type for new in chunk],
@@ -89,18 +93,18 @@ def _insert_chunk(chunk: Sequence[NewRun], using: str) -> set[str]:
         return {row[0] for row in cursor.fetchall()}
 
 
-def _statement(using: str, *, named: bool) -> str | None:
+def _statement(using: str) -> tuple[str, dict[str, Any]] | None:
     store = backend(using)
     if not store.writes_in_one_statement:
         return None
-    if named not in _statements:
-        _statements[named] = _build(store.connection, named)
-    return _statements[named]
+    if "chunk" not in _statements:
+        _statements["chunk"] = _build(store.connection)
+    return _statements["chunk"]
 
 
-def _build(connection: Any, named: bool) -> str | None:
-    """The chunk statement, or None when a model has a column it does not know how to fill (then the
-    ORM path stays correct until this statement is updated)."""
+def _build(connection: Any) -> tuple[str, dict[str, Any]] | None:
+    """The chunk statement and its constant parameters (the columns' defaults), or None when a model
+    has a column it does not know how to fill (then the ORM path stays correct until it is updated)."""
 
     def columns(model: Any) -> set[str]:
         return {field.column for field in model._meta.concrete_fields}
@@ -121,6 +125,7 @@ def _build(connection: Any, named: bool) -> str | None:
         "start_at": f"CASE WHEN {delayed} THEN b.b END",
         "execution_deadline": "b.b + b.timeout",
     }
+    constants: dict[str, Any] = {}
     names: list[str] = []
     values: list[str] = []
     for field in Workflow._meta.concrete_fields:
@@ -133,10 +138,8 @@ def _build(connection: Any, named: bool) -> str | None:
             if field.default is None:
                 values.append("NULL")
             else:
-                literal = _literal(field.get_db_prep_save(field.default, connection))
-                if literal is None:
-                    return None
-                values.append(literal)
+                constants[f"d_{field.attname}"] = field.get_db_prep_save(field.default, connection)
+                values.append(f"%(d_{field.attname})s")
         elif field.null and not field.has_default():
             values.append("NULL")
         else:
@@ -147,12 +150,7 @@ def _build(connection: Any, named: bool) -> str | None:
         "%(timeouts)s::interval[], %(traces)s::text[]) "
         "AS u(id, run_id, workflow_type, version, input, idempotency_key, after, at, timeout, trace_context)"
     )
-    wakeup = (
-        f"pg_notify('{notify.CHANNEL}', 'w:' || w.id)"
-        if named
-        else f"(SELECT pg_notify('{notify.CHANNEL}', 'w:*'))"  # an InitPlan: once, and only if w has rows
-    )
-    return (
+    sql = (
         f"WITH n AS MATERIALIZED (SELECT {workflow_now_sql('postgresql')} AS t), "
         f"b AS (SELECT u.*, n.t, CASE WHEN u.at IS NOT NULL THEN GREATEST(u.at, n.t) "
         f"WHEN u.after IS NOT NULL THEN n.t + u.after ELSE n.t END AS b FROM n, {inputs}), "
@@ -166,17 +164,6 @@ def _build(connection: Any, named: bool) -> str | None:
         f"s AS (INSERT INTO {Timer._meta.db_table} (workflow_id, run_id, kind, seq, attempt, fire_at) "
         f"SELECT b.id, b.run_id, '{TimerKind.DELAYED_START.value}', NULL, NULL, b.b FROM b JOIN w ON w.id = b.id "
         f"WHERE {delayed}) "
-        f"SELECT w.id, {wakeup} FROM w"
+        "SELECT w.id FROM w"
     )
-
-
-def _literal(value: Any) -> str | None:
-    """A constant column default as an SQL literal (the statement has array parameters only), or
-    None for a type it does not spell."""
-    if isinstance(value, bool):
-        return "TRUE" if value else "FALSE"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return "'" + value.replace("'", "''") + "'"
-    return None
+    return sql, constants
