@@ -58,12 +58,32 @@ def _setup() -> None:
 # ------------------------------------------------------------------------------------------ many
 
 
-def weft_many(n: int, stamp: str) -> dict[str, Any]:
+def _profile(pid: int, seconds: int, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy (the bench venv's) sampling the engine for ``seconds``: collapsed stacks into ``out``."""
+    spy = Path(sys.executable).parent / "py-spy"
+    command = [str(spy), "record", "-p", str(pid), "-d", str(seconds), "-r", "50", "-f", "raw", "-o", str(out)]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def summarise_profile(path: Path, top: int = 14) -> list[str]:
+    """Where the engine's busy threads are, from a py-spy raw profile: each sample goes to the deepest
+    weft_django frame of its stack (that function and what it calls in Django, psycopg, the stdlib)."""
+    where: Counter[str] = Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        ours = [frame for frame in stack.split(";") if "weft_django/" in frame and "__main__" not in frame]
+        total += int(count)
+        where[ours[-1] if ours else "(outside weft_django)"] += int(count)
+    return [f"{n * 100 / total:5.1f}%  {frame[:110]}" for frame, n in where.most_common(top)] if total else []
+
+
+def weft_many(n: int, stamp: str, profile: bool = False, concurrency: int = 8) -> dict[str, Any]:
     import weft_django as weft
     from benchmarks.benchapp.workflows import three_noop
     from benchmarks.peer_apps.weft_bench import Engine, _completed, settle
 
-    engine = Engine("bulk-1", 8, RESULTS / f"{stamp}-bulk-engine.log")
+    engine = Engine("bulk-1", concurrency, RESULTS / f"{stamp}-bulk-engine.log")
     try:
         engine.wait_ready()
         weft.start_many([weft.StartRequest(three_noop, args=[i]) for i in range(20)])  # warm-up
@@ -71,9 +91,12 @@ def weft_many(n: int, stamp: str) -> dict[str, Any]:
         settle()
         before, cpu0 = common.db_counters(common.DATABASES["weft"]), engine.cpu()
         base = _completed()
+        sampler = Sampler(clients_only=False)
+        sampler.start()
         t0 = time.perf_counter()
         handles = weft.start_many([weft.StartRequest(three_noop, args=[i]) for i in range(n)])
         t_started = time.perf_counter()
+        spy = _profile(engine.process.pid, 15, RESULTS / f"{stamp}-bulk-engine.pyspy") if profile else None
         assert all(isinstance(h, weft.WorkflowHandle) for h in handles)
         deadline = time.monotonic() + 600
         while _completed() - base < n:
@@ -82,6 +105,10 @@ def weft_many(n: int, stamp: str) -> dict[str, Any]:
             time.sleep(0.02)
         t_end = time.perf_counter()
         cpu1 = engine.cpu()
+        sampler.stop.set()
+        sampler.join()
+        if spy is not None:
+            spy.wait(60)
         settle()
         d = common.delta(before, common.db_counters(common.DATABASES["weft"]))
     finally:
@@ -90,6 +117,9 @@ def weft_many(n: int, stamp: str) -> dict[str, Any]:
     out["engine_cpu_ms_per_workflow"] = ((cpu1 or 0) - (cpu0 or 0)) * 1000 / n
     out["db_commits_per_workflow"] = d["xact_commit"] / n
     out["engine_log"] = str(engine.log_path)
+    out["backend_states"] = sampler.shares()
+    if profile:
+        out["engine_profile"] = summarise_profile(RESULTS / f"{stamp}-bulk-engine.pyspy")
     return out
 
 
@@ -134,7 +164,10 @@ def report_many(n: int, weft: dict[str, Any], dbos: dict[str, Any], raw: dict[st
         f"{(w / ceiling * 100) if w and ceiling else float('nan'):.0f}% (goal >= 80%)",
         f"weft_django engine CPU {_fmt(weft.get('engine_cpu_ms_per_workflow'), 3)} ms/workflow, "
         f"{_fmt(weft.get('db_commits_per_workflow'), 3)} commits/workflow (whole database)",
+        f"weft_django backends while running (sampled, all sessions): {weft.get('backend_states')}",
     ]
+    if weft.get("engine_profile"):
+        lines += ["weft_django engine, py-spy (share of busy-thread samples by deepest weft_django frame):", *weft["engine_profile"]]
     return "\n".join(lines)
 
 
@@ -171,10 +204,13 @@ def _process_client(count: int, mode: str, barrier: Any, queue: Any) -> None:
 
 
 class Sampler(threading.Thread):
-    """pg_stat_activity every 5 ms: wait events of the client backends (not this sampler's)."""
+    """pg_stat_activity every 5 ms: wait events of the active backends (not this sampler's); with
+    ``clients_only`` off, every backend of the database by application and state (idle: waiting for
+    its client, i.e. the engine's Python)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clients_only: bool = True) -> None:
         super().__init__(daemon=True)
+        self.clients_only = clients_only
         self.stop = threading.Event()
         self.events: Counter[str] = Counter()
         self.samples = 0
@@ -193,7 +229,13 @@ class Sampler(threading.Thread):
                 for state, kind, event in rows:
                     if state == "active":
                         self.events[f"{kind}:{event}" if kind else "CPU (running)"] += 1
+                    elif not self.clients_only:
+                        self.events[str(state)] += 1
                 time.sleep(0.005)
+
+    def shares(self, top: int = 6) -> str:
+        total = sum(self.events.values()) or 1
+        return ", ".join(f"{k} {v * 100 / total:.0f}%" for k, v in self.events.most_common(top))
 
 
 def concurrent_config(clients: int, processes: bool, per_client: int, mode: str) -> dict[str, Any]:
@@ -230,8 +272,6 @@ def concurrent_config(clients: int, processes: bool, per_client: int, mode: str)
         times = [x for chunk in lists for x in chunk]
     sampler.stop.set()
     sampler.join()
-    total = sum(sampler.events.values()) or 1
-    waits = [f"{k} {v * 100 / total:.0f}%" for k, v in sampler.events.most_common(4)]
     return {
         "clients": f"{clients} {'processes' if processes else 'threads'}",
         "mode": mode,
@@ -239,7 +279,7 @@ def concurrent_config(clients: int, processes: bool, per_client: int, mode: str)
         "starts_per_s": len(times) / wall,
         "p50_ms": common.percentile(times, 0.5) * 1000,
         "p99_ms": common.percentile(times, 0.99) * 1000,
-        "waits": ", ".join(waits),
+        "waits": sampler.shares(4),
     }
 
 
@@ -286,6 +326,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--systems", default="weft,dbos,raw", help="many: which systems")
     parser.add_argument("--per-client", type=int, default=400, help="concurrent: starts per client")
     parser.add_argument("--rounds", type=int, default=2, help="concurrent: rounds (before/after alternate)")
+    parser.add_argument("--engine-concurrency", type=int, default=8, help="many: weft_engine --concurrency")
+    parser.add_argument("--profile", action="store_true", help="many: py-spy the engine for 15 s")
     parser.add_argument("--json", help="write the results here")
     options = parser.parse_args(argv)
     parts, systems = options.parts.split(","), options.systems.split(",")
@@ -301,7 +343,7 @@ def main(argv: list[str] | None = None) -> None:
     lines = [f"date {meta['date']}; {meta['nproc']} CPUs; PostgreSQL {meta['postgresql']}; code {meta['git']}"]
     if "many" in parts:
         n = options.workflows
-        found["weft"] = weft_many(n, stamp) if "weft" in systems else {}
+        found["weft"] = weft_many(n, stamp, options.profile, options.engine_concurrency) if "weft" in systems else {}
         print("weft:", found["weft"], flush=True)
         found["raw"] = raw_many(n, stamp) if "raw" in systems else {}
         found["dbos"] = dbos_many(n, stamp) if "dbos" in systems else {}
