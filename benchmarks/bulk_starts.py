@@ -78,7 +78,7 @@ def summarise_profile(path: Path, top: int = 14) -> list[str]:
     return [f"{n * 100 / total:5.1f}%  {frame[:110]}" for frame, n in where.most_common(top)] if total else []
 
 
-def weft_many(n: int, stamp: str, profile: bool = False, concurrency: int = 8) -> dict[str, Any]:
+def weft_many(n: int, stamp: str, profile: bool = False, concurrency: int = 8, loop: bool = False) -> dict[str, Any]:
     import weft_django as weft
     from benchmarks.benchapp.workflows import three_noop
     from benchmarks.peer_apps.weft_bench import Engine, _completed, settle
@@ -94,7 +94,10 @@ def weft_many(n: int, stamp: str, profile: bool = False, concurrency: int = 8) -
         sampler = Sampler(clients_only=False)
         sampler.start()
         t0 = time.perf_counter()
-        handles = weft.start_many([weft.StartRequest(three_noop, args=[i]) for i in range(n)])
+        if loop:  # the comparison: one weft.start() per workflow, back to back
+            handles = [weft.start(three_noop, args=[i]) for i in range(n)]
+        else:
+            handles = weft.start_many([weft.StartRequest(three_noop, args=[i]) for i in range(n)])
         t_started = time.perf_counter()
         spy = _profile(engine.process.pid, 15, RESULTS / f"{stamp}-bulk-engine.pyspy") if profile else None
         assert all(isinstance(h, weft.WorkflowHandle) for h in handles)
@@ -143,9 +146,18 @@ def raw_many(n: int, stamp: str) -> dict[str, Any]:
     return _subprocess([*command, "--json", str(out)], out)
 
 
-def report_many(n: int, weft: dict[str, Any], dbos: dict[str, Any], raw: dict[str, Any]) -> str:
+def report_many(n: int, weft: dict[str, Any], dbos: dict[str, Any], raw: dict[str, Any], loop: dict[str, Any]) -> str:
     w = weft.get("workflows_per_s")
     rows = [["weft_django start_many, one engine", _fmt(w), _fmt(weft.get("starts_per_s"), 0), "1.00x"]]
+    if loop:
+        rows.append(
+            [
+                "weft_django start() loop, one engine",
+                _fmt(loop["workflows_per_s"]),
+                _fmt(loop["starts_per_s"], 0),
+                _ratio(loop["workflows_per_s"], w),
+            ]
+        )
     best = None
     for part, label in (("a", "DBOS start_workflow loop"), ("a_queue", "DBOS queue.enqueue loop")):
         a = dbos.get(part)
@@ -167,7 +179,10 @@ def report_many(n: int, weft: dict[str, Any], dbos: dict[str, Any], raw: dict[st
         f"weft_django backends while running (sampled, all sessions): {weft.get('backend_states')}",
     ]
     if weft.get("engine_profile"):
-        lines += ["weft_django engine, py-spy (share of busy-thread samples by deepest weft_django frame):", *weft["engine_profile"]]
+        lines += [
+            "weft_django engine, py-spy (share of busy-thread samples by deepest weft_django frame):",
+            *weft["engine_profile"],
+        ]
     return "\n".join(lines)
 
 
@@ -323,7 +338,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workflows", type=int, default=10_000)
     parser.add_argument("--parts", default="many,concurrent")
-    parser.add_argument("--systems", default="weft,dbos,raw", help="many: which systems")
+    parser.add_argument("--systems", default="weft,loop,dbos,raw", help="many: which (loop: weft start() loop)")
     parser.add_argument("--per-client", type=int, default=400, help="concurrent: starts per client")
     parser.add_argument("--rounds", type=int, default=2, help="concurrent: rounds (before/after alternate)")
     parser.add_argument("--engine-concurrency", type=int, default=8, help="many: weft_engine --concurrency")
@@ -343,11 +358,22 @@ def main(argv: list[str] | None = None) -> None:
     lines = [f"date {meta['date']}; {meta['nproc']} CPUs; PostgreSQL {meta['postgresql']}; code {meta['git']}"]
     if "many" in parts:
         n = options.workflows
-        found["weft"] = weft_many(n, stamp, options.profile, options.engine_concurrency) if "weft" in systems else {}
-        print("weft:", found["weft"], flush=True)
-        found["raw"] = raw_many(n, stamp) if "raw" in systems else {}
-        found["dbos"] = dbos_many(n, stamp) if "dbos" in systems else {}
-        lines += ["", report_many(n, found["weft"], found["dbos"], found["raw"])]
+        load: dict[str, float] = {}
+        runners = {
+            "weft": lambda: weft_many(n, stamp, options.profile, options.engine_concurrency),
+            "weft_loop": lambda: weft_many(n, stamp, concurrency=options.engine_concurrency, loop=True),
+            "raw": lambda: raw_many(n, stamp),
+            "dbos": lambda: dbos_many(n, stamp),
+        }
+        for name, runner in runners.items():
+            found[name] = {}
+            if (name if name != "weft_loop" else "loop") in systems:
+                load[name] = os.getloadavg()[0]
+                found[name] = runner()
+                print(name, found[name], flush=True)
+        found["load_before"] = load
+        lines += ["", report_many(n, found["weft"], found["dbos"], found["raw"], found["weft_loop"])]
+        lines.append("load average (1 min) before each: " + ", ".join(f"{k} {v:.1f}" for k, v in load.items()))
     if "concurrent" in parts:
         found["concurrent"] = concurrent(options.per_client, options.rounds)
         lines += ["", report_concurrent(found["concurrent"])]
