@@ -83,7 +83,8 @@ def weft_many(n: int, stamp: str, profile: bool = False, concurrency: int = 8, l
     from benchmarks.benchapp.workflows import three_noop
     from benchmarks.peer_apps.weft_bench import Engine, _completed, settle
 
-    engine = Engine("bulk-1", concurrency, RESULTS / f"{stamp}-bulk-engine.log")
+    label = "loop" if loop else "many"
+    engine = Engine("bulk-1", concurrency, RESULTS / f"{stamp}-bulk-engine-{label}.log")
     try:
         engine.wait_ready()
         weft.start_many([weft.StartRequest(three_noop, args=[i]) for i in range(20)])  # warm-up

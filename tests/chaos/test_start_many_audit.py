@@ -69,9 +69,7 @@ def test_runs_started_by_start_many_keep_every_audited_promise() -> None:
         for engine in engines:
             engine.stop()
     try:
-        runs = {
-            w.id: w for w in Workflow.objects.all() if w.id.startswith("bulk-") or w.idempotency_key is not None
-        }
+        runs = {w.id: w for w in Workflow.objects.all() if w.id.startswith("bulk-") or w.idempotency_key is not None}
         assert len(runs) == 151 and all(w.status == "completed" for w in runs.values()), [
             (w.id, w.status) for w in runs.values() if w.status != "completed"
         ]
