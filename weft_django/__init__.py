@@ -23,6 +23,9 @@ _EXPORTS: dict[str, str] = {
     # client
     "start": "weft_django.client",
     "astart": "weft_django.client",
+    "start_many": "weft_django.client",
+    "astart_many": "weft_django.client",
+    "StartRequest": "weft_django.client",
     "get_handle": "weft_django.client",
     "WorkflowHandle": "weft_django.client",
     "signal": "weft_django.client",
@@ -134,13 +137,16 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         bulk_retry,
     )
     from .client import (
+        StartRequest,
         WorkflowHandle,
         astart,
+        astart_many,
         cancel,
         get_handle,
         query,
         signal,
         start,
+        start_many,
         start_or_signal,
         start_with_update,
         update,

@@ -312,23 +312,58 @@ def test_start_query_count(django_assert_num_queries):
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.postgres
-def test_start_in_autocommit_is_one_statement():
+def test_start_in_autocommit_is_one_statement_then_its_wakeup():
     from django.test.utils import CaptureQueriesContext
 
     with CaptureQueriesContext(connection) as queries:
         weft.start(simple, args=[1], id="autocommit-first")
-    # The statement is prepared once per connection (weft_django/prepared.py), then one round trip.
-    assert [q["sql"].split(" ", 1)[0] for q in queries] == ["PREPARE", "EXECUTE"]
+    # The statement is prepared once per connection (weft_django/prepared.py), then one round trip; the
+    # NOTIFY follows the commit in a transaction of its own (store.runs.NOTIFY_AFTER_COMMIT).
+    assert [q["sql"].split(" ", 1)[0] for q in queries] == ["PREPARE", "EXECUTE", "SELECT"]
+    assert "pg_notify" in queries[2]["sql"] and "pg_notify" not in queries[1]["sql"]
     with CaptureQueriesContext(connection) as queries:
         handle = weft.start(simple, args=[1], id="autocommit")
-    assert len(queries) == 1 and queries[0]["sql"].startswith("EXECUTE weft_")
+    assert len(queries) == 2 and queries[0]["sql"].startswith("EXECUTE weft_") and "pg_notify" in queries[1]["sql"]
     row = Workflow.objects.get(pk=handle.id)
     assert row.status == "running" and row.created_at == row.started_at
     assert claim(handle.id).engine_id is None
     counts, epoch = row_counts(), claim(handle.id).epoch
-    with pytest.raises(WorkflowAlreadyExistsError, match='"autocommit" already exists'):
+    with CaptureQueriesContext(connection) as queries, pytest.raises(WorkflowAlreadyExistsError):
         weft.start(simple, id="autocommit")
+    assert not any("pg_notify" in q["sql"] for q in queries)  # nothing inserted: no wake-up
     assert row_counts() == counts and claim(handle.id).epoch == epoch
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres
+def test_a_start_wakes_listeners_after_its_commit_and_never_after_a_rollback():
+    """The wake-up of start() and start_many() is sent once the caller's transaction commits (its own
+    transaction, after the commit), and not at all when it rolls back."""
+    from weft_django.store import notify
+
+    listener = notify.connect("default")
+    try:
+        notify.listen(listener)
+
+        def received() -> list[str]:
+            listener.execute("SELECT 1")  # notifications arrive with the next round trip
+            return [n.payload for n in listener.notifies(timeout=0.2, stop_after=100)]
+
+        received()
+        with transaction.atomic():
+            weft.start(simple, id="wake-committed")
+            weft.start_many([weft.StartRequest(simple, id="wake-many")])
+            assert received() == []  # not before the commit
+        assert sorted(received()) == ["w:wake-committed", "w:wake-many"]
+        with pytest.raises(RuntimeError), transaction.atomic():
+            weft.start(simple, id="wake-rolled-back")
+            weft.start_many([weft.StartRequest(simple, id=f"wake-many-{i}") for i in range(100)])
+            raise RuntimeError("roll back")
+        assert received() == []
+        weft.start_many([weft.StartRequest(simple, id=f"wake-big-{i}") for i in range(100)])
+        assert received() == ["w:*"]  # a big call: one wake-up, every engine rescans
+    finally:
+        listener.close()
 
 
 # ---------------------------------------------------------------------------------- idempotency keys

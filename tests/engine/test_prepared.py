@@ -61,7 +61,8 @@ def test_autocommit_prepares_once_then_executes():
         weft.start(waits, id="p-1")
     with CaptureQueriesContext(connection) as second:
         weft.start(waits, id="p-2")
-    assert verbs(first) == ["PREPARE", "EXECUTE"] and verbs(second) == ["EXECUTE"]
+    # Each start: its statement, then its wake-up after the commit (store.runs.NOTIFY_AFTER_COMMIT).
+    assert verbs(first) == ["PREPARE", "EXECUTE", "SELECT"] and verbs(second) == ["EXECUTE", "SELECT"]
     name = second[0]["sql"].split(" ", 2)[1].split("(", 1)[0]
     assert name in on_server()
     assert set(Workflow.objects.values_list("id", flat=True)) == {"p-1", "p-2"}
@@ -83,10 +84,10 @@ def test_a_statement_gone_from_the_server_runs_plainly_and_is_prepared_again():
         cursor.execute("DEALLOCATE ALL")  # what a pooler's other server connection, or DISCARD ALL, looks like
     with CaptureQueriesContext(connection) as missed:
         weft.start(waits, id="p-b")
-    assert verbs(missed)[0] == "EXECUTE" and missed[-1]["sql"].startswith("WITH ")  # failed, then plain
+    assert verbs(missed)[0] == "EXECUTE" and missed[-2]["sql"].startswith("WITH ")  # failed, then plain
     with CaptureQueriesContext(connection) as again:
         weft.start(waits, id="p-c")
-    assert verbs(again) == ["PREPARE", "EXECUTE"]
+    assert verbs(again) == ["PREPARE", "EXECUTE", "SELECT"]
     assert Workflow.objects.filter(id__in=["p-a", "p-b", "p-c"]).count() == 3  # each written once
 
 
@@ -97,10 +98,10 @@ def test_a_connection_that_keeps_missing_stops_preparing():
             cursor.execute("DEALLOCATE ALL")
         with CaptureQueriesContext(connection) as missed:
             weft.start(waits, id=f"missed-{i}")
-        assert verbs(missed) == ["EXECUTE", "WITH"]
+        assert verbs(missed) == ["EXECUTE", "WITH", "SELECT"]
     with CaptureQueriesContext(connection) as queries:
         weft.start(waits, id="after")
-    assert verbs(queries) == ["WITH"]  # no PREPARE any more on this connection
+    assert verbs(queries) == ["WITH", "SELECT"]  # no PREPARE any more on this connection
     assert Workflow.objects.count() == 2 * prepared.MAX_MISSES + 1
 
 
@@ -149,7 +150,7 @@ def test_the_setting_turns_it_off(settings):
     settings.WEFT = {"PREPARED_STATEMENTS": False}
     with CaptureQueriesContext(connection) as queries:
         weft.start(waits, id="off")
-    assert verbs(queries) == ["WITH"] and on_server() == set()
+    assert verbs(queries) == ["WITH", "SELECT"] and on_server() == set()
 
 
 def test_the_engines_one_statement_commit_is_prepared(weft_run_until_idle):

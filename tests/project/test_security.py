@@ -502,6 +502,12 @@ REVIEWED = {
         "Model._meta (db_table, column), enum constants and the *_sql clock/epoch fragments; every value "
         "(id, run id, input, key, delay, timeout, column defaults) is a %(name)s parameter"
     ),
+    "weft_django/store/runs_bulk.py:_insert_chunk": (
+        "runs the statement _build() builds once and caches: identifiers from Model._meta (db_table, "
+        "column), enum constants, the channel-free *_sql clock/epoch fragments; every value (the arrays of "
+        "ids, run ids, inputs, keys, delays, timeouts, trace contexts, and the column defaults) is a "
+        "%(name)s parameter"
+    ),
     "weft_django/store/prepared.py:execute": (
         "PREPARE/EXECUTE of its caller's statement: the name is a hex digest of that text, the text is the "
         "caller's (checked at each prepared.execute call site) with its placeholders renumbered $1..$n, and "

@@ -5,7 +5,7 @@ Clients write rows and send wake-ups; they never claim a workflow and never run 
 take effect (wake-up included) when it commits. ``result`` waits for an engine, so it never joins
 the caller's transaction: it runs on a "weft-wait" thread with its own autocommit connection.
 
-The package, by job: ``starting`` (start, start_or_signal, start_with_update), ``handles``
+The package, by job: ``starting`` (start, start_or_signal, start_with_update), ``bulk`` (start_many), ``handles``
 (WorkflowHandle, get_handle, cancel, results), ``messages`` (signal, query, update) and ``common``
 (argument checks). Every name is importable from ``weft_django.client`` as before the split.
 """
@@ -26,6 +26,7 @@ from ..validation import (  # noqa: F401 - MAX_*: re-exported for the admin's fo
     validate_workflow_id,
 )
 from ..waits import close_connections
+from .bulk import MAX_START_MANY, StartRequest, astart_many, start_many  # noqa: F401
 from .common import (  # noqa: F401 - the names modules and tests import from weft_django.client
     _UNSET,
     ON_CONFLICT,
@@ -64,9 +65,11 @@ logger = logging.getLogger("weft_django.client")
 __all__ = [
     "InvalidArgumentError",
     "InvalidWorkflowIdError",
+    "StartRequest",
     "WorkflowHandle",
     "aquery",
     "astart",
+    "astart_many",
     "aupdate",
     "cancel",
     "close_connections",
@@ -74,6 +77,7 @@ __all__ = [
     "query",
     "signal",
     "start",
+    "start_many",
     "start_or_signal",
     "start_with_update",
     "update",

@@ -1,5 +1,6 @@
 """Wake-ups. On PostgreSQL a NOTIFY sent inside a transaction is delivered when it commits (and not at
 all if it rolls back), so a wake-up can never overtake the row it announces. Elsewhere engines poll.
+Starts send theirs after their commit instead (``send_after_commit``; ``store.runs.NOTIFY_AFTER_COMMIT``).
 
 Payloads: ``w:<workflow_id>`` (a workflow needs attention: new, signalled, updated, transitioned),
 ``q:<engine_id>`` (a query waits for that engine), ``r:<workflow_id>`` (a run or update finished:
@@ -8,12 +9,14 @@ callers waiting for a result).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections, transaction
 
 from .backend import backend
 
+logger = logging.getLogger("weft_django.store")
 CHANNEL = "weft"
 MAX_PAYLOAD = 7900  # PostgreSQL refuses NOTIFY payloads of 8000 bytes or more
 
@@ -35,6 +38,31 @@ def send(kind: str, ident: str, using: str) -> None:
         payload = f"{kind}:*"  # too long to name: wake everyone listening for this kind
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, payload])
+
+
+def send_after_commit(kind: str, ident: str | list[str], using: str) -> None:
+    """Send a wake-up (one per ident of a list, in one statement) once the current transaction of
+    ``using`` commits, in a transaction of its own (at once in autocommit; nothing if it rolls back).
+    Such a transaction writes no WAL and commits without waiting for a flush, so it holds
+    PostgreSQL's notification-queue lock only briefly (``store.runs.NOTIFY_AFTER_COMMIT``). A failure
+    to send is logged, never raised: the row is committed already and the engines' poll finds it."""
+    store = backend(using)
+    if not store.listens:
+        return
+
+    def fire() -> None:
+        try:
+            if isinstance(ident, str):
+                send(kind, ident, using)
+            else:
+                send_many(kind, ident, using)
+        except DatabaseError:
+            logger.warning("weft wake-up not sent (the engines' poll finds the run) kind=%s ident=%s", kind, ident)
+
+    if store.connection.in_atomic_block:
+        transaction.on_commit(fire, using=using)
+    else:
+        fire()
 
 
 def send_many(kind: str, idents: list[str], using: str) -> None:

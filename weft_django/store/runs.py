@@ -173,11 +173,21 @@ def now_and_epoch(using: str) -> tuple[datetime, int]:
 
 
 # The one-statement start (PostgreSQL). One round trip, and in autocommit one transaction: the clock,
-# a fresh epoch, the idempotency key (if any), the run, its claim, its delayed-start timer (if any)
-# and the wake-up. A taken id or key makes the statement insert nothing and return no row (ON CONFLICT
-# DO NOTHING waits for a concurrent inserter's transaction, as a unique violation would), so it never
-# raises for a conflict and never breaks the caller's transaction. Every data-modifying CTE runs once;
-# the NOTIFY is delivered when the statement's (or the caller's) transaction commits.
+# a fresh epoch, the idempotency key (if any), the run, its claim and its delayed-start timer (if any).
+# A taken id or key makes the statement insert nothing and return no row (ON CONFLICT DO NOTHING waits
+# for a concurrent inserter's transaction, as a unique violation would), so it never raises for a
+# conflict and never breaks the caller's transaction. Every data-modifying CTE runs once.
+#
+# The wake-up is sent AFTER the commit, as its own statement (in a caller's atomic(): on its commit),
+# not inside the start's transaction (NOTIFY_AFTER_COMMIT). A transaction that has sent a NOTIFY
+# takes PostgreSQL's one notification-queue lock (a lock on the object "database 0") at commit and
+# holds it until its commit record is flushed: every notifying commit of the server waits for the
+# previous one's fsync, so concurrent start() calls were serialised by it (benchmarks/bulk_starts.py,
+# docs/benchmarks.md: "Lock:object" was 93% of the waits of 16 client threads) and never shared a
+# WAL flush. A transaction that only sends a NOTIFY writes no WAL of its own and commits without
+# waiting for a flush, so it holds that lock for microseconds. The wake-up still never overtakes its
+# row; if the client dies between the two, the engines' poll (POLL_INTERVAL) finds the run.
+NOTIFY_AFTER_COMMIT = True
 _RUN_GIVEN = {"id", "run_id", "workflow_type", "version", "input", "idempotency_key", "trace_context"}
 _CLAIM_COLUMNS = {
     "workflow_id",
@@ -191,7 +201,7 @@ _CLAIM_COLUMNS = {
 }
 _TIMER_COLUMNS = {"id", "workflow_id", "run_id", "kind", "seq", "attempt", "fire_at"}
 _KEY_COLUMNS = {"key", "workflow_id", "run_id", "created_at", "purged_at"}
-_start_statements: dict[tuple[str, bool, bool], tuple[str, dict[str, Any]] | None] = {}
+_start_statements: dict[tuple[str, bool, bool, bool], tuple[str, dict[str, Any]] | None] = {}
 
 
 def _start_statement(new: NewRun, using: str) -> tuple[str, dict[str, Any]] | None:
@@ -203,14 +213,18 @@ def _start_statement(new: NewRun, using: str) -> tuple[str, dict[str, Any]] | No
         return None
     delay = "none" if new.delay is None else ("at" if isinstance(new.delay, datetime) else "after")
     shape = (delay, new.execution_timeout is not None, new.idempotency_key is not None)
-    if shape not in _start_statements:
-        _start_statements[shape] = _build_start_statement(store.connection, *shape)
-    return _start_statements[shape]
+    key = (*shape, NOTIFY_AFTER_COMMIT)
+    if key not in _start_statements:
+        _start_statements[key] = _build_start_statement(store.connection, *shape, wake=not NOTIFY_AFTER_COMMIT)
+    return _start_statements[key]
 
 
 def _build_start_statement(
-    connection: Any, delay: str, timeout: bool, keyed: bool
+    connection: Any, delay: str, timeout: bool, keyed: bool, *, wake: bool = True
 ) -> tuple[str, dict[str, Any]] | None:
+    """The one-statement start of this shape; ``wake``: its last SELECT sends the NOTIFY (inside the
+    statement's transaction), else it returns the inserted id and the caller sends it after commit."""
+
     def columns(model: Any) -> set[str]:
         return {field.column for field in model._meta.concrete_fields}
 
@@ -270,7 +284,7 @@ def _build_start_statement(
         f"{' WHERE EXISTS (SELECT 1 FROM k)' if keyed else ''} ON CONFLICT DO NOTHING RETURNING id), "
         f"{claims.unheld_claim_sql()}"
         f"{timer_cte} "
-        f"SELECT pg_notify('{notify.CHANNEL}', %(payload)s) FROM w"
+        + (f"SELECT pg_notify('{notify.CHANNEL}', %(payload)s) FROM w" if wake else "SELECT w.id FROM w")
     )
     return sql, constants
 
@@ -291,12 +305,17 @@ def _insert_run_sql(new: NewRun, using: str) -> bool:
         "trace_context": new.trace_context,
         "delay": new.delay,
         "timeout": new.execution_timeout,
-        "payload": f"w:{new.workflow_id}",  # ids are at most 255 characters: always under notify.MAX_PAYLOAD
     }
+    after_commit = NOTIFY_AFTER_COMMIT
+    if not after_commit:
+        params["payload"] = f"w:{new.workflow_id}"  # ids are at most 255 characters: under notify.MAX_PAYLOAD
     connection = connections[using]
     with connection.cursor() as cursor:
         prepared.execute(cursor, connection, sql, params)  # outside atomic(): prepared (planning > run)
-        return cursor.fetchone() is not None
+        inserted = cursor.fetchone() is not None
+    if inserted and after_commit:
+        notify.send_after_commit("w", new.workflow_id, using)
+    return inserted
 
 
 def pending_timers(using: str) -> Coalesce:

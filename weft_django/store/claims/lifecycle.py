@@ -18,13 +18,14 @@ from ..epochs import next_epoch, next_epoch_sql
 FAMILY_LOCK_ROUNDS = 5  # reads of a family that keeps growing while cancel locks it (then the lock waits)
 
 
-def unheld_claim_sql() -> str:
-    """The CTE ``l`` of the one-statement start (PostgreSQL): the unheld claim of the run the CTE ``w``
-    inserted, with the epoch and time of the CTE ``n`` (replacing a leftover row)."""
+def unheld_claim_sql(epoch: str = "n.e") -> str:
+    """The CTE ``l`` of the one-statement start (PostgreSQL): the unheld claim of each run the CTE ``w``
+    inserted, with the time of the CTE ``n`` and ``epoch`` (the CTE ``n``'s one epoch; ``start_many``
+    passes ``nextval(...)``: one per row), replacing a leftover row."""
     return (
         f"l AS (INSERT INTO {WorkflowClaim._meta.db_table} "
         f"(workflow_id, epoch, engine_id, last_engine_id, claimed_at, expires_at, runnable, run_created_at) "
-        f"SELECT w.id, n.e, NULL, NULL, NULL, NULL, TRUE, n.t FROM w, n ON CONFLICT (workflow_id) DO UPDATE SET "
+        f"SELECT w.id, {epoch}, NULL, NULL, NULL, NULL, TRUE, n.t FROM w, n ON CONFLICT (workflow_id) DO UPDATE SET "
         f"epoch = EXCLUDED.epoch, engine_id = NULL, last_engine_id = NULL, claimed_at = NULL, expires_at = NULL, "
         f"runnable = TRUE, run_created_at = EXCLUDED.run_created_at)"
     )
