@@ -221,3 +221,30 @@ def test_start_attributes_with_an_idempotency_key_are_written_once():
     assert first == again
     assert WorkflowAttribute.objects.filter(workflow_id=first.id).count() == 1
     assert weft.list_workflows().workflows[0].attributes == {"items": 5}  # the first start's
+
+
+def test_start_many_writes_each_requests_attributes_with_its_run():
+    first, taken = weft.start_many(
+        [
+            weft.StartRequest("visibility.order", args=["a", 5.0], attributes={"customer": "bulk", "items": 2}),
+            weft.StartRequest("visibility.order", args=["b", 6.0], idempotency_key="vis-key"),
+        ]
+    )
+    again = weft.start_many(
+        [weft.StartRequest("visibility.order", args=["b", 6.0], idempotency_key="vis-key", attributes={"customer": "no"})]
+    )
+    assert again[0].id == taken.id  # the key's first run: its (absent) attributes are not written again
+    assert [s.id for s in weft.list_workflows(attributes={"customer": "bulk"})] == [first.id]
+    assert weft.count_workflows(attributes={"customer": "no"}) == 0
+
+
+def test_start_many_refuses_a_bad_attribute_and_writes_nothing():
+    before = snapshot()
+    with pytest.raises(InvalidSearchAttributeError, match=r"requests\[1\]"):
+        weft.start_many(
+            [
+                weft.StartRequest("visibility.order", args=["a", 5.0], attributes={"customer": "ok"}),
+                weft.StartRequest("visibility.order", args=["b", 5.0], attributes={"items": "three"}),
+            ]
+        )
+    assert snapshot() == before

@@ -29,7 +29,8 @@ from ..exceptions import (
     WorkflowAlreadyExistsError,
 )
 from ..registry import WorkflowDefinition, resolve_workflow
-from ..store import runs_bulk
+from ..search_attributes import check_values
+from ..store import runs_bulk, visibility
 from ..validation import validate_workflow_id
 from .common import ON_CONFLICT, _alias, _duration, _encode_input, _start_time, _validate_key
 from .handles import WorkflowHandle
@@ -53,6 +54,8 @@ class StartRequest:
         on_conflict: with ``id``: "error" (default), "use_existing" or "start_new".
         start_after, start_at: start later (a delay, or a moment); mutually exclusive.
         execution_timeout: the run's execution deadline, from when it begins.
+        attributes: search attributes the run starts with (declared on the workflow), written in the
+            same transaction as the run.
     """
 
     workflow: Any
@@ -65,6 +68,7 @@ class StartRequest:
     start_after: Any = None
     start_at: datetime | None = None
     execution_timeout: Any = None
+    attributes: Mapping[str, Any] | None = None
 
 
 StartResult = WorkflowHandle | WorkflowAlreadyExistsError | IdempotencyKeyPurgedError
@@ -123,6 +127,8 @@ def _prepare(index: int, request: Any, definitions: dict[Any, WorkflowDefinition
         with contextlib.suppress(TypeError):
             definitions[request.workflow] = definition
     plan = _Plan(definition, _encode_input(request.args, request.kwargs), delay, timeout, request.idempotency_key)
+    if request.attributes is not None:
+        plan.attributes = check_values(definition.attributes, request.attributes, f'start of "{definition.name}"')
     return _Item(index, plan, request.id, request.idempotency_key, request.on_conflict)
 
 
@@ -179,6 +185,9 @@ def _write(items: list[_Item], using: str) -> list[StartResult]:
     todo = sorted(items, key=lambda item: (item.key is None, item.key or item.handle_id))
     for _ in range(transitions.MAX_ATTEMPTS):
         inserted = runs_bulk.create_runs([item.plan.run(item.handle_id) for item in todo], using)
+        attributes = {item.handle_id: item.plan.attributes for item in todo if item.plan.attributes}
+        if attributes := {wid: values for wid, values in attributes.items() if wid in inserted}:
+            visibility.write(attributes, using)  # with the runs, in the same transaction
         retry: list[_Item] = []
         for item in todo:
             if item.handle_id in inserted:
