@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import traceback
 from collections.abc import Generator
+from datetime import datetime
 from typing import Any
 
 from ..codec import decode, encode_payload
@@ -24,6 +25,7 @@ from ..exceptions import (
 from ..operations import All, Inert, Memo, Operation, Race, WaitForUpdate
 from ..registry import WorkflowDefinition
 from ..store.histories import AppliedRecord, Outcome, StepRecord
+from . import markers
 
 
 @dataclasses.dataclass
@@ -165,6 +167,13 @@ class WorkflowRun:
             self.applied.setdefault(record.seq, []).append(record)
         # respond() answers of wait_for_update, for the next fenced commit: (update id, result text).
         self.responses: list[tuple[str, str]] = []
+        # Positions this run's timers hold (the loader's): a patch before them is the old branch.
+        self.occupied: set[int] = set()
+        # Workflow time (ctx.now()): the latest durable time of a step fed to the code.
+        self.clock: datetime | None = ctx.started_at
+        self.in_code = False  # the generator's own code is running (ctx.patched, ctx.random)
+        self.check_only = False  # a replay check: stop at a memo with no record instead of computing it
+        ctx.history = markers.DriverHistory(self)
 
     @property
     def finished(self) -> bool:
@@ -276,6 +285,7 @@ class WorkflowRun:
             assert outcome is not None
             self.frontier = None
             leaf = frontier.leaves[winner]
+            self._observe(leaf.seq)
             if outcome.ok:
                 self._advance((winner, _read(outcome.text, _where(leaf.seq, leaf.op))), None)
             else:
@@ -284,6 +294,7 @@ class WorkflowRun:
         if any(leaf.outcome is None for leaf in frontier.leaves):
             return
         self.frontier = None
+        self._observe(*(leaf.seq for leaf in frontier.leaves))
         failed = next((leaf for leaf in frontier.leaves if leaf.outcome is not None and not leaf.outcome.ok), None)
         if failed is not None:
             assert failed.outcome is not None
@@ -308,12 +319,27 @@ class WorkflowRun:
         self.steps[step.seq] = step
         self.new_steps.append(step)
 
+    def record_marker(self, step: StepRecord) -> None:
+        """A patch marker the code just took (engine/markers.py): written with the next fenced commit."""
+        self._record_new(step)
+
+    def _observe(self, *seqs: int) -> None:
+        """The code is fed the outcomes of the steps at ``seqs``: workflow time moves to their durable
+        completion (driver-recorded steps carry none: their row's time is the commit's)."""
+        for seq in seqs:
+            step = self.steps.get(seq)
+            if step is None or step.completed_at is None or step.kind in markers.DRIVER_KINDS:
+                continue
+            if self.clock is None or step.completed_at > self.clock:
+                self.clock = step.completed_at
+
     def _advance(self, value: Any, exc: BaseException | None) -> None:
         gen = self._gen
         if gen is None:
             return
         while True:
             self.ctx.is_replaying = any(seq >= self.next_seq for seq in self.steps)
+            self.in_code = True
             try:
                 op = gen.throw(exc) if exc is not None else gen.send(value)
             except StopIteration as stop:
@@ -325,6 +351,8 @@ class WorkflowRun:
                     self.failure["seq"] = self._last_thrown[1]
                 self._gen = None
                 return
+            finally:
+                self.in_code = False
             value, exc = None, None
             if isinstance(op, Inert):
                 continue
@@ -334,7 +362,7 @@ class WorkflowRun:
                     f"or ctx.wait_for_signal(...)."
                 )
                 continue
-            seq = self.next_seq
+            seq = self.next_seq = markers.skip_unasked(self.steps, self.next_seq)
             mismatch = self._mismatch(seq, op)
             if mismatch:
                 self._get_stuck(NonDeterminismError(mismatch))
@@ -343,6 +371,9 @@ class WorkflowRun:
             if seq in self.applied and not self._reapply(seq):
                 return
             if isinstance(op, Memo):
+                if self.check_only and seq not in self.steps:
+                    self.frontier = Frontier(seq, op, [Leaf(seq, op)])
+                    return
                 value, exc = self._memo(seq, op)
                 continue
             resolved = self._from_log(seq, op)
@@ -407,6 +438,7 @@ class WorkflowRun:
             step = self.steps.get(seq + 1 + winner)
             if step is None or not step.settled:
                 return None
+            self._observe(seq + 1 + winner)
             if step.status == "failed":
                 return None, self._thrown(step.error, seq + 1 + winner, branch)
             return (winner, _read(step.result, _where(seq + 1 + winner, branch))), None
@@ -414,6 +446,7 @@ class WorkflowRun:
             steps = [self.steps.get(seq + 1 + i) for i in range(len(op.branches))]
             if not all(step is not None and step.settled for step in steps):
                 return None
+            self._observe(*range(seq + 1, seq + 1 + len(op.branches)))
             for i, step in enumerate(steps):
                 assert step is not None
                 if step.status == "failed":
@@ -423,6 +456,7 @@ class WorkflowRun:
         recorded = self.steps.get(seq)
         if recorded is None or not recorded.settled:
             return None
+        self._observe(seq)
         if recorded.status == "failed":
             return None, self._thrown(recorded.error, seq, op)
         return self._value(op, recorded.result, seq), None
