@@ -65,6 +65,7 @@ class WorkflowContext:
         self.epoch = epoch
         self.is_replaying = False
         self.detached = False
+        self.cancelled = False  # set before the on_cancel handlers run
         self.query_handlers: dict[str, Callable[..., Any]] = {}
         self.exposed: dict[str, Callable[[], Any]] = {}
         self.update_handlers: dict[str, tuple[Callable[[Any], Any], Any]] = {}
@@ -223,6 +224,33 @@ class WorkflowContext:
         text = encode_payload({"args": list(args), "kwargs": dict(kwargs or {})}, path="child input")
         return StartChild(definition.name, definition.version, text, child_id, parent_close_policy)
 
+    def continue_as_new(self, *args: Any, **kwargs: Any) -> Operation:
+        """End this run and start a fresh run of the same workflow id with this input and an empty
+        history, in one fenced commit: ``yield ctx.continue_as_new(state)`` (or ``return`` it). The new
+        run runs the latest registered version; unconsumed signals and admitted updates are carried
+        over; the parent link and schedule are kept.
+
+        Args:
+            args, kwargs: the new run's input (codec-serialisable).
+
+        Raises:
+            PayloadNotSerializableError, PayloadSizeExceededError: the input cannot be stored.
+            WorkflowTerminalError: the run was cancelled or has ended (a cancel handler, a finally).
+        """
+        from .codec import encode_payload
+        from .exceptions import WorkflowTerminalError
+        from .operations import ContinueAsNew
+        from .registry import registry
+
+        if self.detached or self.cancelled:
+            raise WorkflowTerminalError(
+                f"Workflow {self.workflow_id!r} was cancelled or has ended: it cannot continue as new. Start a new "
+                "run with weft.start(..., id=...) instead."
+            )
+        text = encode_payload({"args": list(args), "kwargs": kwargs}, path="continue_as_new input")
+        latest = registry.latest.get(self.workflow_type)
+        return ContinueAsNew(text, latest.version if latest is not None else "1")
+
     # -- handlers ---------------------------------------------------------------------------
     def expose(self, **accessors: Callable[[], Any]) -> None:
         """Read-only accessors answered by ``handle.query(name)``."""
@@ -273,6 +301,11 @@ def _branches(where: str, operations: Sequence[Operation]) -> tuple[Operation, .
     if not branches:
         raise WorkflowDefinitionError(f"{where} needs at least one operation.")
     for op in branches:
+        if op.kind == "continue_as_new":
+            raise WorkflowDefinitionError(
+                f"{where}: ctx.continue_as_new ends the run, it is not a branch; yield it on its own after the "
+                f"{where}(...) settles."
+            )
         if isinstance(op, WaitUntil | WaitForUpdate):
             raise WorkflowDefinitionError(f"{where}: wait_until and wait_for_update are not allowed inside all/race.")
         if not isinstance(op, _BRANCHABLE):

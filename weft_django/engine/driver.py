@@ -22,7 +22,7 @@ from ..exceptions import (
     WaitTimeoutError,
     WeftError,
 )
-from ..operations import All, Inert, Memo, Operation, Race, WaitForUpdate
+from ..operations import All, ContinueAsNew, Inert, Memo, Operation, Race, WaitForUpdate
 from ..registry import WorkflowDefinition
 from ..store.histories import AppliedRecord, Outcome, StepRecord
 from . import markers
@@ -173,11 +173,17 @@ class WorkflowRun:
         self.clock: datetime | None = ctx.started_at
         self.in_code = False  # the generator's own code is running (ctx.patched, ctx.random)
         self.check_only = False  # a replay check: stop at a memo with no record instead of computing it
+        self.continued: ContinueAsNew | None = None  # the code continued as new (yielded or returned it)
         ctx.history = markers.DriverHistory(self)
 
     @property
     def finished(self) -> bool:
-        return self.result_text is not None or self.failure is not None or self.stuck is not None
+        return (
+            self.result_text is not None
+            or self.failure is not None
+            or self.stuck is not None
+            or self.continued is not None
+        )
 
     @property
     def completed(self) -> bool:
@@ -356,6 +362,9 @@ class WorkflowRun:
             value, exc = None, None
             if isinstance(op, Inert):
                 continue
+            if isinstance(op, ContinueAsNew):
+                self._continue(op)
+                return
             if not isinstance(op, Operation):
                 exc = TypeError(
                     f"Workflow code yielded {op!r}; yield an operation such as ctx.run(...), ctx.sleep(...) "
@@ -386,7 +395,16 @@ class WorkflowRun:
                 self._settle_frontier()
             return
 
+    def _continue(self, op: ContinueAsNew) -> None:
+        """The run ends here and a fresh run follows (its writes: engine/progress.py, store/continuation.py)."""
+        self.continued = op
+        self.close()
+
     def _finish_ok(self, value: Any) -> None:
+        if isinstance(value, ContinueAsNew):  # `return ctx.continue_as_new(...)`
+            self._gen = None
+            self.continued = value
+            return
         self._gen = None
         try:
             self.result_text = encode_payload(value, path="result")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -28,6 +29,7 @@ from ..store import histories
 from ..store.children import ChildStart
 from ..store.commit import Finish, WorkflowWrites
 from ..store.histories import RunRow, buffered_signals
+from ..store.writes import Continuation
 from . import steps
 from .activities import AttemptOutcome, AttemptTask
 from .children import MAX_DEPTH
@@ -89,6 +91,7 @@ class Progress:
         owned = self.owned.get(wid)
         if owned is None:
             return
+        owned.run.ctx.cancelled = True
         for handler in owned.run.ctx.cancel_handlers:
             try:
                 handler()
@@ -199,6 +202,8 @@ class Progress:
             w = writes_of(owned, writes)
             if run.stuck is not None:
                 mark_stuck(self.engine_id, wid, owned.run_id, owned.epoch, owned.stuck_attempts, run.stuck, now, writes)
+            elif run.continued is not None:
+                w.continued = Continuation(str(uuid.uuid4()), run.continued.input_text, run.continued.version)
             elif run.completed:
                 w.finish = Finish(WorkflowStatus.COMPLETED, result=run.result_text)
             else:

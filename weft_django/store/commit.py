@@ -31,7 +31,7 @@ from django.db import transaction
 
 from ..models import AppliedUpdate, Step, Timer, Workflow
 from ..status import ACTIVE_STATUSES, UpdateStatus
-from . import claims, mailbox, sessions
+from . import claims, continuation, mailbox, sessions
 from .backend import backend
 from .children import ChildStart, report_child_end, start_children
 from .claims import FAMILY_LOCK_ROUNDS, active_descendants
@@ -301,6 +301,7 @@ def _apply(
     _write_timers_and_stuck(batch, now, using)
     for w in batch:
         mailbox.consume_signals(w.signals_consumed, using)
+    continuation.continue_runs(engine_id, [w for w in batch if w.continued is not None], now, using)
     finished = [w for w in batch if w.finish is not None]
     if finished:  # one UPDATE for every run this commit ends
         Workflow.objects.using(using).bulk_update(
@@ -349,6 +350,7 @@ def _apply_in_one_statement(
     _write_timers_and_stuck(batch, now, using)
     finished = [w for w in batch if w.finish is not None]
     rows = run_write_statement(engine_id, batch, now, using, fence=False)
+    continuation.continue_runs(engine_id, [w for w in batch if w.continued is not None], now, using)
     with_children = {value for kind, value in rows if kind == "p"}
     return _close_families(engine_id, batch, finished, with_children, now, claim_ttl, using, hooks)
 

@@ -1,0 +1,135 @@
+"""ctx.continue_as_new: the run ends and a fresh run of the same id starts with new input and an
+empty history, in one fenced commit; buffered signals are carried over, a parent waiting for the
+child gets the last run's result; bad input is refused with typed errors and nothing continues."""
+
+from __future__ import annotations
+
+import pytest
+
+import weft_django as weft
+from tests.testapp.workflows import add
+from weft_django.codec import decode
+from weft_django.conf import database_alias
+from weft_django.context import WorkflowContext
+from weft_django.exceptions import PayloadNotSerializableError, WorkflowDefinitionError, WorkflowTerminalError
+from weft_django.models import BufferedSignal, ContinuedRun, Step, Workflow, WorkflowClaim
+from weft_django.store import continuation
+from weft_django.testing import run_until_idle
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@weft.workflow(name="tests.deploys.counter")
+def counter(ctx, n: int, total: int):
+    payload = yield ctx.wait_for_signal("add")
+    total += payload
+    if n + 1 < 3:
+        if n % 2:
+            return ctx.continue_as_new(n + 1, total)  # returned
+        yield ctx.continue_as_new(n + 1, total=total)  # or yielded
+    return {"runs": n + 1, "total": total}
+
+
+@weft.workflow(name="tests.deploys.parent")
+def parent(ctx):
+    result = yield ctx.start_child("tests.deploys.counter", args=[0, 0], id="cn-child")
+    return {"child": result}
+
+
+@weft.workflow(name="tests.deploys.continue_in_all")
+def continue_in_all(ctx):
+    yield ctx.all([ctx.run(add, 1, 1), ctx.continue_as_new()])
+
+
+@weft.workflow(name="tests.deploys.continue_unserialisable")
+def continue_unserialisable(ctx):
+    yield ctx.run(add, 1, 1)
+    yield ctx.continue_as_new(object())
+
+
+def _chain(workflow_id: str) -> list[tuple[str, str]]:
+    rows = ContinuedRun.objects.filter(workflow_id=workflow_id).order_by("finished_at", "id")
+    return [(str(row.run_id), str(row.next_run_id)) for row in rows]
+
+
+def test_a_run_continues_as_new_and_carries_its_buffered_signals():
+    handle = weft.start("tests.deploys.counter", args=[0, 0], id="cn-counter")
+    first_run = str(Workflow.objects.get(id=handle.id).run_id)
+    # Two signals before any engine runs: run 0 consumes one and continues; the other is carried over.
+    handle.signal("add", 1)
+    handle.signal("add", 2)
+    run_until_idle()
+    row = Workflow.objects.get(id=handle.id)
+    assert row.status == "running"
+    chain = _chain(handle.id)
+    assert len(chain) == 2 and chain[0][0] == first_run and chain[0][1] == chain[1][0]
+    assert chain[1][1] == str(row.run_id)
+    assert decode(row.input) == {"args": [2, 3], "kwargs": {}}  # run 1 returned it, positionally
+    # Each run has its own history from seq 0; the new run's is empty.
+    for old, _ in chain:
+        assert list(Step.objects.filter(run_id=old).values_list("seq", "kind")) == [(0, "signal")]
+    assert not Step.objects.filter(run_id=row.run_id).exists()
+    assert not BufferedSignal.objects.filter(workflow_id=handle.id, state="buffered").exists()
+    assert not BufferedSignal.objects.filter(workflow_id=handle.id, state="dropped").exists()
+    handle.signal("add", 3)
+    run_until_idle()
+    assert handle.result(timeout=10) == {"runs": 3, "total": 6}
+    assert WorkflowClaim.objects.get(workflow_id=handle.id).runnable is False
+
+
+def test_a_signal_that_commits_for_the_old_run_after_it_continued_is_carried_over():
+    handle = weft.start("tests.deploys.counter", args=[1, 0], id="cn-late")
+    handle.signal("add", 1)
+    run_until_idle()
+    ((old, new),) = _chain(handle.id)
+    # A sender that read the row before the continuation committed wrote the old run's id.
+    late = BufferedSignal.objects.create(
+        workflow_id=handle.id,
+        run_id=old,
+        name="add",
+        payload="5",
+        created_at=Workflow.objects.get(id=handle.id).updated_at,
+    )
+    assert continuation.carry_late(database_alias()) == 1
+    assert str(BufferedSignal.objects.get(pk=late.pk).run_id) == new
+    run_until_idle()
+    assert handle.result(timeout=10) == {"runs": 3, "total": 6}
+
+
+def test_a_parent_waiting_on_a_child_that_continued_gets_the_last_runs_result():
+    handle = weft.start("tests.deploys.parent", id="cn-parent")
+    run_until_idle()
+    for value in (1, 2, 3):
+        weft.get_handle("cn-child").signal("add", value)
+        run_until_idle()
+    assert handle.result(timeout=10) == {"child": {"runs": 3, "total": 6}}
+    assert len(_chain("cn-child")) == 2
+
+
+@pytest.mark.parametrize(
+    ("workflow", "error"),
+    [
+        ("tests.deploys.continue_in_all", "WorkflowDefinitionError"),
+        ("tests.deploys.continue_unserialisable", "PayloadNotSerializableError"),
+    ],
+)
+def test_bad_continuations_fail_the_run_and_nothing_continues(workflow, error):
+    handle = weft.start(workflow)
+    run_id = Workflow.objects.get(id=handle.id).run_id
+    run_until_idle()
+    with pytest.raises(weft.WorkflowFailedError) as failed:
+        handle.result(timeout=10)
+    assert failed.value.error["type"] == error
+    assert not ContinuedRun.objects.filter(workflow_id=handle.id).exists()
+    assert Workflow.objects.get(id=handle.id).run_id == run_id
+
+
+def test_continue_as_new_refuses_a_cancelled_run_and_bad_input():
+    ctx = WorkflowContext(workflow_id="w", run_id="r", workflow_type="tests.deploys.counter", started_at=None, epoch=1)
+    with pytest.raises(PayloadNotSerializableError):
+        ctx.continue_as_new(object())
+    with pytest.raises(WorkflowDefinitionError, match="not a branch"):
+        ctx.all([ctx.continue_as_new(1, 2)])
+    ctx.cancelled = True  # what the engine sets before a cancelled run's on_cancel handlers
+    with pytest.raises(WorkflowTerminalError):
+        ctx.continue_as_new(1, 2)
