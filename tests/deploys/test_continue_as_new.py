@@ -133,3 +133,23 @@ def test_continue_as_new_refuses_a_cancelled_run_and_bad_input():
     ctx.cancelled = True  # what the engine sets before a cancelled run's on_cancel handlers
     with pytest.raises(WorkflowTerminalError):
         ctx.continue_as_new(1, 2)
+
+
+def test_a_long_history_logs_a_warning_suggesting_continue_as_new(settings, caplog):
+    settings.WEFT = {**settings.WEFT, "HISTORY_WARN_STEPS": 2}
+    handle = weft.start("tests.three_steps", args=["long"])
+    with caplog.at_level("WARNING", logger="weft_django.engine.engine"):
+        run_until_idle()
+    assert handle.result(timeout=10) == ["long-1", "long-2", "long-3"]
+    warnings = [r.getMessage() for r in caplog.records if "history is long" in r.getMessage()]
+    assert len(warnings) == 1 and f"workflow={handle.id}" in warnings[0] and "continue_as_new" in warnings[0]
+
+
+@pytest.mark.parametrize("value", [0, -1, "many", True])
+def test_a_bad_history_warn_steps_is_a_settings_error(settings, value):
+    from weft_django.conf import problems
+
+    settings.WEFT = {**settings.WEFT, "HISTORY_WARN_STEPS": value}
+    assert [p.id for p in problems()] == ["weft.E031"]
+    settings.WEFT = {**settings.WEFT, "HISTORY_WARN_STEPS": None}
+    assert problems() == []

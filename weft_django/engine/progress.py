@@ -30,7 +30,7 @@ from ..store.children import ChildStart
 from ..store.commit import Finish, WorkflowWrites
 from ..store.histories import RunRow, buffered_signals
 from ..store.writes import Continuation
-from . import steps
+from . import history_size, steps
 from .activities import AttemptOutcome, AttemptTask
 from .children import MAX_DEPTH
 from .driver import AppliedRecord, Leaf, StepRecord, WorkflowRun
@@ -193,6 +193,7 @@ class Progress:
         with tracing.span("weft.workflow.turn", carrier=owned.trace_context, attributes=span_attributes(owned)) as span:
             self._advance(owned, now, writes, changed)
             tracing.set_attribute(span, "weft.finished", owned.run.finished)
+        history_size.warn_if_long(owned)
 
     def _advance(self, owned: Owned, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]) -> None:
         wid = owned.workflow_id
