@@ -153,3 +153,23 @@ def test_a_bad_history_warn_steps_is_a_settings_error(settings, value):
     assert [p.id for p in problems()] == ["weft.E031"]
     settings.WEFT = {**settings.WEFT, "HISTORY_WARN_STEPS": None}
     assert problems() == []
+
+
+def test_the_admin_shows_the_chain_of_runs(admin_client):
+    from django.contrib.admin.utils import quote
+
+    handle = weft.start("tests.deploys.counter", args=[1, 0], id="cn-admin")
+    handle.signal("add", 1)
+    run_until_idle()
+    ((old, new),) = _chain(handle.id)
+    page = f"/admin/weft_django/workflow/{quote(handle.id)}/change/"
+    response = admin_client.get(page)
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "Runs (continued as new: 1 before this one)" in html
+    assert f'href="?run={old}" class="weft-previous-run"' in html and "weft-next-run" not in html
+    response = admin_client.get(page, {"run": old})
+    html = response.content.decode()
+    assert f"Showing the steps of run <code>{old}</code>" in html
+    assert f'href="?run={new}" class="weft-next-run"' in html
+    assert "weft-previous-run" not in html
