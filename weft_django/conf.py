@@ -261,7 +261,7 @@ class _Validation:
         value = self.value("HISTORY_WARN_STEPS")
         if value is None:
             return None
-        return self.positive_int("HISTORY_WARN_STEPS", "E031", "a positive number of steps such as 10000, or None")
+        return self.positive_int("HISTORY_WARN_STEPS", "E027", "a positive number of steps such as 10000, or None")
 
     def retention(self) -> dict[str, timedelta | None]:
         given = self.value("RETENTION")

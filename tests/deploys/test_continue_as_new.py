@@ -150,7 +150,7 @@ def test_a_bad_history_warn_steps_is_a_settings_error(settings, value):
     from weft_django.conf import problems
 
     settings.WEFT = {**settings.WEFT, "HISTORY_WARN_STEPS": value}
-    assert [p.id for p in problems()] == ["weft.E031"]
+    assert [p.id for p in problems()] == ["weft.E027"]
     settings.WEFT = {**settings.WEFT, "HISTORY_WARN_STEPS": None}
     assert problems() == []
 
