@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 import weft_django as weft
+from tests.testapp import deploy_chain  # noqa: F401 - registers tests.deploys.counter
 from tests.testapp.workflows import add
 from weft_django.codec import decode
 from weft_django.conf import database_alias
@@ -17,17 +18,6 @@ from weft_django.store import continuation
 from weft_django.testing import run_until_idle
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@weft.workflow(name="tests.deploys.counter")
-def counter(ctx, n: int, total: int):
-    payload = yield ctx.wait_for_signal("add")
-    total += payload
-    if n + 1 < 3:
-        if n % 2:
-            return ctx.continue_as_new(n + 1, total)  # returned
-        yield ctx.continue_as_new(n + 1, total=total)  # or yielded
-    return {"runs": n + 1, "total": total}
 
 
 @weft.workflow(name="tests.deploys.parent")

@@ -1,0 +1,19 @@
+"""A workflow that continues as new (tests/deploys/test_continue_as_new*.py): an engine started with
+WEFT["AUTODISCOVER_MODULE"] = "deploy_chain" runs it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import weft_django as weft
+
+
+@weft.workflow(name="tests.deploys.counter")
+def counter(ctx: Any, n: int, total: int) -> Any:
+    payload = yield ctx.wait_for_signal("add")
+    total += payload
+    if n + 1 < 3:
+        if n % 2:
+            return ctx.continue_as_new(n + 1, total)  # returned
+        yield ctx.continue_as_new(n + 1, total=total)  # or yielded
+    return {"runs": n + 1, "total": total}
