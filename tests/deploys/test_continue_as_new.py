@@ -4,6 +4,8 @@ child gets the last run's result; bad input is refused with typed errors and not
 
 from __future__ import annotations
 
+import io
+
 import pytest
 
 import weft_django as weft
@@ -163,3 +165,18 @@ def test_the_admin_shows_the_chain_of_runs(admin_client):
     assert f"Showing the steps of run <code>{old}</code>" in html
     assert f'href="?run={new}" class="weft-next-run"' in html
     assert "weft-previous-run" not in html
+
+
+def test_purge_deletes_the_chain_of_runs():
+    from django.core.management import call_command
+
+    handle = weft.start("tests.deploys.counter", args=[1, 0], id="cn-purged")
+    handle.signal("add", 1)
+    handle.signal("add", 2)
+    run_until_idle()
+    assert handle.result(timeout=10) == {"runs": 3, "total": 3}
+    assert len(_chain(handle.id)) == 1
+    call_command("weft", "purge", "--status", "completed", "--older-than", "0s", "--yes", stdout=io.StringIO())
+    assert not Workflow.objects.filter(id=handle.id).exists()
+    assert not ContinuedRun.objects.filter(workflow_id=handle.id).exists()
+    assert not Step.objects.filter(workflow_id=handle.id).exists()
