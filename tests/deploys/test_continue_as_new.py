@@ -17,7 +17,7 @@ from weft_django.context import WorkflowContext
 from weft_django.exceptions import PayloadNotSerializableError, WorkflowDefinitionError, WorkflowTerminalError
 from weft_django.models import BufferedSignal, ContinuedRun, Step, Workflow, WorkflowClaim
 from weft_django.store import continuation
-from weft_django.testing import run_until_idle
+from weft_django.testing import run_until_idle, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -180,3 +180,28 @@ def test_purge_deletes_the_chain_of_runs():
     assert not Workflow.objects.filter(id=handle.id).exists()
     assert not ContinuedRun.objects.filter(workflow_id=handle.id).exists()
     assert not Step.objects.filter(workflow_id=handle.id).exists()
+
+
+def test_an_update_admitted_to_the_old_run_is_carried_over_and_answered_by_the_new_one():
+    import threading
+
+    from weft_django.models import PendingUpdate
+
+    handle = weft.start("tests.deploys.update_chain", args=[0], id="cn-update")
+    run_until_idle()
+    answers: list[object] = []
+    caller = threading.Thread(target=lambda: answers.append(handle.update("bump", 21, timeout="60s")))
+    caller.start()
+    first_run = Workflow.objects.get(id=handle.id).run_id
+    wait_for(lambda: PendingUpdate.objects.filter(workflow_id=handle.id).exists(), message="admitted")
+    assert PendingUpdate.objects.get(workflow_id=handle.id).run_id == first_run
+    Workflow.objects.filter(id=handle.id).update(schedule_id="cn-schedule")  # as if a schedule had started it
+    handle.signal("next")
+    run_until_idle()
+    run_until_idle()
+    caller.join(timeout=60)
+    assert answers == [42]
+    assert handle.result(timeout=10) == 21
+    update = PendingUpdate.objects.get(workflow_id=handle.id)
+    assert update.run_id == Workflow.objects.get(id=handle.id).run_id != first_run
+    assert Workflow.objects.get(id=handle.id).schedule_id == "cn-schedule"  # the schedule link is kept

@@ -17,3 +17,13 @@ def counter(ctx: Any, n: int, total: int) -> Any:
             return ctx.continue_as_new(n + 1, total)  # returned
         yield ctx.continue_as_new(n + 1, total=total)  # or yielded
     return {"runs": n + 1, "total": total}
+
+
+@weft.workflow(name="tests.deploys.update_chain")
+def update_chain(ctx: Any, n: int) -> Any:
+    if n == 0:  # the first run never takes the update: it is admitted to it, then carried over
+        yield ctx.wait_for_signal("next")
+        return ctx.continue_as_new(1)
+    payload, respond = yield ctx.wait_for_update("bump")
+    respond(payload * 2)
+    return payload
