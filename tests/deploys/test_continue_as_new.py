@@ -205,3 +205,15 @@ def test_an_update_admitted_to_the_old_run_is_carried_over_and_answered_by_the_n
     update = PendingUpdate.objects.get(workflow_id=handle.id)
     assert update.run_id == Workflow.objects.get(id=handle.id).run_id != first_run
     assert Workflow.objects.get(id=handle.id).schedule_id == "cn-schedule"  # the schedule link is kept
+
+
+def test_the_old_runs_running_children_are_closed_per_their_policy():
+    handle = weft.start("tests.deploys.parent_continues", args=[0], id="cn-closer")
+    run_until_idle()
+    assert Workflow.objects.get(id="cn-orphan").status == "running"
+    handle.signal("stop")
+    run_until_idle()
+    assert handle.result(timeout=10) == "done"
+    child = Workflow.objects.get(id="cn-orphan")
+    assert child.status == "cancelled"
+    assert child.cancel_reason == 'parent workflow "cn-closer" was continued as new'

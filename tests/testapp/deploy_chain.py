@@ -27,3 +27,11 @@ def update_chain(ctx: Any, n: int) -> Any:
     payload, respond = yield ctx.wait_for_update("bump")
     respond(payload * 2)
     return payload
+
+
+@weft.workflow(name="tests.deploys.parent_continues")
+def parent_continues(ctx: Any, n: int) -> Any:
+    if n == 0:  # the child loses the race and is still running when the run continues as new
+        yield ctx.race([ctx.start_child("tests.signals", id="cn-orphan"), ctx.wait_for_signal("stop")])
+        return ctx.continue_as_new(1)
+    return "done"

@@ -11,6 +11,8 @@ What the commit writes for each continuing run, in order:
 - the old run's timers are deleted; its unconsumed signals and admitted updates are carried over to
   the new run (nothing sent meanwhile is lost); updates a wait_for_update took and never answered
   fail as they would at the run's end;
+- the old run's active children are closed per their parent_close_policy, as at a run's end
+  (``terminate`` and ``request_cancel`` cancel them; the commit locked their claims);
 - the claim is released at its epoch, runnable (``store.claims``; the claim row is the only thing
   claims/ writes): an engine acquires the new run with a new epoch, so nothing late of the old
   run's epoch can write to it; a ``w:`` wake-up announces it.
@@ -32,7 +34,7 @@ from . import claims, mailbox
 from .notify import send_many
 
 
-def continue_runs(engine_id: str, batch: list[Any], now: datetime, using: str) -> None:
+def continue_runs(engine_id: str, batch: list[Any], now: datetime, using: str, hooks: Any = None) -> None:
     """Write the continuations of these workflows (``WorkflowWrites`` with ``continued`` set), in
     the caller's fenced transaction.
 
@@ -41,6 +43,8 @@ def continue_runs(engine_id: str, batch: list[Any], now: datetime, using: str) -
         batch: the continuing workflows' writes.
         now: workflow time (the old run's end, the new run's start).
         using: the connection alias.
+        hooks: the fenced commit's ``CommitHooks``: the old run's active children are closed per their
+            parent_close_policy, as at a run's end (the commit locked their claims).
     """
     if not batch:
         return
@@ -55,6 +59,8 @@ def continue_runs(engine_id: str, batch: list[Any], now: datetime, using: str) -
         if old is None:  # the fence held, so the row is ours; a missing row means nothing to continue
             continue
         workflow_type, version, input_text, started_at = old
+        if hooks is not None and _has_active_children(w.workflow_id, w.run_id, using):
+            hooks.close_children(w.workflow_id, w.run_id, "continued as new", using)
         ContinuedRun.objects.using(using).create(
             workflow_id=w.workflow_id,
             run_id=w.run_id,
@@ -86,6 +92,14 @@ def continue_runs(engine_id: str, batch: list[Any], now: datetime, using: str) -
     ids = [w.workflow_id for w in batch]
     claims.release_locked_claims(engine_id, ids, using, ended=[])
     send_many("w", ids, using)
+
+
+def _has_active_children(workflow_id: str, run_id: str, using: str) -> bool:
+    return (
+        Workflow.objects.using(using)
+        .filter(parent_id=workflow_id, parent_run_id=run_id, status__in=list(ACTIVE_STATUSES))
+        .exists()
+    )
 
 
 def carry(workflow_id: str, old_run_id: Any, new_run_id: Any, now: datetime, using: str) -> None:
