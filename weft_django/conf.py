@@ -41,6 +41,7 @@ DEFAULTS: dict[str, Any] = {
     "AUTODISCOVER_MODULE": "workflows",
     "DATABASE": "default",
     "PREPARED_STATEMENTS": True,
+    "HISTORY_WARN_STEPS": 10000,
 }
 
 OWNERSHIP_MODES = ("none", "lease", "workflow-lease")
@@ -80,6 +81,7 @@ class WeftSettings:
     autodiscover_module: str
     database: str
     prepared_statements: bool = True
+    history_warn_steps: int | None = 10000  # None: never warn
 
 
 @dataclass(frozen=True)
@@ -255,6 +257,12 @@ class _Validation:
     def prepared_statements(self) -> bool:
         return self.boolean("PREPARED_STATEMENTS", "E026", "Set PREPARED_STATEMENTS to True (the default) or False.")
 
+    def history_warn_steps(self) -> int | None:
+        value = self.value("HISTORY_WARN_STEPS")
+        if value is None:
+            return None
+        return self.positive_int("HISTORY_WARN_STEPS", "E027", "a positive number of steps such as 10000, or None")
+
     def retention(self) -> dict[str, timedelta | None]:
         given = self.value("RETENTION")
         hint = 'Map "completed", "failed", "cancelled" and "timed_out" to a duration, or None to keep for ever.'
@@ -344,6 +352,7 @@ def _evaluate() -> tuple[WeftSettings | None, list[SettingsProblem]]:
     module = check.autodiscover_module()
     database = check.database()
     prepared = check.prepared_statements()
+    history_warn = check.history_warn_steps()
     check.unknown_keys()
     if check.problems or ownership is None:
         return None, check.problems
@@ -366,6 +375,7 @@ def _evaluate() -> tuple[WeftSettings | None, list[SettingsProblem]]:
         autodiscover_module=module,
         database=database,
         prepared_statements=prepared,
+        history_warn_steps=history_warn,
     ), []
 
 
@@ -444,3 +454,8 @@ def prepared_statements() -> bool:
 def payload_max_bytes() -> int:
     """WEFT["PAYLOAD_MAX_BYTES"]; ignores every other key."""
     return _one_key(_Validation.payload_max_bytes)
+
+
+def history_warn_steps() -> int | None:
+    """WEFT["HISTORY_WARN_STEPS"] (None: off); ignores every other key."""
+    return _one_key(_Validation.history_warn_steps)

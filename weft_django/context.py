@@ -4,10 +4,13 @@ the query, update and cancel handlers the owning engine calls between turns."""
 from __future__ import annotations
 
 import logging
+import random
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from . import deterministic
 from .durations import InvalidDuration, to_nonnegative_timedelta
 from .exceptions import WorkflowDefinitionError
 from .operations import (
@@ -63,6 +66,7 @@ class WorkflowContext:
         self.epoch = epoch
         self.is_replaying = False
         self.detached = False
+        self.cancelled = False  # set before the on_cancel handlers run
         self.query_handlers: dict[str, Callable[..., Any]] = {}
         self.exposed: dict[str, Callable[[], Any]] = {}
         self.update_handlers: dict[str, tuple[Callable[[Any], Any], Any]] = {}
@@ -73,6 +77,70 @@ class WorkflowContext:
         self.attribute_kinds: Mapping[str, str] = {}
         self.attributes: dict[str, Any] = {}
         self.pending_attributes: list[dict[str, Any]] = []
+        self.history: deterministic.RunHistory | None = None  # set by the driver that replays this run
+        self._random: tuple[int, random.Random] | None = None
+
+    # -- safe deploys and deterministic values (weft_django/deterministic.py) -------------------
+    def patched(self, change_id: str) -> bool:
+        """Whether this run takes the new branch of a code change: ``if ctx.patched("fee-v2"): ...``.
+
+        A run that reaches the call for the first time gets True and a ``patch`` marker in its history
+        (durable with the next fenced commit, in order); a run recorded before the change (something
+        recorded at or after this point, no marker) gets False. The answer is fixed per run and id.
+
+        Args:
+            change_id: names the change (a non-empty string, at most 255 characters).
+
+        Raises:
+            WorkflowDefinitionError: a bad change id, or called outside the workflow function's code.
+        """
+        deterministic.check_patch_id(change_id, "ctx.patched")
+        return self._history("ctx.patched").patched(change_id, deprecated=False)
+
+    def deprecate_patch(self, change_id: str) -> None:
+        """The cleanup step of a change once no run needs its old branch: the code keeps only the new
+        branch, and histories with or without the ``patched`` marker both replay.
+
+        Args:
+            change_id: the id ``ctx.patched`` took.
+
+        Raises:
+            WorkflowDefinitionError: a bad change id, or called outside the workflow function's code.
+        """
+        deterministic.check_patch_id(change_id, "ctx.deprecate_patch")
+        self._history("ctx.deprecate_patch").patched(change_id, deprecated=True)
+
+    def now(self) -> datetime:
+        """Workflow time (aware, UTC): the latest durable time the code has observed, the completion
+        of the last step fed to it (its start before any). The same value on replay; it does not move
+        between two yields. Not for measuring durations inside one turn."""
+        history = self.history
+        if history is None:
+            if self.started_at is None:
+                raise WorkflowDefinitionError("ctx.now() is only available inside a running workflow.")
+            return self.started_at
+        return history.now()
+
+    def random(self) -> random.Random:
+        """A ``random.Random`` seeded from the run id and the current step position: replay draws the
+        same numbers. Not for secrets."""
+        position = self._history("ctx.random").position
+        if self._random is None or self._random[0] != position:
+            self._random = (position, deterministic.seeded_random(self.run_id, position))
+        return self._random[1]
+
+    def uuid4(self) -> uuid.UUID:
+        """A version-4 UUID drawn from ``ctx.random()`` (the same on replay; not for secrets)."""
+        return deterministic.uuid4_from(self.random())
+
+    def _history(self, call: str) -> deterministic.RunHistory:
+        history = self.history
+        if history is None or not history.in_code():
+            raise WorkflowDefinitionError(
+                f"{call} may only be called from the workflow function's own code while it runs (not from a "
+                "query, update or cancel handler, nor outside a workflow)."
+            )
+        return history
 
     # -- operations -------------------------------------------------------------------------
     def run(self, activity: Any, /, *args: Any, **kwargs: Any) -> Operation:
@@ -162,6 +230,33 @@ class WorkflowContext:
         text = encode_payload({"args": list(args), "kwargs": dict(kwargs or {})}, path="child input")
         return StartChild(definition.name, definition.version, text, child_id, parent_close_policy)
 
+    def continue_as_new(self, *args: Any, **kwargs: Any) -> Operation:
+        """End this run and start a fresh run of the same workflow id with this input and an empty
+        history, in one fenced commit: ``yield ctx.continue_as_new(state)`` (or ``return`` it). The new
+        run runs the latest registered version; unconsumed signals and admitted updates are carried
+        over; the parent link and schedule are kept.
+
+        Args:
+            args, kwargs: the new run's input (codec-serialisable).
+
+        Raises:
+            PayloadNotSerializableError, PayloadSizeExceededError: the input cannot be stored.
+            WorkflowTerminalError: the run was cancelled or has ended (a cancel handler, a finally).
+        """
+        from .codec import encode_payload
+        from .exceptions import WorkflowTerminalError
+        from .operations import ContinueAsNew
+        from .registry import registry
+
+        if self.detached or self.cancelled:
+            raise WorkflowTerminalError(
+                f"Workflow {self.workflow_id!r} was cancelled or has ended: it cannot continue as new. Start a new "
+                "run with weft.start(..., id=...) instead."
+            )
+        text = encode_payload({"args": list(args), "kwargs": kwargs}, path="continue_as_new input")
+        latest = registry.latest.get(self.workflow_type)
+        return ContinueAsNew(text, latest.version if latest is not None else "1")
+
     # -- handlers ---------------------------------------------------------------------------
     def expose(self, **accessors: Callable[[], Any]) -> None:
         """Read-only accessors answered by ``handle.query(name)``."""
@@ -239,6 +334,11 @@ def _branches(where: str, operations: Sequence[Operation]) -> tuple[Operation, .
     if not branches:
         raise WorkflowDefinitionError(f"{where} needs at least one operation.")
     for op in branches:
+        if op.kind == "continue_as_new":
+            raise WorkflowDefinitionError(
+                f"{where}: ctx.continue_as_new ends the run, it is not a branch; yield it on its own after the "
+                f"{where}(...) settles."
+            )
         if isinstance(op, WaitUntil | WaitForUpdate):
             raise WorkflowDefinitionError(f"{where}: wait_until and wait_for_update are not allowed inside all/race.")
         if not isinstance(op, _BRANCHABLE):

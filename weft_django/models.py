@@ -459,3 +459,25 @@ class WorkflowAttribute(models.Model):
 
     def __str__(self) -> str:
         return f"{self.workflow_id}.{self.name}[{self.position}]"
+
+
+class ContinuedRun(models.Model):
+    """A run that ended by continuing as new (``ctx.continue_as_new``): the chain of a workflow's runs.
+    The workflow's row holds its latest run; each earlier run keeps its steps (by run id) and this
+    row, which names the run that followed it."""
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="+", db_constraint=False)
+    run_id = models.UUIDField(unique=True)
+    next_run_id = models.UUIDField(unique=True)
+    workflow_type = models.CharField(max_length=255)
+    version = models.CharField(max_length=64)
+    input = models.TextField(help_text="Codec text of the run's {'args', 'kwargs'}.")
+    steps = models.PositiveIntegerField(default=0, help_text="How many steps the run recorded.")
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["workflow", "finished_at"], name="weft_continued_chain")]
+
+    def __str__(self) -> str:
+        return f"{self.workflow_id} run {self.run_id} -> {self.next_run_id}"

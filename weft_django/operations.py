@@ -20,6 +20,7 @@ _CALLS = {
     "child": "ctx.start_child",
     "all": "ctx.all",
     "race": "ctx.race",
+    "continue_as_new": "ctx.continue_as_new",
 }
 
 
@@ -151,3 +152,12 @@ class Inert(Operation):
 
 
 LEAF_KINDS = (RunActivity, Sleep, WaitForSignal, StartChild)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ContinueAsNew(Operation):
+    """End this run and start a fresh run of the same workflow id with this input (yield or return it)."""
+
+    kind: ClassVar[str] = "continue_as_new"
+    input_text: str
+    version: str

@@ -33,6 +33,7 @@ class StepKind(models.TextChoices):
     CHILD = "child", "Child workflow"
     ALL = "all", "All"
     RACE = "race", "Race"
+    PATCH = "patch", "Patch marker"  # ctx.patched: this run took the change's new branch
 
 
 class StepStatus(models.TextChoices):

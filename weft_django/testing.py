@@ -452,6 +452,25 @@ class EngineFactory:
                 process.stop()
 
 
+def replay(history: Any, workflow: Any) -> Any:
+    """Check in a unit test that ``workflow`` (the current code) replays a stored history: what
+    ``manage.py weft export ID`` wrote (a file's path, its JSON text or the dict). Runs no activity
+    and writes nothing. Returns the outcome (``.frontier``: the step the replay stopped at).
+
+    Args:
+        history: the exported history.
+        workflow: a @weft.workflow function, its definition or name, or a plain generator function.
+
+    Raises:
+        NonDeterminismError: the code yields another operation where the history recorded one, or
+            ends differently from the recorded run (the other failures: docs/deploys.md).
+        InvalidArgumentError: ``history`` is not an exported history.
+    """
+    from .engine.replayer import check
+
+    return check(history, workflow)
+
+
 def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.05, message: str = "condition") -> Any:
     """Poll ``predicate`` until it returns something truthy; TimeoutError after ``timeout``."""
     deadline = time.monotonic() + timeout

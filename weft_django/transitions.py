@@ -31,6 +31,7 @@ from .exceptions import WorkflowNotFoundError, WorkflowStateError, WorkflowTermi
 from .models import (
     AppliedUpdate,
     BufferedSignal,
+    ContinuedRun,
     IdempotencyKey,
     PendingUpdate,
     QueryRequest,
@@ -62,7 +63,16 @@ PURGE_BATCH_SIZE = 500
 _RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})  # deadlock_detected, serialization_failure
 _WORKFLOW_FIELDS = ("id", "run_id", "status", "workflow_type", "parent_id", "parent_run_id", "parent_seq", "error")
 # Rows that belong to a run and go with it (Workflow itself and its claim are handled separately).
-_RUN_TABLES = (Step, Timer, BufferedSignal, PendingUpdate, AppliedUpdate, RemoteAttempt, WorkflowAttribute)
+_RUN_TABLES = (
+    Step,
+    Timer,
+    BufferedSignal,
+    PendingUpdate,
+    AppliedUpdate,
+    RemoteAttempt,
+    WorkflowAttribute,
+    ContinuedRun,
+)
 
 
 def _alias(using: str | None) -> str:

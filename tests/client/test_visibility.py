@@ -231,7 +231,11 @@ def test_start_many_writes_each_requests_attributes_with_its_run():
         ]
     )
     again = weft.start_many(
-        [weft.StartRequest("visibility.order", args=["b", 6.0], idempotency_key="vis-key", attributes={"customer": "no"})]
+        [
+            weft.StartRequest(
+                "visibility.order", args=["b", 6.0], idempotency_key="vis-key", attributes={"customer": "no"}
+            )
+        ]
     )
     assert again[0].id == taken.id  # the key's first run: its (absent) attributes are not written again
     assert [s.id for s in weft.list_workflows(attributes={"customer": "bulk"})] == [first.id]

@@ -513,6 +513,10 @@ REVIEWED = {
         "caller's (checked at each prepared.execute call site) with its placeholders renumbered $1..$n, and "
         "EXECUTE's arguments are %s placeholders: every value is still a parameter"
     ),
+    "weft_django/store/replay.py:read_only": (
+        "runs the backend's constant read_only_sql statements (SET TRANSACTION READ ONLY, PRAGMA query_only "
+        "ON/OFF: class attributes of store/backend.py, no value in them)"
+    ),
     "weft_django/store/prepared.py:numbered": (
         "rewrites its caller's statement text: each %s / %(name)s placeholder becomes $n and %% becomes %; no "
         "value is put into the text (the values are returned, in $n order, for EXECUTE's placeholders)"

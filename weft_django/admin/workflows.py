@@ -33,6 +33,7 @@ from .filters import (
     search_by_attributes,
 )
 from .formatting import error_summary, moment, pretty_json, pretty_payload, relative, short_step, status_badge
+from .run_chain import run_chain
 from .timeline import build_timeline
 
 CHILDREN_SHOWN = 50
@@ -285,7 +286,8 @@ class WorkflowAdmin(admin.ModelAdmin):
     def _detail_context(self, request: HttpRequest, workflow: Workflow) -> dict[str, Any]:
         using = self.weft_alias
         now = workflow_now(request)
-        steps = list(Step.objects.using(using).filter(run_id=workflow.run_id).order_by("seq"))
+        chain = run_chain(request, workflow, using)  # continue-as-new: ?run= shows an earlier run's steps
+        steps = list(Step.objects.using(using).filter(run_id=chain["viewed_run_id"]).order_by("seq"))
         timers = list(Timer.objects.using(using).filter(workflow_id=workflow.pk).order_by("fire_at"))
         signals = list(BufferedSignal.objects.using(using).filter(workflow_id=workflow.pk).order_by("-id")[:ROWS_SHOWN])
         updates = list(
@@ -322,6 +324,7 @@ class WorkflowAdmin(admin.ModelAdmin):
             "children": children[:CHILDREN_SHOWN],
             "more_children": len(children) > CHILDREN_SHOWN,
             "object_actions": self._object_actions(request, workflow),
+            "run_chain": chain,
         }
 
     def _object_actions(self, request: HttpRequest, workflow: Workflow) -> list[dict[str, str]]:

@@ -90,9 +90,12 @@ class AttemptOutcome:
     retryable: bool = True
     committed: bool = False  # an atomic activity already wrote its step in its own transaction
     refused: bool = False  # an atomic activity found the claim gone: nothing was written
+    # When a committed outcome's step was written (the database clock): the live step records the very
+    # time replay reads back, so ctx.now() after it is the same live and on replay.
+    completed_at: datetime | None = None
 
 
-def commit_atomic_attempt(engine_id: str, using: str, task: AttemptTask, result: str) -> None:
+def commit_atomic_attempt(engine_id: str, using: str, task: AttemptTask, result: str) -> datetime:
     """Called inside an atomic activity's transaction, after the user's writes: lock the claim
     last (it still conflicts with a takeover), check that the step still waits for this very
     attempt, and write the step in the same transaction.
@@ -103,14 +106,19 @@ def commit_atomic_attempt(engine_id: str, using: str, task: AttemptTask, result:
         task: the attempt.
         result: codec text of the activity's value.
 
+    Returns:
+        the step's completed_at as written (the database clock).
+
     Raises:
         FenceRefused: the claim is gone, or the step no longer waits for this attempt (the user's
             writes roll back).
     """
     if not lock_claims(engine_id, {task.workflow_id: task.epoch}, using):
         raise FenceRefused("claim")
-    if not runs.complete_attempt(task.run_id, task.seq, task.attempt, task.epoch, result, db_now(using), using):
+    completed_at = db_now(using)
+    if not runs.complete_attempt(task.run_id, task.seq, task.attempt, task.epoch, result, completed_at, using):
         raise FenceRefused("attempt")
+    return completed_at
 
 
 class Executor(Protocol):
@@ -135,7 +143,7 @@ class ThreadExecutor:
         self,
         concurrency: int,
         on_done: Callable[[], None],
-        commit_atomic: Callable[[AttemptTask, str], None],
+        commit_atomic: Callable[[AttemptTask, str], datetime | None],
         using: str,
     ) -> None:
         # Plain worker threads on a SimpleQueue rather than a ThreadPoolExecutor: a hand-off is one
@@ -259,7 +267,7 @@ class ThreadExecutor:
                     raise ActivityTimeoutError(
                         f"attempt {task.attempt} did not finish within {task.definition.timeout}"
                     )
-                self._commit_atomic(task, text)  # locks the claim last; raises FenceRefused
+                completed_at = self._commit_atomic(task, text)  # locks the claim last; raises FenceRefused
                 exited = True
                 atomic.__exit__(None, None, None)
                 control.finished = True
@@ -267,7 +275,7 @@ class ThreadExecutor:
             if not exited:
                 atomic.__exit__(type(exc), exc, exc.__traceback__)
             raise
-        return AttemptOutcome(task, ok=True, result=text, committed=True)
+        return AttemptOutcome(task, ok=True, result=text, committed=True, completed_at=completed_at)
 
     def shutdown(self, wait_seconds: float) -> None:
         deadline = time.monotonic() + wait_seconds

@@ -202,7 +202,9 @@ class CeleryExecutor:
         self._forget(_key(task))
         task.control.finished = True
         if outcome.ok:
-            self.outcomes.put(AttemptOutcome(task, ok=True, result=outcome.result, committed=True))
+            self.outcomes.put(
+                AttemptOutcome(task, ok=True, result=outcome.result, committed=True, completed_at=outcome.completed_at)
+            )
             return
         retryable = remote.is_retryable(task.definition.retry, outcome.error_types)
         self.outcomes.put(AttemptOutcome(task, ok=False, error=outcome.error or {}, retryable=retryable))

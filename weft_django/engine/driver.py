@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import traceback
 from collections.abc import Generator
+from datetime import datetime
 from typing import Any
 
 from ..codec import decode, encode_payload
@@ -21,9 +22,10 @@ from ..exceptions import (
     WaitTimeoutError,
     WeftError,
 )
-from ..operations import All, Inert, Memo, Operation, Race, WaitForUpdate
+from ..operations import All, ContinueAsNew, Inert, Memo, Operation, Race, WaitForUpdate
 from ..registry import WorkflowDefinition
 from ..store.histories import AppliedRecord, Outcome, StepRecord
+from . import markers
 
 
 @dataclasses.dataclass
@@ -165,10 +167,23 @@ class WorkflowRun:
             self.applied.setdefault(record.seq, []).append(record)
         # respond() answers of wait_for_update, for the next fenced commit: (update id, result text).
         self.responses: list[tuple[str, str]] = []
+        # Positions this run's timers hold (the loader's): a patch before them is the old branch.
+        self.occupied: set[int] = set()
+        # Workflow time (ctx.now()): the latest durable time of a step fed to the code.
+        self.clock: datetime | None = ctx.started_at
+        self.in_code = False  # the generator's own code is running (ctx.patched, ctx.random)
+        self.check_only = False  # a replay check: stop at a memo with no record instead of computing it
+        self.continued: ContinueAsNew | None = None  # the code continued as new (yielded or returned it)
+        ctx.history = markers.DriverHistory(self)
 
     @property
     def finished(self) -> bool:
-        return self.result_text is not None or self.failure is not None or self.stuck is not None
+        return (
+            self.result_text is not None
+            or self.failure is not None
+            or self.stuck is not None
+            or self.continued is not None
+        )
 
     @property
     def completed(self) -> bool:
@@ -276,6 +291,7 @@ class WorkflowRun:
             assert outcome is not None
             self.frontier = None
             leaf = frontier.leaves[winner]
+            self._observe(leaf.seq)
             if outcome.ok:
                 self._advance((winner, _read(outcome.text, _where(leaf.seq, leaf.op))), None)
             else:
@@ -284,6 +300,7 @@ class WorkflowRun:
         if any(leaf.outcome is None for leaf in frontier.leaves):
             return
         self.frontier = None
+        self._observe(*(leaf.seq for leaf in frontier.leaves))
         failed = next((leaf for leaf in frontier.leaves if leaf.outcome is not None and not leaf.outcome.ok), None)
         if failed is not None:
             assert failed.outcome is not None
@@ -308,12 +325,27 @@ class WorkflowRun:
         self.steps[step.seq] = step
         self.new_steps.append(step)
 
+    def record_marker(self, step: StepRecord) -> None:
+        """A patch marker the code just took (engine/markers.py): written with the next fenced commit."""
+        self._record_new(step)
+
+    def _observe(self, *seqs: int) -> None:
+        """The code is fed the outcomes of the steps at ``seqs``: workflow time moves to their durable
+        completion (driver-recorded steps carry none: their row's time is the commit's)."""
+        for seq in seqs:
+            step = self.steps.get(seq)
+            if step is None or step.completed_at is None or step.kind in markers.DRIVER_KINDS:
+                continue
+            if self.clock is None or step.completed_at > self.clock:
+                self.clock = step.completed_at
+
     def _advance(self, value: Any, exc: BaseException | None) -> None:
         gen = self._gen
         if gen is None:
             return
         while True:
             self.ctx.is_replaying = any(seq >= self.next_seq for seq in self.steps)
+            self.in_code = True
             try:
                 op = gen.throw(exc) if exc is not None else gen.send(value)
             except StopIteration as stop:
@@ -325,16 +357,21 @@ class WorkflowRun:
                     self.failure["seq"] = self._last_thrown[1]
                 self._gen = None
                 return
+            finally:
+                self.in_code = False
             value, exc = None, None
             if isinstance(op, Inert):
                 continue
+            if isinstance(op, ContinueAsNew):
+                self._continue(op)
+                return
             if not isinstance(op, Operation):
                 exc = TypeError(
                     f"Workflow code yielded {op!r}; yield an operation such as ctx.run(...), ctx.sleep(...) "
                     f"or ctx.wait_for_signal(...)."
                 )
                 continue
-            seq = self.next_seq
+            seq = self.next_seq = markers.skip_unasked(self.steps, self.next_seq)
             mismatch = self._mismatch(seq, op)
             if mismatch:
                 self._get_stuck(NonDeterminismError(mismatch))
@@ -343,6 +380,9 @@ class WorkflowRun:
             if seq in self.applied and not self._reapply(seq):
                 return
             if isinstance(op, Memo):
+                if self.check_only and seq not in self.steps:
+                    self.frontier = Frontier(seq, op, [Leaf(seq, op)])
+                    return
                 value, exc = self._memo(seq, op)
                 continue
             resolved = self._from_log(seq, op)
@@ -355,7 +395,16 @@ class WorkflowRun:
                 self._settle_frontier()
             return
 
+    def _continue(self, op: ContinueAsNew) -> None:
+        """The run ends here and a fresh run follows (its writes: engine/progress.py, store/continuation.py)."""
+        self.continued = op
+        self.close()
+
     def _finish_ok(self, value: Any) -> None:
+        if isinstance(value, ContinueAsNew):  # `return ctx.continue_as_new(...)`
+            self._gen = None
+            self.continued = value
+            return
         self._gen = None
         try:
             self.result_text = encode_payload(value, path="result")
@@ -407,6 +456,7 @@ class WorkflowRun:
             step = self.steps.get(seq + 1 + winner)
             if step is None or not step.settled:
                 return None
+            self._observe(seq + 1 + winner)
             if step.status == "failed":
                 return None, self._thrown(step.error, seq + 1 + winner, branch)
             return (winner, _read(step.result, _where(seq + 1 + winner, branch))), None
@@ -414,6 +464,7 @@ class WorkflowRun:
             steps = [self.steps.get(seq + 1 + i) for i in range(len(op.branches))]
             if not all(step is not None and step.settled for step in steps):
                 return None
+            self._observe(*range(seq + 1, seq + 1 + len(op.branches)))
             for i, step in enumerate(steps):
                 assert step is not None
                 if step.status == "failed":
@@ -423,6 +474,7 @@ class WorkflowRun:
         recorded = self.steps.get(seq)
         if recorded is None or not recorded.settled:
             return None
+        self._observe(seq)
         if recorded.status == "failed":
             return None, self._thrown(recorded.error, seq, op)
         return self._value(op, recorded.result, seq), None

@@ -459,7 +459,7 @@ class Engine:
         for writes in batch:
             if writes.workflow_id not in result.committed:
                 continue
-            if writes.finish is not None or writes.stuck is not None:
+            if writes.finish is not None or writes.stuck is not None or writes.continued is not None:
                 owned = self.owned.pop(writes.workflow_id, None)
                 if owned is not None:
                     owned.run.close()

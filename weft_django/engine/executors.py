@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import queue
 from collections.abc import Callable
+from datetime import datetime
 
 from ..conf import WeftSettings
 from ..exceptions import ConfigurationError
@@ -41,7 +42,7 @@ class ActivityExecutors:
         engine_id: str,
         concurrency: int,
         on_done: Callable[[], None],
-        commit_atomic: Callable[[AttemptTask, str], None],
+        commit_atomic: Callable[[AttemptTask, str], datetime | None],
         using: str,
         settings: WeftSettings,
     ) -> None:

@@ -47,7 +47,7 @@ from ..codec import decode, encode, encode_payload
 from ..exceptions import QueryNotFoundError, WeftError
 from ..operations import WaitForUpdate
 from ..status import QueryStatus, UpdateStatus
-from ..store import claims, mailbox
+from ..store import claims, continuation, mailbox
 from ..store.commit import UpdateDone, UpdateRaceLost, WorkflowWrites, fenced_messages
 from ..store.histories import AdmittedRow
 from ..store.notify import send_many
@@ -521,7 +521,9 @@ def cleanup_messages(engine: Engine, now: datetime) -> bool:
     UPDATE_RESPONSE_RETENTION. Bounded per pass."""
     started = time.monotonic()
     cutoff = now - engine.settings.update_response_retention
-    done = mailbox.cleanup(now, cutoff, ABANDONED_GRACE, engine.using)
+    # Carried over first: a signal or update that committed for a run after it continued as new.
+    done = continuation.carry_late(engine.using)
+    done += mailbox.cleanup(now, cutoff, ABANDONED_GRACE, engine.using)
     if done:
         logger.info("message cleanup engine=%s rows=%s took=%.3fs", engine.engine_id, done, time.monotonic() - started)
     return bool(done)

@@ -40,6 +40,8 @@ class Owned:
     armed_at: dict[int, datetime] = dataclasses.field(default_factory=dict)  # when each wait began
     depth: int = 0
     trace_context: str | None = None  # the starter's (weft_django.tracing): the run's spans are its children
+    history_warned: bool = False  # engine/history_size.py logged that this run's history is long
+    history_limit: int | None = -1  # WEFT["HISTORY_WARN_STEPS"] as read on its first turn (-1: not yet)
 
 
 def mailbox_of(leaf: Leaf) -> str:

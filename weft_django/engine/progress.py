@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -28,7 +29,8 @@ from ..store import histories
 from ..store.children import ChildStart
 from ..store.commit import Finish, WorkflowWrites
 from ..store.histories import RunRow, buffered_signals
-from . import steps
+from ..store.writes import Continuation
+from . import history_size, steps
 from .activities import AttemptOutcome, AttemptTask
 from .children import MAX_DEPTH
 from .driver import AppliedRecord, Leaf, StepRecord, WorkflowRun
@@ -89,6 +91,7 @@ class Progress:
         owned = self.owned.get(wid)
         if owned is None:
             return
+        owned.run.ctx.cancelled = True
         for handler in owned.run.ctx.cancel_handlers:
             try:
                 handler()
@@ -173,6 +176,7 @@ class Progress:
             self.timers.push(timer.fire_at, row.id, timer.kind, timer.seq or 0)
         if row.execution_deadline is not None:
             self.timers.push(row.execution_deadline, row.id, TimerKind.EXECUTION_DEADLINE, -1)
+        run.occupied = {timer.seq for timer in timers if timer.seq is not None and str(timer.run_id) == owned.run_id}
         run.start()
         # A wait's step records when it really began.
         owned.armed_at.update(steps.wait_starts(run, owned.timers, row.started_at))
@@ -190,6 +194,7 @@ class Progress:
         with tracing.span("weft.workflow.turn", carrier=owned.trace_context, attributes=span_attributes(owned)) as span:
             self._advance(owned, now, writes, changed)
             tracing.set_attribute(span, "weft.finished", owned.run.finished)
+        history_size.warn_if_long(owned)
 
     def _advance(self, owned: Owned, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]) -> None:
         wid = owned.workflow_id
@@ -199,6 +204,8 @@ class Progress:
             w = writes_of(owned, writes)
             if run.stuck is not None:
                 mark_stuck(self.engine_id, wid, owned.run_id, owned.epoch, owned.stuck_attempts, run.stuck, now, writes)
+            elif run.continued is not None:
+                w.continued = Continuation(str(uuid.uuid4()), run.continued.input_text, run.continued.version)
             elif run.completed:
                 w.finish = Finish(WorkflowStatus.COMPLETED, result=run.result_text)
             else:
@@ -405,7 +412,7 @@ class Progress:
             self.on_refused(owned)
             return
         if outcome.ok:
-            step = steps.activity_completed(task, outcome.result, now)
+            step = steps.activity_completed(task, outcome.result, outcome.completed_at or now)
             if outcome.committed:
                 owned.run.record(step)
                 owned.armed.discard(task.seq)

@@ -32,6 +32,7 @@ import logging
 import operator
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, NamedTuple
 
 from django.db import DatabaseError, connections, transaction
@@ -83,6 +84,7 @@ class RemoteOutcome:
     result: str | None = None
     error: dict[str, Any] | None = None
     error_types: tuple[str, ...] = ()
+    completed_at: datetime | None = None  # a result's: its step's completed_at as the worker wrote it
 
 
 def exception_types(exc: BaseException) -> list[str]:
@@ -454,11 +456,11 @@ def expire(engine_id: str, key: AttemptKey, activity: str, using: str) -> tuple[
         step = (
             Step.objects.using(using)
             .filter(run_id=key.run_id, seq=key.seq)
-            .values_list("status", "attempts", "epoch", "result")
+            .values_list("status", "attempts", "epoch", "result", "completed_at")
             .first()
         )
         if step is not None and step[:3] == (StepStatus.COMPLETED, key.attempt, key.epoch):
-            return Expiry.SETTLED, RemoteOutcome(ok=True, result=step[3])
+            return Expiry.SETTLED, RemoteOutcome(ok=True, result=step[3], completed_at=step[4])
         _ensure_row(key, activity, "", using)
         row = _attempt_rows(key, using).values_list("state", "error", "error_types").first()
         if row is not None and row[0] == RemoteAttemptState.FAILED:
@@ -482,12 +484,12 @@ def poll(keys: list[AttemptKey], using: str) -> dict[AttemptKey, RemoteOutcome]:
         completed = (
             Step.objects.using(using)
             .filter(where, status=StepStatus.COMPLETED)
-            .values_list("run_id", "seq", "attempts", "epoch", "result")
+            .values_list("run_id", "seq", "attempts", "epoch", "result", "completed_at")
         )
-        for run_id, seq, attempt, epoch, result in completed:
+        for run_id, seq, attempt, epoch, result, completed_at in completed:
             done = wanted.get((str(run_id), seq, attempt, epoch))
             if done is not None:
-                found[done] = RemoteOutcome(ok=True, result=result)
+                found[done] = RemoteOutcome(ok=True, result=result, completed_at=completed_at)
         failed = (
             RemoteAttempt.objects.using(using)
             .filter(where, state=RemoteAttemptState.FAILED)

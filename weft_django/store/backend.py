@@ -71,6 +71,9 @@ class Backend:
     prepares_statements: ClassVar[bool] = False
     #: a start, a signal, a claim rotation are each one statement (CTEs, RETURNING, NOTIFY inside).
     writes_in_one_statement: ClassVar[bool] = False
+    #: the statements that make the current transaction (or connection) refuse writes, and undo it
+    #: after (the replay check, store/replay.py).
+    read_only_sql: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = ((), ())
 
     @property
     def display_name(self) -> str:
@@ -129,6 +132,7 @@ class PostgreSQLBackend(Backend):
 
     prepares_statements = True
     writes_in_one_statement = True
+    read_only_sql = (("SET TRANSACTION READ ONLY",), ())
 
     def relax_commit(self) -> None:
         with self.connection.cursor() as cursor:
@@ -150,6 +154,7 @@ class PostgreSQLBackend(Backend):
 
 class SQLiteBackend(Backend):
     vendor = "sqlite"
+    read_only_sql = (("PRAGMA query_only = ON",), ("PRAGMA query_only = OFF",))
 
     # -- engine side: claims, the fenced commit, mailbox, timers, engines, epochs, sessions ------
 

@@ -31,7 +31,7 @@ from django.db import transaction
 
 from ..models import AppliedUpdate, Step, Timer, Workflow
 from ..status import ACTIVE_STATUSES, UpdateStatus
-from . import claims, mailbox, sessions, visibility
+from . import claims, continuation, mailbox, sessions, visibility
 from .backend import backend
 from .children import ChildStart, report_child_end, start_children
 from .claims import FAMILY_LOCK_ROUNDS, active_descendants
@@ -229,7 +229,8 @@ def _lock_general(engine_id: str, batch: list[WorkflowWrites], using: str) -> tu
     batch's finishing runs close, in one sorted statement that skips locked rows. Returns (our claims
     held, finishing runs whose family could not be locked whole: left for the next pass)."""
     epochs = {w.workflow_id: w.epoch for w in batch}
-    ending = {w.workflow_id: w.run_id for w in batch if w.finish is not None}
+    # A run that continues as new closes its children too (store/continuation.py).
+    ending = {w.workflow_id: w.run_id for w in batch if w.finish is not None or w.continued is not None}
     families = active_descendants(ending, using) if ending else {}
     members = {child for family in families.values() for child in family}
     if not members:
@@ -302,6 +303,7 @@ def _apply(
     visibility.write_batch(batch, using)
     for w in batch:
         mailbox.consume_signals(w.signals_consumed, using)
+    continuation.continue_runs(engine_id, [w for w in batch if w.continued is not None], now, using, hooks)
     finished = [w for w in batch if w.finish is not None]
     if finished:  # one UPDATE for every run this commit ends
         Workflow.objects.using(using).bulk_update(
@@ -351,6 +353,7 @@ def _apply_in_one_statement(
     visibility.write_batch(batch, using)
     finished = [w for w in batch if w.finish is not None]
     rows = run_write_statement(engine_id, batch, now, using, fence=False)
+    continuation.continue_runs(engine_id, [w for w in batch if w.continued is not None], now, using, hooks)
     with_children = {value for kind, value in rows if kind == "p"}
     return _close_families(engine_id, batch, finished, with_children, now, claim_ttl, using, hooks)
 

@@ -107,6 +107,7 @@ def fits_one_statement(batch: list[WorkflowWrites], using: str) -> bool:
             or w.clear_stuck
             or w.children
             or w.parent
+            or w.continued
         )
         for w in batch
     )

@@ -63,6 +63,15 @@ class Finish:
 
 
 @dataclasses.dataclass
+class Continuation:
+    """A run that continues as new (ctx.continue_as_new): the next run of the same workflow id."""
+
+    run_id: str  # the new run's id
+    input_text: str  # codec text of {"args", "kwargs"}
+    version: str  # the workflow version the new run runs (the latest registered)
+
+
+@dataclasses.dataclass
 class UpdateDone:
     """How the owner settled one admitted update: completed / rejected / failed (by its handler or
     validator), or accepted (a wait_for_update took its payload; respond() completes it later)."""
@@ -98,6 +107,7 @@ class WorkflowWrites:
     # Search attributes (issue 19): each ctx.set_attributes call's checked values (name -> (kind, value),
     # None clears), in the order made; store/visibility.py writes them after the fence, last value wins.
     attributes: list[dict[str, tuple[str, Any] | None]] = dataclasses.field(default_factory=list)
+    continued: Continuation | None = None  # this run ends by continuing as new (store/continuation.py)
 
     @property
     def empty(self) -> bool:
@@ -110,6 +120,7 @@ class WorkflowWrites:
             or self.timers_delete
             or self.signals_consumed
             or self.finish
+            or self.continued
             or self.stuck
             or self.clear_stuck
             or self.attributes

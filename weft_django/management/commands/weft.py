@@ -28,6 +28,7 @@ from ...durations import InvalidDuration, to_nonnegative_timedelta
 from ...exceptions import InvalidArgumentError, WeftError
 from ...status import TERMINAL_STATUSES, WorkflowStatus
 from .. import visibility_cli
+from ..replay_options import add_replay_arguments
 
 DESCRIBE_KEYS = SUMMARY_FIELDS
 TERMINAL = sorted(str(status) for status in TERMINAL_STATUSES)
@@ -172,6 +173,12 @@ class Command(BaseCommand):
         p.add_argument("--strict", action="store_true", help="Exit non-zero on warnings too.")
         visibility_cli.add_subcommands(command)  # fork, bulk (issue 19)
 
+        p = command("replay", "Replay stored histories against the current code; exit 1 if a run would fail.")
+        add_replay_arguments(p)
+        p = command("export", "Write a workflow's current run and its history as JSON (weft-history/1).")
+        p.add_argument("id")
+        p.add_argument("--output", help="Write to this file instead of stdout.")
+
     # ------------------------------------------------------------------------------------------
     def handle(self, *args: Any, **options: Any) -> None:
         handler: Callable[[dict[str, Any]], None] = getattr(self, f"_{options['subcommand']}")
@@ -214,6 +221,29 @@ class Command(BaseCommand):
         answer = input(f"{question} [y/N] ").strip().lower()
         if answer not in ("y", "yes"):
             raise CommandError("Aborted: nothing was changed.")
+
+    # -- deploys: the replay check (its own command: it loads the engine's driver) and export ------
+    def _replay(self, options: dict[str, Any]) -> None:
+        from django.core.management import call_command
+
+        keys = ("types", "since", "max_runs", "open_only", "files", "json")
+        call_command("weft_replay", stdout=self.stdout, **{key: options.get(key) for key in keys})
+
+    def _export(self, options: dict[str, Any]) -> None:
+        from ...history_file import to_json
+        from ...store.replay import one, read_only
+
+        with read_only(self._using):
+            history = one(options["id"], self._using)
+        if history is None:
+            raise CommandError(f"No workflow {options['id']!r}: nothing was exported.")
+        text = json.dumps(to_json(history), indent=2, ensure_ascii=False)
+        if options.get("output"):
+            with open(options["output"], "w", encoding="utf-8") as out:
+                out.write(text + "\n")
+            self._print(f"Wrote the history of {options['id']!r} ({len(history.steps)} steps) to {options['output']}.")
+        else:
+            self._print(text)
 
     # -- reading ---------------------------------------------------------------------------------
     def _list(self, options: dict[str, Any]) -> None:

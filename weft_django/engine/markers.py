@@ -1,0 +1,88 @@
+"""The driver's side of ``ctx.patched`` / ``ctx.deprecate_patch`` and ``ctx.now()``
+(weft_django/deterministic.py's ``RunHistory``), over one ``WorkflowRun``.
+
+A patch marker is a step of kind ``patch`` named by the change id, recorded by the driver itself at
+the position the call was made (like a memo step: in the next fenced commit, in order). Replay
+decides a call at position p:
+
+- the step at p is this change's marker: the new branch (the marker is consumed);
+- this run recorded anything at p or later (a step, a timer, an applied update) and no marker: the
+  run was recorded by code before the change, the old branch;
+- otherwise the run reaches this point for the first time: the new branch, and the marker is written.
+
+The answer is fixed per run and change id (a second call returns the first call's answer). A marker
+the code no longer asks for (the patch and its deprecation removed) is skipped where an operation is
+yielded, so removing the call at the end of a change's life does not break old histories.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from ..exceptions import WorkflowDefinitionError
+from ..store.histories import StepRecord
+
+if TYPE_CHECKING:
+    from .driver import WorkflowRun
+
+PATCH = "patch"
+DRIVER_KINDS = frozenset({"memo", "race", PATCH})  # steps the driver records itself: no durable time of theirs
+
+
+def skip_unasked(steps: dict[int, StepRecord], seq: int) -> int:
+    """The position an operation yielded at ``seq`` takes: past the patch markers recorded there that
+    the code did not ask for."""
+    while (step := steps.get(seq)) is not None and step.kind == PATCH:
+        seq += 1
+    return seq
+
+
+class DriverHistory:
+    """``RunHistory`` for the context of one ``WorkflowRun``."""
+
+    def __init__(self, run: WorkflowRun) -> None:
+        self._run = run
+        self._decided: dict[str, bool] = {}
+
+    @property
+    def position(self) -> int:
+        return self._run.next_seq
+
+    def in_code(self) -> bool:
+        return self._run.in_code
+
+    def now(self) -> datetime:
+        clock = self._run.clock
+        if clock is None:  # a hand-made history without the run's start time
+            raise WorkflowDefinitionError("ctx.now(): this run has no recorded start time.")
+        return clock
+
+    def patched(self, change_id: str, *, deprecated: bool) -> bool:
+        decided = self._decided.get(change_id)
+        if decided is not None:
+            return decided
+        run = self._run
+        seq = run.next_seq
+        step = run.steps.get(seq)
+        if step is not None and step.kind == PATCH and step.name == change_id:
+            run.next_seq += 1
+            taken = True
+        elif deprecated:
+            taken = True
+        elif step is not None or self._recorded_from(seq):
+            taken = False
+        else:
+            run.record_marker(StepRecord(seq, PATCH, change_id, "completed", "true"))
+            run.next_seq += 1
+            taken = True
+        self._decided[change_id] = taken
+        return taken
+
+    def _recorded_from(self, seq: int) -> bool:
+        run = self._run
+        return (
+            any(position >= seq for position in run.steps)
+            or any(position >= seq for position in run.occupied)
+            or any(position >= seq for position in run.applied)
+        )

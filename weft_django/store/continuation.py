@@ -1,0 +1,133 @@
+"""Continue-as-new in the fenced commit (``WorkflowWrites.continued``): the run ends and a fresh run
+of the same workflow id starts, with new input and an empty history, in the engine's one fenced
+commit (the claim is locked as ours at our epoch before this runs).
+
+What the commit writes for each continuing run, in order:
+
+- a ``ContinuedRun`` row: the run that ended (its id, input, step count) and the one that follows;
+- the workflow row: the new run id, input and version, running, no result, error or stuck mark; its
+  parent link, schedule, idempotency key, execution deadline and trace context are kept (a parent
+  waiting for it gets the end of the last run of the chain);
+- the old run's timers are deleted; its unconsumed signals and admitted updates are carried over to
+  the new run (nothing sent meanwhile is lost); updates a wait_for_update took and never answered
+  fail as they would at the run's end;
+- the old run's active children are closed per their parent_close_policy, as at a run's end
+  (``terminate`` and ``request_cancel`` cancel them; the commit locked their claims);
+- the claim is released at its epoch, runnable (``store.claims``; the claim row is the only thing
+  claims/ writes): an engine acquires the new run with a new epoch, so nothing late of the old
+  run's epoch can write to it; a ``w:`` wake-up announces it.
+
+Signals or updates that commit after this while addressed to the old run (the sender read the row
+before this commit) are carried over by ``carry_late`` (the mailbox sweep), never dropped.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Exists, OuterRef, Subquery
+
+from ..models import BufferedSignal, ContinuedRun, PendingUpdate, Step, Timer, Workflow
+from ..status import ACTIVE_STATUSES, SignalState, UpdateStatus, WorkflowStatus
+from . import claims, mailbox
+from .notify import send_many
+
+
+def continue_runs(engine_id: str, batch: list[Any], now: datetime, using: str, hooks: Any = None) -> None:
+    """Write the continuations of these workflows (``WorkflowWrites`` with ``continued`` set), in
+    the caller's fenced transaction.
+
+    Args:
+        engine_id: the committing engine (it holds the claims, locked).
+        batch: the continuing workflows' writes.
+        now: workflow time (the old run's end, the new run's start).
+        using: the connection alias.
+        hooks: the fenced commit's ``CommitHooks``: the old run's active children are closed per their
+            parent_close_policy, as at a run's end (the commit locked their claims).
+    """
+    if not batch:
+        return
+    for w in batch:
+        new = w.continued
+        old = (
+            Workflow.objects.using(using)
+            .filter(pk=w.workflow_id, run_id=w.run_id)
+            .values_list("workflow_type", "version", "input", "started_at")
+            .first()
+        )
+        if old is None:  # the fence held, so the row is ours; a missing row means nothing to continue
+            continue
+        workflow_type, version, input_text, started_at = old
+        if hooks is not None and _has_active_children(w.workflow_id, w.run_id, using):
+            hooks.close_children(w.workflow_id, w.run_id, "continued as new", using)
+        ContinuedRun.objects.using(using).create(
+            workflow_id=w.workflow_id,
+            run_id=w.run_id,
+            next_run_id=new.run_id,
+            workflow_type=workflow_type,
+            version=version,
+            input=input_text,
+            steps=Step.objects.using(using).filter(run_id=w.run_id).count(),
+            started_at=started_at,
+            finished_at=now,
+        )
+        Workflow.objects.using(using).filter(pk=w.workflow_id).update(
+            run_id=new.run_id,
+            input=new.input_text,
+            version=new.version,
+            status=WorkflowStatus.RUNNING,
+            result=None,
+            error=None,
+            started_at=now,
+            finished_at=None,
+            updated_at=now,
+            current_step="",
+            stuck_error=None,
+            stuck_retry_at=None,
+            stuck_attempts=0,
+        )
+        Timer.objects.using(using).filter(workflow_id=w.workflow_id, run_id=w.run_id).delete()
+        carry(w.workflow_id, w.run_id, new.run_id, now, using)
+    ids = [w.workflow_id for w in batch]
+    claims.release_locked_claims(engine_id, ids, using, ended=[])
+    send_many("w", ids, using)
+
+
+def _has_active_children(workflow_id: str, run_id: str, using: str) -> bool:
+    return (
+        Workflow.objects.using(using)
+        .filter(parent_id=workflow_id, parent_run_id=run_id, status__in=list(ACTIVE_STATUSES))
+        .exists()
+    )
+
+
+def carry(workflow_id: str, old_run_id: Any, new_run_id: Any, now: datetime, using: str) -> None:
+    """Move the old run's unconsumed signals and admitted updates to the new run; fail the updates
+    it took with wait_for_update and never answered (TAKEN_ERROR, as at a run's end)."""
+    BufferedSignal.objects.using(using).filter(
+        workflow_id=workflow_id, run_id=old_run_id, state=SignalState.BUFFERED
+    ).update(run_id=new_run_id)
+    updates = PendingUpdate.objects.using(using).filter(workflow_id=workflow_id, run_id=old_run_id)
+    updates.filter(status=UpdateStatus.ADMITTED).update(run_id=new_run_id)
+    updates.filter(status=UpdateStatus.ACCEPTED).update(
+        status=UpdateStatus.FAILED, error=dict(mailbox.TAKEN_ERROR), completed_at=now
+    )
+
+
+def carry_late(using: str) -> int:
+    """The mailbox sweep's part: signals and admitted updates that committed for a run after it
+    continued as new are moved to the workflow's current run (while it is active). Returns how many."""
+    current = Workflow.objects.using(using).filter(pk=OuterRef("workflow_id"), status__in=list(ACTIVE_STATUSES))
+    continued = ContinuedRun.objects.using(using).values("run_id")
+    moved = 0
+    signals = BufferedSignal.objects.using(using).filter(state=SignalState.BUFFERED, run_id__in=continued)
+    updates = PendingUpdate.objects.using(using).filter(status=UpdateStatus.ADMITTED, run_id__in=continued)
+    # Read first, write only what was found (on SQLite an UPDATE that matches nothing still locks).
+    late_signals = list(signals.filter(Exists(current)).values_list("pk", flat=True)[:1000])
+    if late_signals:
+        moved += signals.filter(pk__in=late_signals).update(run_id=Subquery(current.values("run_id")[:1]))
+    late_updates = list(updates.filter(Exists(current)).values_list("pk", flat=True)[:1000])
+    if late_updates:
+        moved += updates.filter(pk__in=late_updates).update(run_id=Subquery(current.values("run_id")[:1]))
+    return moved
