@@ -41,6 +41,7 @@ DEFAULTS: dict[str, Any] = {
     "AUTODISCOVER_MODULE": "workflows",
     "DATABASE": "default",
     "PREPARED_STATEMENTS": True,
+    "MAX_RESIDENT_WORKFLOWS": None,
 }
 
 OWNERSHIP_MODES = ("none", "lease", "workflow-lease")
@@ -80,6 +81,7 @@ class WeftSettings:
     autodiscover_module: str
     database: str
     prepared_statements: bool = True
+    max_resident_workflows: int | None = None  # None: every held workflow stays in memory
 
 
 @dataclass(frozen=True)
@@ -255,6 +257,20 @@ class _Validation:
     def prepared_statements(self) -> bool:
         return self.boolean("PREPARED_STATEMENTS", "E026", "Set PREPARED_STATEMENTS to True (the default) or False.")
 
+    def max_resident_workflows(self) -> int | None:
+        value = self.value("MAX_RESIDENT_WORKFLOWS")
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            self.report(
+                "E027",
+                f"MAX_RESIDENT_WORKFLOWS must be None or a positive integer (got {value!r}).",
+                "Set MAX_RESIDENT_WORKFLOWS to None (keep every held workflow in memory, the default) or to the "
+                "number of workflow generators one engine may keep in memory, such as 10000.",
+            )
+            return None
+        return value
+
     def retention(self) -> dict[str, timedelta | None]:
         given = self.value("RETENTION")
         hint = 'Map "completed", "failed", "cancelled" and "timed_out" to a duration, or None to keep for ever.'
@@ -344,6 +360,7 @@ def _evaluate() -> tuple[WeftSettings | None, list[SettingsProblem]]:
     module = check.autodiscover_module()
     database = check.database()
     prepared = check.prepared_statements()
+    max_resident = check.max_resident_workflows()
     check.unknown_keys()
     if check.problems or ownership is None:
         return None, check.problems
@@ -366,6 +383,7 @@ def _evaluate() -> tuple[WeftSettings | None, list[SettingsProblem]]:
         autodiscover_module=module,
         database=database,
         prepared_statements=prepared,
+        max_resident_workflows=max_resident,
     ), []
 
 

@@ -4,6 +4,7 @@ engine as a real subprocess on the test database."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from django.db.models import Count
@@ -12,7 +13,7 @@ import weft_django as weft
 from tests.testapp.models import ActivityCall
 from tests.testapp.workflows import local_step
 from weft_django.exceptions import WorkflowDefinitionError
-from weft_django.models import Step, Timer
+from weft_django.models import Step, Timer, WorkflowClaim
 from weft_django.registry import registry
 from weft_django.store import notify
 from weft_django.testing import wait_for
@@ -105,3 +106,27 @@ def test_local_option_is_checked():
         local_step.options(local="yes")
     assert local_step.options(local=False).local is False
     assert "tests.bad_local" not in registry.activities  # nothing registered
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.subprocess
+def test_evicted_parked_workflows_resume_by_replay(weft_engines):
+    """MAX_RESIDENT_WORKFLOWS=2 and six parked workflows: four are evicted (claims still held and
+    renewed); a signal to each loads it again and replays it: its durable step does not run again."""
+    env = {
+        "WEFT_TEST_OVERRIDES": json.dumps(
+            {"WORKFLOW_CLAIM_TTL": "3s", "WORKFLOW_CLAIM_RENEW_INTERVAL": "1s", "MAX_RESIDENT_WORKFLOWS": 2}
+        )
+    }
+    engine = weft_engines("resident-2", "-v", "2", env=env)
+    handles = [weft.start("tests.local_then_signal", args=[f"e{i}"], id=f"evict-{i}") for i in range(6)]
+    for h in handles:
+        wait_for(lambda h=h: Step.objects.filter(workflow_id=h.id, seq=0, status="completed").exists(), timeout=30)
+    wait_for(lambda: "evicted idle parked workflows" in engine.output(), timeout=30, message="an eviction")
+    time.sleep(4)  # past the claim TTL: the evicted claims were renewed, not lost
+    assert WorkflowClaim.objects.filter(workflow_id__startswith="evict-", engine_id="resident-2").count() == 6
+    for i, h in enumerate(handles):
+        h.signal("go", i)
+        assert h.result(timeout=30) == [f"e{i}-0", i, f"e{i}-1"]
+    assert calls("local_step") == {f"e{i}-0": 1 for i in range(6)}
+    assert "stopped driving" not in engine.output()

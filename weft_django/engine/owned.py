@@ -40,6 +40,7 @@ class Owned:
     armed_at: dict[int, datetime] = dataclasses.field(default_factory=dict)  # when each wait began
     depth: int = 0
     trace_context: str | None = None  # the starter's (weft_django.tracing): the run's spans are its children
+    has_deadline: bool = False  # an execution deadline is armed in the loop's timer heap (never evicted)
 
 
 def mailbox_of(leaf: Leaf) -> str:

@@ -165,6 +165,7 @@ class Progress:
             depth=row.depth,
             clear_stuck=row.stuck_error is not None,
             trace_context=row.trace_context,
+            has_deadline=row.execution_deadline is not None,
         )
         self.owned[row.id] = owned
         for timer in timers:
