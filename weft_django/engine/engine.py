@@ -331,7 +331,7 @@ class Engine:
         busy |= deliver_messages(self, message_check, queries, now, writes, changed)
 
         if claim and not self.stopping.is_set() and self._check_store_lease():
-            unknown = {wid for wid in notified if wid not in self.owned}
+            unknown = {wid for wid in notified if wid not in self.owned and wid not in self._reload}
             busy |= self._claim(now, writes, changed, force=bool(unknown) or rescan, scan=poll_due)
             for task in self.periodic if poll_due else ():
                 if self.wake.event.is_set() and not overdue:
