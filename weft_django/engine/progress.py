@@ -465,7 +465,7 @@ class Progress:
     def expire_attempts(self, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]) -> None:
         """Fail (or retry) the attempts past their timeout that are not committing right now."""
         clock = time.monotonic()
-        for owned in list(self.owned.values()):
+        for owned in [o for o in self.owned.values() if o.inflight]:  # not every parked one, every pass
             for seq, task in list(owned.inflight.items()):
                 if task.deadline is None or clock < task.deadline:
                     continue
