@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -31,6 +33,24 @@ _statements: Counter[tuple[str, str]] = Counter()  # (thread group, raw sql) -> 
 _transactions: Counter[tuple[str, str]] = Counter()  # (thread group, "read"|"write") -> count
 _rollbacks: Counter[str] = Counter()
 _tx_state: dict[int, dict[str, Any]] = {}  # id(connection) -> {"open": bool, "write": bool}
+
+# WEFT_BENCH_TIMELINE=FILE: also record every statement with its wall-clock start and duration
+# (time.time(), comparable across processes on one machine), for benchmarks/critical_path.py.
+TIMELINE = os.environ.get("WEFT_BENCH_TIMELINE")
+_timeline: list[tuple[float, float, str, str]] = []  # (start, seconds, thread group, sql)
+
+
+def mark(label: str) -> None:
+    """Record a point on the timeline (a client's "start", "result returned")."""
+    if TIMELINE:
+        _timeline.append((time.time(), 0.0, _group(), label))
+
+
+def dump_timeline(path: str | None = None) -> None:
+    """Write the recorded timeline (JSON list of [start, seconds, thread, sql]) to ``path``."""
+    with open(path or TIMELINE or "timeline.json", "w") as handle:
+        json.dump([[t, d, g, normalise(s)[:160]] for t, d, g, s in _timeline], handle)
+
 
 _WRITE = re.compile(r"^\s*(INSERT|UPDATE|DELETE)\b|\bFOR (NO KEY )?UPDATE\b|\bnextval\(|\bpg_notify\(", re.I)
 
@@ -56,7 +76,13 @@ def _wrapper(execute: Any, sql: str, params: Any, many: bool, context: dict[str,
             state["open"] = True
             state["write"] |= writes
             state["group"] = group
-    return execute(sql, params, many, context)
+    if not TIMELINE:
+        return execute(sql, params, many, context)
+    began, clock = time.time(), time.perf_counter()
+    try:
+        return execute(sql, params, many, context)
+    finally:
+        _timeline.append((began, time.perf_counter() - clock, group, sql))
 
 
 def _end_transaction(connection: Any, rolled_back: bool) -> None:
@@ -166,6 +192,8 @@ def _main() -> None:
     finally:
         with open(options.out, "w") as handle:
             json.dump(snapshot(), handle, indent=1)
+        if TIMELINE:
+            dump_timeline()
 
 
 if __name__ == "__main__":

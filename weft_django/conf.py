@@ -42,6 +42,7 @@ DEFAULTS: dict[str, Any] = {
     "DATABASE": "default",
     "PREPARED_STATEMENTS": True,
     "HISTORY_WARN_STEPS": 10000,
+    "MAX_RESIDENT_WORKFLOWS": None,
 }
 
 OWNERSHIP_MODES = ("none", "lease", "workflow-lease")
@@ -82,6 +83,7 @@ class WeftSettings:
     database: str
     prepared_statements: bool = True
     history_warn_steps: int | None = 10000  # None: never warn
+    max_resident_workflows: int | None = None  # None: every held workflow stays in memory
 
 
 @dataclass(frozen=True)
@@ -263,6 +265,20 @@ class _Validation:
             return None
         return self.positive_int("HISTORY_WARN_STEPS", "E027", "a positive number of steps such as 10000, or None")
 
+    def max_resident_workflows(self) -> int | None:
+        value = self.value("MAX_RESIDENT_WORKFLOWS")
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            self.report(
+                "E028",
+                f"MAX_RESIDENT_WORKFLOWS must be None or a positive integer (got {value!r}).",
+                "Set MAX_RESIDENT_WORKFLOWS to None (keep every held workflow in memory, the default) or to the "
+                "number of workflow generators one engine may keep in memory, such as 10000.",
+            )
+            return None
+        return value
+
     def retention(self) -> dict[str, timedelta | None]:
         given = self.value("RETENTION")
         hint = 'Map "completed", "failed", "cancelled" and "timed_out" to a duration, or None to keep for ever.'
@@ -353,6 +369,7 @@ def _evaluate() -> tuple[WeftSettings | None, list[SettingsProblem]]:
     database = check.database()
     prepared = check.prepared_statements()
     history_warn = check.history_warn_steps()
+    max_resident = check.max_resident_workflows()
     check.unknown_keys()
     if check.problems or ownership is None:
         return None, check.problems
@@ -376,6 +393,7 @@ def _evaluate() -> tuple[WeftSettings | None, list[SettingsProblem]]:
         database=database,
         prepared_statements=prepared,
         history_warn_steps=history_warn,
+        max_resident_workflows=max_resident,
     ), []
 
 

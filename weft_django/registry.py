@@ -115,6 +115,7 @@ class ActivityDefinition:
     atomic: bool = False
     executor: str | None = None
     queue: str | None = None
+    local: bool = False  # runs on the engine's loop thread, no attempt record before it (docs/concepts.md)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Calling an activity directly just runs it (handy in tests)."""
@@ -122,10 +123,12 @@ class ActivityDefinition:
 
     def options(self, **overrides: Any) -> ActivityDefinition:
         """A copy with per-call options: ``ctx.run(charge.options(timeout="5s"), ...)``."""
-        unknown = set(overrides) - {"retry", "timeout", "schedule_to_close_timeout", "executor", "queue"}
+        unknown = set(overrides) - {"retry", "timeout", "schedule_to_close_timeout", "executor", "queue", "local"}
         if unknown:
             raise WorkflowDefinitionError(f"Unknown activity option(s): {', '.join(sorted(unknown))}.")
-        return dataclasses.replace(self, **_activity_options(self.name, **overrides, _partial=True))
+        changed = dataclasses.replace(self, **_activity_options(self.name, **overrides, _partial=True))
+        _check_local(changed)
+        return changed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,7 +271,22 @@ def _activity_options(name: str, _partial: bool = False, **options: Any) -> dict
         out["executor"] = executor
     if "queue" in options or not _partial:
         out["queue"] = options.get("queue")
+    if "local" in options or not _partial:
+        local = options.get("local", False)
+        if not isinstance(local, bool):
+            raise WorkflowDefinitionError(f"Activity {name!r}: local must be True or False (got {local!r}).")
+        out["local"] = local
     return out
+
+
+def _check_local(definition: ActivityDefinition) -> None:
+    """A local activity runs in the engine's loop: not atomic (its own fenced transaction) and not on Celery."""
+    if definition.local and (definition.atomic or definition.executor == "celery"):
+        other = "atomic=True" if definition.atomic else 'executor="celery"'
+        raise WorkflowDefinitionError(
+            f"Activity {definition.name!r}: local=True cannot be combined with {other}: a local activity runs in the "
+            f"engine's process and its result is committed with the workflow's next commit. Drop one of them."
+        )
 
 
 @overload
@@ -327,8 +345,13 @@ def activity(
     atomic: bool = False,
     executor: str | None = None,
     queue: str | None = None,
+    local: bool = False,
 ) -> Any:
-    """Register a function as an activity. Works bare or with options."""
+    """Register a function as an activity. Works bare or with options.
+
+    ``local=True``: a local activity (docs/concepts.md): it runs on the engine's loop thread with no
+    attempt record before it, and its result is committed with the workflow's next commit (at least
+    once). Raises WorkflowDefinitionError combined with ``atomic=True`` or ``executor="celery"``."""
 
     def decorate(func: Callable[..., Any]) -> ActivityDefinition:
         if inspect.isgeneratorfunction(func) or inspect.iscoroutinefunction(func):
@@ -344,8 +367,11 @@ def activity(
             schedule_to_close_timeout=schedule_to_close_timeout,
             executor=executor,
             queue=queue,
+            local=local,
         )
-        definition = registry.add_activity(ActivityDefinition(func, act_name, atomic=bool(atomic), **options))
+        definition = ActivityDefinition(func, act_name, atomic=bool(atomic), **options)
+        _check_local(definition)
+        definition = registry.add_activity(definition)
         func.__weft_activity__ = definition  # type: ignore[attr-defined]
         return definition
 

@@ -136,6 +136,8 @@ class ResultListener:
         self.alias = alias
         self._lock = threading.Lock()
         self._waiters: dict[str, set[threading.Event]] = {}
+        # A run's outcome carried by its R: wake-up, per waiting event, until that waiter takes it.
+        self._delivered: dict[threading.Event, dict[str, Any]] = {}
         self._thread: threading.Thread | None = None  # None once the thread has decided to stop
         self._last_thread: threading.Thread | None = None
         self._idle_since: float | None = None
@@ -159,6 +161,7 @@ class ResultListener:
 
     def unsubscribe(self, workflow_id: str, event: threading.Event) -> None:
         with self._lock:
+            self._delivered.pop(event, None)
             events = self._waiters.get(workflow_id)
             if events is not None:
                 events.discard(event)
@@ -199,14 +202,22 @@ class ResultListener:
     def wake_all(self) -> None:
         self._wake(None)
 
-    def _wake(self, workflow_id: str | None) -> None:
+    def _wake(self, workflow_id: str | None, ended: dict[str, Any] | None = None) -> None:
         with self._lock:
             if workflow_id is None:
                 events = [event for group in self._waiters.values() for event in group]
             else:
                 events = list(self._waiters.get(workflow_id, ()))
+            if ended is not None:
+                for event in events:
+                    self._delivered[event] = ended
         for event in events:
             event.set()
+
+    def take_delivered(self, event: threading.Event) -> dict[str, Any] | None:
+        """The outcome an R: wake-up brought to this waiter since its last call (None: read the row)."""
+        with self._lock:
+            return self._delivered.pop(event, None)
 
     def read(self, reading: Callable[[Any], T]) -> T:
         """Run ``reading(reader)`` on the reader connection (opened on first use, kept like the LISTEN
@@ -243,6 +254,12 @@ class ResultListener:
                                 kind, _, ident = note.payload.partition(":")
                                 if kind == "r":
                                     self._wake(None if ident == "*" else ident)
+                                elif kind == "R":  # a run ended, its outcome in the payload
+                                    parsed = notify.parse_ended(ident)
+                                    if parsed is None:
+                                        self._wake(None)
+                                    else:
+                                        self._wake(parsed[0], parsed[1])
                                 elif kind == "a":  # a query or update answered: "a:<request id>"
                                     self._wake(None if ident == "*" else note.payload)
                 except Exception:
@@ -379,9 +396,18 @@ def wait_for_end(workflow_id: str, alias: str, deadline: float | None, abandoned
         if listener is not None:
             listener.listening.wait(min(1.0, _remaining(deadline)))
         delay = POLL_FIRST
+        run_id = None  # of the run the last read saw
         while True:
             event.clear()
-            row = _read_end(workflow_id, alias, listener)
+            # The outcome a wake-up carried, when it is the end of the very run the last read saw
+            # running (an older run's late wake-up is not); else a read.
+            delivered = listener.take_delivered(event) if listener is not None else None
+            row: dict[str, Any] | None
+            if delivered is not None and run_id is not None and str(delivered["run_id"]) == run_id:
+                row = delivered
+            else:
+                row = _read_end(workflow_id, alias, listener)
+                run_id = None if row is None else str(row["run_id"])
             if row is None:
                 raise WorkflowNotFoundError(
                     f'No workflow "{workflow_id}" exists (never started, purged, or started in a transaction '

@@ -30,3 +30,17 @@ def sleeper(ctx: weft.WorkflowContext, n: int, seconds: int):  # type: ignore[no
     """Sleeps ``seconds`` on a durable timer (the parked and timers scenarios of benchmarks/scale.py)."""
     yield ctx.sleep(seconds)
     return n
+
+
+@weft.activity(name="bench.noop_local", local=True)
+def noop_local(i: int) -> int:
+    return i
+
+
+@weft.workflow(name="bench.three_local")
+def three_local(ctx: weft.WorkflowContext, n: int):  # type: ignore[no-untyped-def]
+    """bench.three_noop with local activities (``local=True``): one commit for the three steps and the end."""
+    a = yield ctx.run(noop_local, n)
+    b = yield ctx.run(noop_local, a + 1)
+    c = yield ctx.run(noop_local, b + 1)
+    return c

@@ -124,16 +124,15 @@ def throughput(n: int, progress: bool) -> dict[str, Any]:
     return out
 
 
-def latency(n: int, progress: bool) -> dict[str, Any]:
+def latency(n: int, progress: bool, workflow: str = "bench.three_noop") -> dict[str, Any]:
     from tqdm import tqdm
 
     import weft_django as weft
-    from benchmarks.benchapp.workflows import three_noop
 
     times = []
     for i in tqdm(range(n), desc="weft one-at-a-time", unit="wf", disable=not progress, leave=False):
         t0 = time.perf_counter()
-        weft.start(three_noop, args=[i]).result(timeout=60)
+        weft.start(workflow, args=[i]).result(timeout=60)
         times.append(time.perf_counter() - t0)
     return common.latency_summary(times)
 
@@ -177,6 +176,9 @@ def main() -> None:
     parser.add_argument("--latency", type=int, default=200)
     parser.add_argument("--signals", type=int, default=200)
     parser.add_argument("--trace-workflows", type=int, default=1000, help="0: no traced run")
+    parser.add_argument(
+        "--local-latency", type=int, default=0, help="(b_local): (b) with bench.three_local (local activities)"
+    )
     parser.add_argument("--engine-concurrency", type=int, default=8)
     parser.add_argument("--poll-interval", default="1s", help="WEFT POLL_INTERVAL (default: the shipped 1s)")
     parser.add_argument("--stamp", default=time.strftime("%Y%m%d-%H%M%S"))
@@ -220,16 +222,20 @@ def main() -> None:
         result["a"]["db"] = d
         result["a"]["db_commits_per_step"] = d["xact_commit"] / steps  # whole database: client + engine + LISTEN
         result["a"]["row_writes_per_step"] = (d["tup_inserted"] + d["tup_updated"] + d["tup_deleted"]) / steps
-        for part, run in (
-            ("b", lambda: latency(args.latency, progress)),
-            ("c", lambda: signals(args.signals, engine.engine_id, progress)),
-        ):
+        parts = [
+            ("b", args.latency, lambda: latency(args.latency, progress)),
+            ("c", args.signals, lambda: signals(args.signals, engine.engine_id, progress)),
+        ]
+        if args.local_latency:
+            parts.append(
+                ("b_local", args.local_latency, lambda: latency(args.local_latency, progress, "bench.three_local"))
+            )
+        for part, count, run in parts:
             settle()
             before = common.db_counters(DBNAME)
             result[part] = run()
             settle()
             d = common.delta(before, common.db_counters(DBNAME))
-            count = args.latency if part == "b" else args.signals
             result[part]["db"] = d
             # connections opened per workflow (client waits + engine): each is a backend fork
             result[part]["sessions_per_workflow"] = d["sessions"] / count

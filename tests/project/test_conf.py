@@ -116,6 +116,10 @@ CASES: dict[str, tuple[Any, str]] = {
         {"PREPARED_STATEMENTS": 1},
         "PREPARED_STATEMENTS must be True or False (got 1).",
     ),
+    "weft.E027": (
+        {"MAX_RESIDENT_WORKFLOWS": 0},
+        "MAX_RESIDENT_WORKFLOWS must be None or a positive integer (got 0).",
+    ),
 }
 
 
@@ -160,6 +164,7 @@ def test_defaults_are_the_documented_ones() -> None:
         "DATABASE": "default",
         "PREPARED_STATEMENTS": True,
         "HISTORY_WARN_STEPS": 10000,
+        "MAX_RESIDENT_WORKFLOWS": None,
     }
 
 
@@ -607,3 +612,13 @@ def test_single_key_readers_raise_for_their_own_key(reader: Any, weft: Any) -> N
         with pytest.raises(ConfigurationError) as caught:
             reader()
     assert str(caught.value) == expected
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 1.5, "100"])
+def test_max_resident_workflows_rejects(value: object) -> None:
+    assert problem_ids({"MAX_RESIDENT_WORKFLOWS": value}) == ["weft.E028"]
+
+
+@pytest.mark.parametrize("value", [None, 1, 10_000])
+def test_max_resident_workflows_accepts(value: object) -> None:
+    assert problem_ids({"MAX_RESIDENT_WORKFLOWS": value}) == []

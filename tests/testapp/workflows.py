@@ -642,3 +642,49 @@ def chaos_approve(ctx, key: str, seconds: float = 0.3):
 
 
 from . import visibility_workflows  # noqa: E402, F401 - issue 19's workflows, registered in engine subprocesses too
+
+# -- local activities (issue 16): run on the engine's loop thread, committed with the next commit --
+
+
+@weft.activity(local=True)
+def local_step(key: str, seconds: float = 0.0) -> str:
+    _count("local_step", key)
+    time.sleep(seconds)
+    return key
+
+
+@weft.activity(local=True, retry=weft.RetryPolicy(max_attempts=3, initial_backoff="10ms", max_backoff="50ms"))
+def local_flaky(key: str, fail_times: int) -> int:
+    calls = _count("local_flaky", key)
+    if calls <= fail_times:
+        raise ConnectionError(f"failure {calls}")
+    return calls
+
+
+@weft.workflow(name="tests.local_steps")
+def local_steps(ctx, key: str, steps: int, seconds: float = 0.0):
+    out = []
+    for i in range(steps):
+        out.append((yield ctx.run(local_step, f"{key}-{i}", seconds)))
+    return out
+
+
+@weft.workflow(name="tests.local_then_signal")
+def local_then_signal(ctx, key: str):
+    """A local step, then a signal wait: the step is durable before the workflow parks."""
+    first = yield ctx.run(local_step, f"{key}-0")
+    payload = yield ctx.wait_for_signal("go")
+    second = yield ctx.run(slow_step.options(), f"{key}-1", 0.0)
+    return [first, payload, second]
+
+
+@weft.workflow(name="tests.local_flaky")
+def local_flaky_workflow(ctx, key: str, fail_times: int):
+    return (yield ctx.run(local_flaky, key, fail_times))
+
+
+@weft.workflow(name="tests.big_result")
+def big_result(ctx, size: int):
+    """Returns a string of ``size`` characters (the R: wake-up carries it only under 8000 bytes)."""
+    value = yield ctx.run(local_step, "big")
+    return value + "x" * size

@@ -224,29 +224,15 @@ class ThreadExecutor:
         self._on_done()
 
     def _attempt(self, task: AttemptTask) -> AttemptOutcome:
-        payload = decode(task.args_text) or {}
-        args, kwargs = payload.get("args", []), payload.get("kwargs", {})
-        definition = task.definition
-        try:
-            if definition.atomic:
-                return self._attempt_atomic(task, args, kwargs)
-            text = encode_payload(definition.fn(*args, **kwargs), path="activity result")
-            return AttemptOutcome(task, ok=True, result=text)
-        except FenceRefused:
-            return AttemptOutcome(task, ok=False, refused=True)
-        except Exception as exc:
-            logger.info(
-                "activity failed workflow=%s activity=%s seq=%s attempt=%s epoch=%s error=%s",
-                task.workflow_id,
-                definition.name,
-                task.seq,
-                task.attempt,
-                task.epoch,
-                type(exc).__name__,
-            )
-            return AttemptOutcome(
-                task, ok=False, error=describe_exception(exc), retryable=definition.retry.is_retryable(exc)
-            )
+        if task.definition.atomic:
+            payload = decode(task.args_text) or {}
+            try:
+                return self._attempt_atomic(task, payload.get("args", []), payload.get("kwargs", {}))
+            except FenceRefused:
+                return AttemptOutcome(task, ok=False, refused=True)
+            except Exception as exc:
+                return _failed(task, exc)
+        return plain_attempt(task)
 
     def _attempt_atomic(self, task: AttemptTask, args: list[Any], kwargs: dict[str, Any]) -> AttemptOutcome:
         """The user's writes and the step commit together, under the claim, for this attempt only. The
@@ -284,6 +270,56 @@ class ThreadExecutor:
         self._closed = True
         for _ in self._workers:
             self._queue.put(None)
+
+
+def _failed(task: AttemptTask, exc: Exception) -> AttemptOutcome:
+    definition = task.definition
+    logger.info(
+        "activity failed workflow=%s activity=%s seq=%s attempt=%s epoch=%s error=%s",
+        task.workflow_id,
+        definition.name,
+        task.seq,
+        task.attempt,
+        task.epoch,
+        type(exc).__name__,
+    )
+    return AttemptOutcome(task, ok=False, error=describe_exception(exc), retryable=definition.retry.is_retryable(exc))
+
+
+def plain_attempt(task: AttemptTask) -> AttemptOutcome:
+    """Run a (non-atomic) attempt's function on this thread: its outcome. The function's exception is
+    the outcome; only undecodable arguments (a bad row) raise."""
+    payload = decode(task.args_text) or {}
+    try:
+        value = task.definition.fn(*payload.get("args", []), **payload.get("kwargs", {}))
+        return AttemptOutcome(task, ok=True, result=encode_payload(value, path="activity result"))
+    except Exception as exc:
+        return _failed(task, exc)
+
+
+def run_local(task: AttemptTask) -> AttemptOutcome:
+    """A local activity's attempt (``local=True``), run now on the calling thread (the engine loop's).
+
+    Nothing was recorded before it: the caller records its step in the workflow's next fenced commit.
+    Its ``timeout`` cannot interrupt it; an attempt that returns after its timeout counts as timed out
+    (ActivityTimeoutError, retried by its policy like any attempt)."""
+    task.start_clock()
+    bind(task.control)
+    try:
+        span = attempt_span(
+            task.workflow_id, task.run_id, task.definition.name, task.seq, task.attempt, task.epoch, task.trace_context
+        )
+        with span as opened:
+            outcome = events.timed_attempt(plain_attempt, task)
+            if not outcome.ok:
+                tracing.set_attribute(opened, "weft.outcome", "failed")
+    finally:
+        bind(None)
+    task.control.finished = True
+    if task.deadline is not None and time.monotonic() > task.deadline:
+        message = f"attempt {task.attempt} did not finish within {task.definition.timeout}"
+        return _failed(task, ActivityTimeoutError(message))
+    return outcome
 
 
 def attempt_span(

@@ -16,6 +16,11 @@ from ..store.clock import db_now
 from . import ownership
 
 logger = logging.getLogger("weft_django.engine.engine")
+# The takeover scan reads every held claim once per this many renew intervals; in between only the
+# claims of silent engines (a heartbeat older than the claim TTL, or stopped): a dead engine's claims
+# are found as soon as the grace allows, and a claim that lapsed under a live engine within this many
+# intervals more.
+FULL_TAKEOVER_EVERY = 12
 
 
 class Claimer:
@@ -43,6 +48,7 @@ class Claimer:
         self.on_taken_over = on_taken_over
         self.last_claim_scan = 0.0  # time.monotonic() of the last acquire scan; 0.0: scan on the next pass
         self.last_takeover_scan = 0.0
+        self.last_full_takeover_scan = 0.0
         self.take_over_now = False  # take the claims of other engines on the next pass
         self._warned_engines: set[str] = set()
 
@@ -111,7 +117,7 @@ class Claimer:
         if clock - self.last_takeover_scan >= self.settings.workflow_claim_renew_interval.total_seconds():
             self.last_takeover_scan = clock
             self._detect_second_instance()
-            got = self._acquire(takeover=True)
+            got = self._take_lapsed(clock)
             for wid, (epoch, previous) in got.items():
                 logger.warning(
                     "took over workflow=%s engine=%s epoch=%s previous=%s", wid, self.engine_id, epoch, previous
@@ -122,7 +128,17 @@ class Claimer:
                 self.last_takeover_scan = 0.0  # a full pass: start the next one at once
         return claimed
 
-    def _acquire(self, *, takeover: bool) -> dict[str, tuple[int, str | None]]:
+    def _take_lapsed(self, clock: float) -> dict[str, tuple[int, str | None]]:
+        """The takeover scan: every held claim once per FULL_TAKEOVER_EVERY renew intervals, else
+        only the claims of silent engines (none silent: no scan)."""
+        every = self.settings.workflow_claim_renew_interval.total_seconds() * FULL_TAKEOVER_EVERY
+        if clock - self.last_full_takeover_scan >= every:
+            self.last_full_takeover_scan = clock
+            return self._acquire(takeover=True)
+        silent = engines.silent_engines(within=self.settings.workflow_claim_ttl, using=self.using)
+        return self._acquire(takeover=True, holders=silent) if silent else {}
+
+    def _acquire(self, *, takeover: bool, holders: list[str] | None = None) -> dict[str, tuple[int, str | None]]:
         return ownership.acquire(
             self.engine_id,
             limit=self.capacity,
@@ -130,6 +146,7 @@ class Claimer:
             renew_interval=self.settings.workflow_claim_renew_interval,
             using=self.using,
             takeover=takeover,
+            holders=holders,
         )
 
     def _detect_second_instance(self) -> None:

@@ -50,6 +50,7 @@ from .passclock import PassClock
 from .periodic import builtin_tasks
 from .progress import Progress
 from .renewal import Renewal, StoreLease
+from .residency import Residency
 from .timers import TimerHeap
 from .wake import Wake
 from .wakeups import Listener
@@ -117,9 +118,9 @@ class Engine:
         )
         self._threads_stop, self._threads = threading.Event(), list[threading.Thread]()
         self._reload: dict[str, int] = {}  # workflows to load again at these epochs (after a failed pass)
-        # Writes a fenced commit deferred because another transaction held a row it needed (a user's
-        # open transaction around cancel(), say): they open the next pass's writes, so what that pass
-        # adds for the same workflow commits with them, never ahead of them.
+        self.residency = Residency(self.settings.max_resident_workflows, lambda w, e: self._reload.__setitem__(w, e))
+        # Writes a fenced commit deferred because another transaction held a row it needed (a user's open
+        # transaction around cancel()): they open the next pass's writes, never overtaken by them.
         self._carried: dict[str, WorkflowWrites] = {}
         self._carry_retry_at = 0.0
         self._last_maintenance = self._last_mailbox_sweep = 0.0  # time.monotonic() when they last ran
@@ -229,7 +230,7 @@ class Engine:
         self._threads_stop.set()
         self.executor.shutdown(0)
         try:
-            ownership.release(self.engine_id, {wid: o.epoch for wid, o in self.owned.items()}, self.using)
+            ownership.release(self.engine_id, self.residency.take_all(self.owned), self.using)
             events.claims_released(self, len(self.owned))
             self.lease.release()
             engines.stop_engine(self.engine_id, self.using)
@@ -287,6 +288,7 @@ class Engine:
 
     def _tick(self, claim: bool) -> bool:
         lost, notified, rescan = self.wake.take()
+        self.residency.recall(notified, lost)  # an evicted workflow named by a wake-up is loaded again
         if not (lost or notified or rescan) and self._quiet(claim):
             return False
         now = self._workflow_now(fresh=rescan)
@@ -329,7 +331,7 @@ class Engine:
         busy |= deliver_messages(self, message_check, queries, now, writes, changed)
 
         if claim and not self.stopping.is_set() and self._check_store_lease():
-            unknown = {wid for wid in notified if wid not in self.owned}
+            unknown = {wid for wid in notified if wid not in self.owned and wid not in self._reload}
             busy |= self._claim(now, writes, changed, force=bool(unknown) or rescan, scan=poll_due)
             for task in self.periodic if poll_due else ():
                 if self.wake.event.is_set() and not overdue:
@@ -359,6 +361,8 @@ class Engine:
             if deferred:
                 self._carried = {wid: writes[wid] for wid in sorted(deferred)}
                 self._carry_retry_at = time.monotonic() + CARRY_RETRY
+        if self.residency.evict(self.owned, self._carried.__contains__):
+            self._publish_epochs()
         self._dispatch()
         return busy
 
@@ -569,13 +573,8 @@ class Engine:
             self._drop(wid, reason)
 
     def commit_stuck(self, wid: str, error: WeftError) -> None:
-        """Make this owned workflow stuck with ``error`` in a commit of its own, and stop driving it
-        (containment of an engine bug; a failure to record it is logged).
-
-        Args:
-            wid: an owned workflow.
-            error: why it is stuck.
-        """
+        """Make owned workflow ``wid`` stuck with ``error`` in a commit of its own, and stop driving it
+        (containment of an engine bug; a failure to record it is logged)."""
         owned = self.owned[wid]
         writes: dict[str, WorkflowWrites] = {}
         try:
@@ -597,4 +596,4 @@ class Engine:
         return self.progress.answer_query(workflow_id, name, *args)
 
     def _publish_epochs(self) -> None:
-        self.renewal.publish({wid: o.epoch for wid, o in self.owned.items()})
+        self.renewal.publish({wid: o.epoch for wid, o in self.owned.items()}, self.residency.evicted)

@@ -42,6 +42,7 @@ class Owned:
     trace_context: str | None = None  # the starter's (weft_django.tracing): the run's spans are its children
     history_warned: bool = False  # engine/history_size.py logged that this run's history is long
     history_limit: int | None = -1  # WEFT["HISTORY_WARN_STEPS"] as read on its first turn (-1: not yet)
+    has_deadline: bool = False  # an execution deadline is armed in the loop's timer heap (never evicted)
 
 
 def mailbox_of(leaf: Leaf) -> str:

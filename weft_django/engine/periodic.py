@@ -38,4 +38,6 @@ def builtin_tasks() -> list[PeriodicTask]:
         PeriodicTask("schedules", schedules.interval, schedules.run),
         PeriodicTask("retention", retention.interval, retention.run),
         PeriodicTask("message-cleanup", messages.cleanup_interval, messages.cleanup_messages),
+        # Evicted workflows with mail a wake-up did not announce are loaded again (engine/residency.py).
+        PeriodicTask("evicted-mail", lambda e: e.residency.interval(e), lambda e, now: e.residency.sweep(e, now)),
     ]

@@ -31,7 +31,7 @@ from ..store.commit import Finish, WorkflowWrites
 from ..store.histories import RunRow, buffered_signals
 from ..store.writes import Continuation
 from . import history_size, steps
-from .activities import AttemptOutcome, AttemptTask
+from .activities import AttemptOutcome, AttemptTask, run_local
 from .children import MAX_DEPTH
 from .driver import AppliedRecord, Leaf, StepRecord, WorkflowRun
 from .owned import Owned, collect_recorded, delivery_span, mailbox_of, mark_stuck, span_attributes, writes_of
@@ -169,6 +169,7 @@ class Progress:
             depth=row.depth,
             clear_stuck=row.stuck_error is not None,
             trace_context=row.trace_context,
+            has_deadline=row.execution_deadline is not None,
         )
         self.owned[row.id] = owned
         for timer in timers:
@@ -213,13 +214,16 @@ class Progress:
             for task in owned.inflight.values():
                 task.control.request_stop("the workflow finished")
             return
+        local: list[tuple[int, RunActivity]] = []
         for leaf in run.pending_leaves():
             if leaf.seq in owned.armed:
                 continue
             owned.armed.add(leaf.seq)
             owned.armed_at.setdefault(leaf.seq, now)
             op = leaf.op
-            if isinstance(op, RunActivity):
+            if isinstance(op, RunActivity) and op.activity.local and leaf.seq not in run.steps:
+                local.append((leaf.seq, op))  # run below, once this frontier's other leaves are armed
+            elif isinstance(op, RunActivity):
                 self._arm_activity(owned, leaf.seq, op, now, writes)
             elif isinstance(op, Sleep):
                 self._arm_timer(owned, TimerKind.SLEEP, leaf.seq, now + op.duration, writes)
@@ -233,6 +237,33 @@ class Progress:
                 self._check_wait_until(owned, leaf.seq, op, now, writes, changed)
             elif isinstance(op, WaitForUpdate):
                 self.wake.look_at(wid)  # look for an admitted update on the next pass
+        for seq, op in local:
+            if run.is_pending(seq):
+                self._run_local(owned, seq, op, now, writes, changed)
+
+    def _run_local(
+        self,
+        owned: Owned,
+        seq: int,
+        op: RunActivity,
+        now: datetime,
+        writes: dict[str, WorkflowWrites],
+        changed: set[str],
+    ) -> None:
+        """A local activity: run it now, on this thread, with no attempt record before it; its step
+        joins the pass's writes, so it becomes durable with the workflow's next commit (with the run's
+        end when the workflow returns). After a failed attempt with a retry due, the step is recorded
+        as running with the retry's timer, and its retries are dispatched as any activity's."""
+        task = self._task(owned, seq, op, 1, now)
+        outcome = run_local(task)
+        if outcome.ok:
+            self._settle(owned, steps.activity_completed(task, outcome.result, now), writes, changed)
+            return
+        if steps.retry_at(task, outcome.retryable, now) is not None:
+            step = StepRecord(seq, "activity", op.name, StepStatus.RUNNING, attempts=1, started_at=now)
+            owned.run.record(step)
+            writes_of(owned, writes).steps.append(step)
+        self._on_failure(owned, task, outcome.error or {}, outcome.retryable, now, writes, changed)
 
     def _arm_activity(
         self, owned: Owned, seq: int, op: RunActivity, now: datetime, writes: dict[str, WorkflowWrites]
@@ -442,7 +473,7 @@ class Progress:
     def expire_attempts(self, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]) -> None:
         """Fail (or retry) the attempts past their timeout that are not committing right now."""
         clock = time.monotonic()
-        for owned in list(self.owned.values()):
+        for owned in [o for o in self.owned.values() if o.inflight]:  # not every parked one, every pass
             for seq, task in list(owned.inflight.items()):
                 if task.deadline is None or clock < task.deadline:
                     continue

@@ -134,11 +134,15 @@ class Renewal:
         self.lease = lease
         self.on_failure = on_failure
         self._epochs: dict[str, int] = {}  # what the loop holds, as of its last publish()
+        self._evicted: dict[str, int] = {}  # the loop's evicted claims (the same dict object)
 
-    def publish(self, epochs: dict[str, int]) -> None:
-        """The claims the loop holds now (by workflow id: epoch), for the next renewal."""
+    def publish(self, epochs: dict[str, int], evicted: dict[str, int] | None = None) -> None:
+        """The claims the loop holds now (by workflow id: epoch), for the next renewal; ``evicted``:
+        the loop's dict of claims held without a resident generator (engine/residency.py), read at
+        each renewal (copied in one step under the GIL: the loop mutates it)."""
         with self.wake.lock:
             self._epochs = epochs
+            self._evicted = evicted if evicted is not None else {}
 
     def thread(self, stop: threading.Event) -> threading.Thread:
         """The renewal thread (not started), running until ``stop`` is set."""
@@ -150,7 +154,7 @@ class Renewal:
         try:
             while not stop.wait(interval):
                 with self.wake.lock:
-                    epochs = dict(self._epochs)
+                    epochs = {**self._evicted, **self._epochs}
                 try:
                     if not self.lease.renew():
                         self.wake.up()

@@ -31,7 +31,7 @@ from django.db import transaction
 
 from ..models import AppliedUpdate, Step, Timer, Workflow
 from ..status import ACTIVE_STATUSES, UpdateStatus
-from . import claims, continuation, mailbox, sessions, visibility
+from . import claims, continuation, mailbox, notify, sessions, visibility
 from .backend import backend
 from .children import ChildStart, report_child_end, start_children
 from .claims import FAMILY_LOCK_ROUNDS, active_descendants
@@ -327,7 +327,10 @@ def _apply(
         mailbox.close_ended([w.workflow_id for w in finished], now, using)
     if released:
         claims.release_locked_claims(engine_id, released, using, ended=[w.workflow_id for w in finished])
-        send_many("r", [w.workflow_id for w in finished], using)
+        notify.send_ended(
+            [(w.workflow_id, w.finish.status, w.finish.result, w.finish.error, w.run_id) for w in finished if w.finish],
+            using,
+        )
     with_children = _with_active_children([w.workflow_id for w in finished], using) if finished else set()
     return _close_families(engine_id, batch, finished, with_children, now, claim_ttl, using, hooks)
 

@@ -15,7 +15,7 @@ from . import prepared
 from .backend import backend
 from .claims import FENCE_CTE, release_cte_sql
 from .mailbox import BUFFERED_STATE_SQL, SIGNAL_TABLE, TAKEN_ERROR_JSON, TERMINAL_ERROR_JSON, UPDATE_TABLE
-from .notify import CHANNEL, MAX_PAYLOAD
+from .notify import CARRIED_STATUSES, CHANNEL, MAX_PAYLOAD
 from .writes import WorkflowWrites, latest_per_seq
 
 STEP_TABLE = Step._meta.db_table
@@ -159,7 +159,10 @@ def run_write_statement(
     document = {
         "s": steps,
         "c": consumed,
-        "e": [[w.workflow_id, w.finish.status, w.finish.result, w.finish.error] for w in finished if w.finish],
+        # [id, status, result, error, run_id]: also the R: wake-up's payload (notify.ended_payload)
+        "e": [
+            [w.workflow_id, w.finish.status, w.finish.result, w.finish.error, w.run_id] for w in finished if w.finish
+        ],
         "r": released,
     }
     if fence:
@@ -224,9 +227,12 @@ def run_write_statement(
     parts = []
     if finished:
         parts.append(
-            f"SELECT 'n', pg_notify(%s, 'r:' || id)::text FROM unnest({ended_ids}) AS id WHERE octet_length(id) < %s"
+            # The outcome rides in the payload when it fits (notify.ended_payload, the same text).
+            "SELECT 'n', pg_notify(%s, CASE WHEN x->>1 IN (%s, %s) AND octet_length(x::text) <= %s "
+            "THEN 'R:' || x::text ELSE 'r:' || (x->>0) END)::text "
+            "FROM d, jsonb_array_elements(d.j->'e') AS x WHERE octet_length(x->>0) < %s"
         )
-        params.extend([CHANNEL, MAX_PAYLOAD - 2])
+        params.extend([CHANNEL, *CARRIED_STATUSES, MAX_PAYLOAD - 2, MAX_PAYLOAD - 2])
         if not fence:
             parts.append(
                 f"SELECT 'p', parent_id FROM {WORKFLOW_TABLE} WHERE parent_id = ANY({ended_ids}) "

@@ -7,6 +7,7 @@ import socket
 from datetime import datetime, timedelta
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils.dateparse import parse_datetime
 
 from ..models import Engine, OwnershipMarker, StoreLease
@@ -63,6 +64,18 @@ def other_live_engines(engine_id: str, *, within: timedelta, using: str) -> list
         Engine.objects.using(using)
         .filter(stopped_at__isnull=True, heartbeat_at__gte=since)
         .exclude(id=engine_id)
+        .values_list("id", flat=True)
+    )
+
+
+def silent_engines(*, within: timedelta, using: str) -> list[str]:
+    """Engines whose heartbeat is older than ``within`` or that recorded a stop: the only holders
+    whose claims the frequent takeover scan looks at (engine/claimer.py). A few rows: one per
+    engine id ever registered."""
+    since = db_clock(using) - within
+    return list(
+        Engine.objects.using(using)
+        .filter(Q(stopped_at__isnull=False) | Q(heartbeat_at__lt=since))
         .values_list("id", flat=True)
     )
 

@@ -11,7 +11,7 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef
 
 from ..codec import encode
-from ..models import BufferedSignal, PendingUpdate, QueryRequest, Timer, Workflow
+from ..models import BufferedSignal, PendingUpdate, QueryRequest, Timer, Workflow, WorkflowClaim
 from ..status import ACTIVE_STATUSES, QueryStatus, SignalState, UpdateStatus, WorkflowStatus
 from . import notify, prepared
 from .backend import backend
@@ -390,3 +390,19 @@ def cleanup(now: datetime, cutoff: datetime, grace: timedelta, using: str) -> in
     if old_queries:
         done += QueryRequest.objects.using(using).filter(pk__in=old_queries).delete()[0]
     return done
+
+
+def held_with_mail(engine_id: str, using: str) -> list[str]:
+    """The workflows held by ``engine_id`` with a buffered signal or an admitted update (the sweep
+    behind LISTEN for evicted workflows, engine/residency.py): read from the buffered signals and
+    the admitted updates, each one's claim probed by key, never the engine's held claims."""
+    claim_table = WorkflowClaim._meta.db_table
+    sql = (
+        f"SELECT s.workflow_id FROM {SIGNAL_TABLE} s JOIN {claim_table} c ON c.workflow_id = s.workflow_id "
+        f"WHERE s.{BUFFERED_STATE_SQL} AND c.engine_id = %s "
+        f"UNION SELECT u.workflow_id FROM {UPDATE_TABLE} u JOIN {claim_table} c ON c.workflow_id = u.workflow_id "
+        f"WHERE u.status = %s AND c.engine_id = %s"
+    )
+    with backend(using).connection.cursor() as cursor:
+        cursor.execute(sql, [engine_id, UpdateStatus.ADMITTED, engine_id])
+        return [row[0] for row in cursor.fetchall()]

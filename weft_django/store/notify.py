@@ -4,11 +4,14 @@ Starts send theirs after their commit instead (``send_after_commit``; ``store.ru
 
 Payloads: ``w:<workflow_id>`` (a workflow needs attention: new, signalled, updated, transitioned),
 ``q:<engine_id>`` (a query waits for that engine), ``r:<workflow_id>`` (a run or update finished:
-callers waiting for a result).
+callers waiting for a result), ``R:<json [workflow_id, status, result, error, run_id]>`` (a run completed or
+failed, its outcome carried in the payload, so a waiting ``result()`` returns without reading the row;
+sent instead of ``r:`` when it fits in ``MAX_PAYLOAD``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -63,6 +66,46 @@ def send_after_commit(kind: str, ident: str | list[str], using: str) -> None:
         transaction.on_commit(fire, using=using)
     else:
         fire()
+
+
+CARRIED_STATUSES = ("completed", "failed")  # the ends whose outcome an R: payload carries
+
+
+def ended_payload(workflow_id: str, status: str, result: str | None, error: Any, run_id: str) -> str:
+    """The wake-up of a run that ended: ``R:`` with its outcome when it fits (and the status is one
+    ``CARRIED_STATUSES`` names), else ``r:<workflow_id>`` (the waiter reads the row)."""
+    if status in CARRIED_STATUSES:
+        payload = "R:" + json.dumps([workflow_id, status, result, error, run_id], separators=(",", ":"))
+        if len(payload.encode()) <= MAX_PAYLOAD:
+            return payload
+    return f"r:{workflow_id}"
+
+
+def parse_ended(body: str) -> tuple[str, dict[str, Any]] | None:
+    """The (workflow id, terminal fields as ``runs.read_end`` gives them) of an ``R:`` payload's body
+    (what follows ``R:``), or None when it is not one (a waiter then reads the row)."""
+    try:
+        workflow_id, status, result, error, run_id = json.loads(body)
+    except (ValueError, TypeError):
+        return None
+    if not isinstance(workflow_id, str) or status not in CARRIED_STATUSES:
+        return None
+    fields = {"status": status, "result": result, "error": error, "cancel_reason": None, "execution_deadline": None}
+    return workflow_id, {**fields, "run_id": run_id}
+
+
+def send_ended(ended: list[tuple[str, str, str | None, Any, str]], using: str) -> None:
+    """Send the wake-ups of these ended runs ((id, status, result, error, run_id)), one statement (see
+    ``ended_payload``; an id too long to name wakes every result waiter)."""
+    store = backend(using)
+    if not store.listens or not ended:
+        return
+    payloads = [
+        ended_payload(wid, status, result, error, run_id) if len(wid) < MAX_PAYLOAD - 4 else "r:*"
+        for wid, status, result, error, run_id in ended
+    ]
+    with store.connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p", [CHANNEL, payloads])
 
 
 def send_many(kind: str, idents: list[str], using: str) -> None:

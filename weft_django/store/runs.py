@@ -331,7 +331,7 @@ def pending_timers(using: str) -> Coalesce:
     return Coalesce(Subquery(count, output_field=IntegerField()), 0)
 
 
-RESULT_FIELDS = ("status", "result", "error", "cancel_reason", "execution_deadline")
+RESULT_FIELDS = ("status", "result", "error", "cancel_reason", "execution_deadline", "run_id")
 _RESULT_SQL = f"SELECT {', '.join(RESULT_FIELDS)} FROM {Workflow._meta.db_table} WHERE id = %s"
 
 

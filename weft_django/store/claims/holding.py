@@ -71,6 +71,9 @@ def _held_pg(holder: str) -> str:
 _HELD_BY_OTHERS = "c.engine_id IS NOT NULL AND c.engine_id <> %s"
 _EXPIRED_PG = _held_pg("c.engine_id IS NOT NULL AND c.expires_at + %s * interval '1 millisecond' < clock_timestamp()")
 _OTHERS_PG = _held_pg(_HELD_BY_OTHERS)
+# The same among the claims of the given holders only (read through the partial index on the holder:
+# the claims of live engines, however many, are not read).
+_EXPIRED_OF_PG = _held_pg("c.engine_id = ANY(%s) AND c.expires_at + %s * interval '1 millisecond' < clock_timestamp()")
 
 
 def _claim_pg(
@@ -95,7 +98,13 @@ def _claim_pg(
 
 
 def acquire(
-    engine_id: str, *, limit: int, ttl: timedelta, using: str, grace: timedelta | None = None
+    engine_id: str,
+    *,
+    limit: int,
+    ttl: timedelta,
+    using: str,
+    grace: timedelta | None = None,
+    holders: list[str] | None = None,
 ) -> dict[str, tuple[int, str | None]]:
     """Claim up to ``limit`` running workflows that no engine holds (or, with ``grace``, whose holder's
     claim expired more than ``grace`` ago: a takeover), oldest first, SKIP LOCKED.
@@ -106,6 +115,8 @@ def acquire(
         ttl: the claims' time to live.
         using: the connection alias.
         grace: None for unheld claims; else how long past expiry a held claim may be taken over.
+        holders: with ``grace`` on PostgreSQL, only the claims of these engines are looked at (None:
+            every held claim; elsewhere every held claim anyway).
 
     Returns:
         {workflow_id: (new epoch, previous holder)}.
@@ -115,6 +126,8 @@ def acquire(
     if backend(using).skips_locked:
         if grace is None:
             return _claim_pg(_FREE_PG, [limit], engine_id, ttl, using)
+        if holders is not None:
+            return _claim_pg(_EXPIRED_OF_PG, [holders, _ms(grace), limit], engine_id, ttl, using)
         return _claim_pg(_EXPIRED_PG, [_ms(grace), limit], engine_id, ttl, using)
     if grace is not None:
         params: list[Any] = [_python_now() - grace]

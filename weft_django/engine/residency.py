@@ -1,0 +1,109 @@
+"""Residency: how many workflow generators an engine keeps in memory (``WEFT["MAX_RESIDENT_WORKFLOWS"]``).
+
+Past the limit, idle parked workflows are evicted: their generator is closed and forgotten, their
+claim stays held (and renewed) at its epoch. A wake-up naming one (a signal, an update, a transition),
+a query addressed to it, or the sweep finding mail for it (the safety net behind LISTEN, once per
+renew interval) recalls it: it is loaded again at the same epoch and replayed from its durable
+history, as after a refused commit. Only a workflow that has nothing but durable state is evicted:
+every leaf of its frontier waits for a signal or an update, no attempt is running or due, it has no
+timer (sleep, signal timeout, retry) and no execution deadline, and no write of it waits for a
+commit."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from ..operations import WaitForSignal, WaitForUpdate
+from ..store import mailbox
+from .owned import Owned
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+logger = logging.getLogger("weft_django.engine.engine")
+
+
+class Residency:
+    """The evicted workflows of one engine and the eviction policy.
+
+    Args:
+        limit: at most this many resident workflows (None: no limit, nothing is evicted).
+        reload: called with (workflow id, epoch) to load a recalled workflow on the next pass.
+    """
+
+    def __init__(self, limit: int | None, reload: Callable[[str, int], None]) -> None:
+        self.limit = limit
+        self.reload = reload
+        self.evicted: dict[str, int] = {}  # claim held, generator not in memory: workflow id -> epoch
+        self.evictions = 0
+        self.recalls = 0
+
+    def recall(self, workflow_ids: Iterable[str], lost: Iterable[str] = ()) -> None:
+        """Load these evicted workflows again on the next pass (they got mail or a wake-up); forget
+        the evicted ones whose claim was found ``lost``."""
+        for wid in lost:
+            self.evicted.pop(wid, None)
+        if not self.evicted:
+            return
+        for wid in workflow_ids:
+            epoch = self.evicted.pop(wid, None)
+            if epoch is not None:
+                self.recalls += 1
+                self.reload(wid, epoch)
+
+    def evict(self, owned: dict[str, Owned], busy: Callable[[str], bool]) -> list[Owned]:
+        """Evict idle parked workflows until at most ``limit`` are resident, oldest loaded first.
+        ``busy(wid)``: the workflow has writes waiting for a commit. Returns the evicted ones (their
+        generators closed; the caller publishes the claims to renew)."""
+        if self.limit is None or len(owned) <= self.limit:
+            return []
+        excess = len(owned) - self.limit
+        out: list[Owned] = []
+        for wid, held in list(owned.items()):
+            if len(out) >= excess:
+                break
+            if not idle_parked(held) or busy(wid):
+                continue
+            del owned[wid]
+            held.run.close()
+            self.evicted[wid] = held.epoch
+            out.append(held)
+        self.evictions += len(out)
+        if out:
+            logger.info(
+                "evicted idle parked workflows count=%s resident=%s evicted=%s", len(out), len(owned), len(self.evicted)
+            )
+        return out
+
+    def take_all(self, owned: dict[str, Owned]) -> dict[str, int]:
+        """Every claim this engine holds (resident and evicted: id -> epoch), the evicted forgotten
+        (shutdown releases them all)."""
+        held = {**self.evicted, **{wid: o.epoch for wid, o in owned.items()}}
+        self.evicted = {}
+        return held
+
+    def interval(self, engine: Engine) -> float:
+        """The sweep's cadence: the renew interval (the mailbox sweep's, behind LISTEN)."""
+        return engine.settings.workflow_claim_renew_interval.total_seconds()
+
+    def sweep(self, engine: Engine, now: datetime) -> bool:
+        """Recall the evicted workflows with a buffered signal or an admitted update (a lost wake-up)."""
+        if not self.evicted:
+            return False
+        began = len(self.evicted)
+        self.recall(mailbox.held_with_mail(engine.engine_id, engine.using))
+        return len(self.evicted) < began
+
+
+def idle_parked(owned: Owned) -> bool:
+    """Whether nothing but durable state would be lost by closing this workflow's generator."""
+    run = owned.run
+    if owned.inflight or owned.dispatch or owned.timers or owned.has_deadline or owned.clear_stuck:
+        return False
+    if run.finished or run.frontier is None or run.new_steps or run.responses:
+        return False
+    leaves = run.pending_leaves()
+    return bool(leaves) and all(isinstance(leaf.op, WaitForSignal | WaitForUpdate) for leaf in leaves)
