@@ -117,6 +117,10 @@ CASES: dict[str, tuple[Any, str]] = {
         "PREPARED_STATEMENTS must be True or False (got 1).",
     ),
     "weft.E027": (
+        {"HISTORY_WARN_STEPS": 0},
+        "HISTORY_WARN_STEPS must be a positive integer (got 0).",
+    ),
+    "weft.E028": (
         {"MAX_RESIDENT_WORKFLOWS": 0},
         "MAX_RESIDENT_WORKFLOWS must be None or a positive integer (got 0).",
     ),
