@@ -49,6 +49,7 @@ _EXCEPTIONS = [
     "InvalidArgumentError",
     "InvalidWorkflowIdError",
     "InvalidScheduleError",
+    "UnknownQueueError",
     "WorkflowNotRegisteredError",
     "VersionMismatchError",
     "WorkflowAlreadyExistsError",

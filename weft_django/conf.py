@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -19,6 +19,7 @@ from django.conf import settings
 
 from .durations import MAX_DURATION_TEXT, DurationTooLong, InvalidDuration, to_ms
 from .exceptions import ConfigurationError
+from .flow import QueueConfig, parse_queue
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ DEFAULTS: dict[str, Any] = {
     "AUTODISCOVER_MODULE": "workflows",
     "DATABASE": "default",
     "PREPARED_STATEMENTS": True,
+    "QUEUES": {},
 }
 
 OWNERSHIP_MODES = ("none", "lease", "workflow-lease")
@@ -80,6 +82,7 @@ class WeftSettings:
     autodiscover_module: str
     database: str
     prepared_statements: bool = True
+    queues: Mapping[str, QueueConfig] = field(default_factory=dict)  # WEFT["QUEUES"], by name
 
 
 @dataclass(frozen=True)
@@ -300,6 +303,22 @@ class _Validation:
             )
         return str(alias)
 
+    def queues(self) -> dict[str, QueueConfig]:
+        """WEFT["QUEUES"]: {name: {"concurrency", "per_engine", "rate", "priorities"}} (E027-E030)."""
+        given = self.value("QUEUES")
+        hint = 'e.g. QUEUES = {"emails": {"concurrency": 10, "per_engine": 4, "rate": "100/m", "priorities": True}}.'
+        if not isinstance(given, Mapping):
+            self.report("E027", f"QUEUES must be a dict of queue name to its limits (got {given!r}).", hint)
+            return {}
+        found: dict[str, QueueConfig] = {}
+        for name, raw in given.items():
+            config, broken = parse_queue(name, raw)
+            for check_id, message in broken:
+                self.report(check_id, message, hint)
+            if config is not None:
+                found[config.name] = config
+        return found
+
     def unknown_keys(self) -> None:
         for key in self.raw:
             if key not in DEFAULTS:
@@ -344,6 +363,7 @@ def _evaluate() -> tuple[WeftSettings | None, list[SettingsProblem]]:
     module = check.autodiscover_module()
     database = check.database()
     prepared = check.prepared_statements()
+    queues = check.queues()
     check.unknown_keys()
     if check.problems or ownership is None:
         return None, check.problems
@@ -366,6 +386,7 @@ def _evaluate() -> tuple[WeftSettings | None, list[SettingsProblem]]:
         autodiscover_module=module,
         database=database,
         prepared_statements=prepared,
+        queues=queues,
     ), []
 
 
@@ -444,3 +465,12 @@ def prepared_statements() -> bool:
 def payload_max_bytes() -> int:
     """WEFT["PAYLOAD_MAX_BYTES"]; ignores every other key."""
     return _one_key(_Validation.payload_max_bytes)
+
+
+def queues() -> dict[str, QueueConfig]:
+    """WEFT["QUEUES"] parsed, by name; ignores every other key.
+
+    Raises:
+        ConfigurationError: a queue entry is broken (the first problem's message).
+    """
+    return _one_key(_Validation.queues)

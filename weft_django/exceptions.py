@@ -8,7 +8,8 @@ and listed in docs/errors.md. The tree::
     ├── WorkflowDefinitionError (also TypeError)            a @workflow / @activity definition is invalid
     ├── InvalidArgumentError (also ValueError)              an argument to the API is invalid
     │   ├── InvalidWorkflowIdError
-    │   └── InvalidScheduleError
+    │   ├── InvalidScheduleError
+    │   └── UnknownQueueError                               a start names a queue WEFT["QUEUES"] lacks
     ├── WorkflowNotRegisteredError, VersionMismatchError    the code for a run is not in this process
     ├── WorkflowAlreadyExistsError, IdempotencyKeyPurgedError   starting
     ├── WorkflowNotFoundError, ScheduleNotFoundError (also LookupError)
@@ -304,10 +305,15 @@ class InvalidScheduleError(InvalidArgumentError):
     """An argument of weft.schedule() / ScheduleHandle.update() is invalid; nothing was written."""
 
 
+class UnknownQueueError(InvalidArgumentError):
+    """A start (or @weft.workflow(queue=)) names a queue that WEFT["QUEUES"] does not define; nothing was written."""
+
+
 __all__ += [
     "InvalidArgumentError",
     "InvalidScheduleError",
     "InvalidWorkflowIdError",
     "ScheduleNotFoundError",
+    "UnknownQueueError",
     "WorkflowDefinitionError",
 ]

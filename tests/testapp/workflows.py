@@ -639,3 +639,6 @@ def chaos_approve(ctx, key: str, seconds: float = 0.3):
     if first >= 1:  # always: the branch depends on the recorded value
         yield ctx.run(chaos_flip, f"{key}:last", seconds)
     return {"approved": payload, "poke": poke}
+
+
+from . import queue_workflows  # noqa: E402,F401  the flow-control tests' workflows (tests/queues/)

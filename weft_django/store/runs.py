@@ -37,6 +37,8 @@ class NewRun:
         parent_id, parent_run_id, parent_seq, parent_close_policy, depth: a child's link to its parent.
         run_id: the new run id (a fresh one when empty).
         trace_context: the starter's trace context (``weft_django.tracing.capture``), or None.
+        queue, priority, concurrency_key: the queue the run waits in (``pending`` until an engine
+            admits it, ``store/queues.py``), its priority there (lower first) and its concurrency key.
     """
 
     workflow_id: str
@@ -55,6 +57,9 @@ class NewRun:
     depth: int = 0
     run_id: Any = None
     trace_context: str | None = None
+    queue: str | None = None
+    priority: int = 0
+    concurrency_key: str | None = None
 
     def rows(self, now: datetime) -> tuple[Workflow, Timer | None]:
         """The run's row at workflow time ``now`` and its delayed-start timer (None: it starts now)."""
@@ -62,7 +67,7 @@ class NewRun:
         delayed = begins > now
         if not delayed:
             begins = now
-        waits = delayed or self.queued
+        waits = delayed or self.queued or self.queue is not None
         links: dict[str, Any] = {}
         if self.schedule_id is not None:
             links["schedule_id"] = self.schedule_id
@@ -88,6 +93,9 @@ class NewRun:
             updated_at=now,
             started_at=None if waits else now,
             trace_context=self.trace_context,
+            queue=self.queue,
+            priority=self.priority,
+            concurrency_key=self.concurrency_key,
             **links,
         )
         timer = Timer(workflow_id=self.workflow_id, run_id=run.run_id, kind=TimerKind.DELAYED_START, fire_at=begins)
@@ -199,8 +207,14 @@ def _start_statement(new: NewRun, using: str) -> tuple[str, dict[str, Any]] | No
     it does not apply (not PostgreSQL, a schedule's or a child's run, or a model with a column this
     statement does not know how to fill)."""
     store = backend(using)
-    if not store.writes_in_one_statement or new.queued or new.schedule_id is not None or new.parent_id is not None:
-        return None
+    if (
+        not store.writes_in_one_statement
+        or new.queued
+        or new.queue is not None
+        or new.schedule_id is not None
+        or new.parent_id is not None
+    ):
+        return None  # a queued run (pending until admitted) takes the ORM path
     delay = "none" if new.delay is None else ("at" if isinstance(new.delay, datetime) else "after")
     shape = (delay, new.execution_timeout is not None, new.idempotency_key is not None)
     if shape not in _start_statements:
