@@ -204,7 +204,7 @@ class Engine:
         """Whether nothing is runnable now: no attempt running or due, no commit carried, no timer
         due, nothing claimable, no signal waiting for a workflow parked here."""
         # An activity waiting out its retry back-off is still being processed, not parked.
-        if self._carried or self._reload or self.executor.running or self.progress.processing():
+        if self._carried or self._reload or self.executor.busy or self.progress.processing():
             return False
         next_fire = self.timers.next_fire_at()
         if next_fire is not None and next_fire <= db_now(self.using):
