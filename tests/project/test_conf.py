@@ -159,6 +159,7 @@ def test_defaults_are_the_documented_ones() -> None:
         "AUTODISCOVER_MODULE": "workflows",
         "DATABASE": "default",
         "PREPARED_STATEMENTS": True,
+        "QUEUES": {},
     }
 
 

@@ -87,7 +87,13 @@ class WorkflowAdmin(admin.ModelAdmin):
         "created_display",
         "updated_display",
     )
-    list_filter = ("status", ActivityFilter, OwnershipFilter, ("workflow_type", admin.AllValuesFieldListFilter))
+    list_filter = (
+        "status",
+        ActivityFilter,
+        OwnershipFilter,
+        ("workflow_type", admin.AllValuesFieldListFilter),
+        ("queue", admin.AllValuesFieldListFilter),
+    )
     search_fields = ("id",)
     date_hierarchy = "created_at"
     ordering = ("-created_at",)
@@ -328,6 +334,7 @@ class WorkflowAdmin(admin.ModelAdmin):
         return [
             path("ownership/", wrap(self.ownership_view), name="weft_django_workflow_ownership"),
             path("terminal/", wrap(self.terminal_view), name="weft_django_workflow_terminal"),
+            path("queues/", wrap(self.queues_view), name="weft_django_workflow_queues"),
             path("<path:object_id>/act/<str:action>/", wrap(self.object_action_view), name="weft_django_workflow_act"),
             *super().get_urls(),
         ]
@@ -341,6 +348,11 @@ class WorkflowAdmin(admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         return views.terminal_states(self, request)
+
+    def queues_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return views.queues_page(self, request)
 
     def object_action_view(self, request: HttpRequest, object_id: str, action: str) -> HttpResponse:
         """One action on one workflow, from its change page. Changes happen on POST only; cancel,
