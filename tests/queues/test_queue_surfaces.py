@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from io import StringIO
 
@@ -27,10 +28,8 @@ def _cli(*args: str) -> str:
 
 def _doctor_queues() -> dict:
     out = StringIO()
-    try:
+    with contextlib.suppress(CommandError):  # an error finding exits 1
         call_command("weft", "doctor", "--json", stdout=out)
-    except CommandError:
-        pass
     return next(check for check in json.loads(out.getvalue())["checks"] if check["check"] == "queues")
 
 
