@@ -13,7 +13,8 @@ The transaction, in this order:
    dequeued workflows), those whose claim this engine holds (``per_engine``), the admissions inside the
    rate window, the concurrency keys in use;
 3. the waiting runs in order (priority, then start time, then id), skipping keys in use;
-4. their claims, locked in workflow_id order in one statement, SKIP LOCKED (``store.claims.lock_ids``);
+4. their claims, locked in workflow_id order in one statement, SKIP LOCKED (``store.commit.fenced``,
+   nested: the one entry point of workflow-scoped writes);
 5. the runs still waiting among them (a cancel may have won their claim lock) made ``running``;
 6. their claims held by this engine (``store.claims.hold_admitted``).
 
@@ -38,6 +39,7 @@ from ..status import ACTIVE_STATUSES, WorkflowStatus
 from . import claims
 from .backend import backend
 from .clock import db_clock, db_now
+from .commit import fenced
 
 QUEUE_LOCKS = 0x77656671  # the advisory-lock namespace of queue admissions ("wefq")
 PAGE = 200  # waiting runs read per round while keys in use are skipped
@@ -82,21 +84,23 @@ def admit(
         chosen = _choose(queue.name, free, using)
         if not chosen:
             return {}
-        locked = claims.lock_ids(chosen, using, wait=False)
-        waiting = list(
-            Workflow.objects.using(using)
-            .filter(id__in=locked, status=WorkflowStatus.PENDING, admitted_at__isnull=True, queue=queue.name)
-            .values_list("id", flat=True)
-        )
-        if not waiting:
-            return {}
-        Workflow.objects.using(using).filter(id__in=waiting).update(
-            status=WorkflowStatus.RUNNING, admitted_at=now, started_at=now, updated_at=now
-        )
-        held = claims.hold_admitted(engine_id, waiting, ttl, using)
-        if len(held) < len(waiting):  # a claim held elsewhere (never expected): admit none of it
-            transaction.set_rollback(True, using=using)
-            return {}
+        # The one entry point of workflow-scoped writes: the claims locked first, in one statement in
+        # workflow_id order, skipping rows another transaction holds (nested: a savepoint of this one).
+        with fenced(chosen, using, wait=False) as fence:
+            waiting = list(
+                Workflow.objects.using(using)
+                .filter(id__in=fence.held, status=WorkflowStatus.PENDING, admitted_at__isnull=True, queue=queue.name)
+                .values_list("id", flat=True)
+            )
+            if not waiting:
+                return {}
+            Workflow.objects.using(using).filter(id__in=waiting).update(
+                status=WorkflowStatus.RUNNING, admitted_at=now, started_at=now, updated_at=now
+            )
+            held = claims.hold_admitted(engine_id, waiting, ttl, using)
+            if len(held) < len(waiting):  # a claim held elsewhere (never expected): admit none of it
+                transaction.set_rollback(True, using=using)
+                return {}
         return held
 
 
