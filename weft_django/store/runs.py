@@ -186,7 +186,18 @@ def now_and_epoch(using: str) -> tuple[datetime, int]:
 # DO NOTHING waits for a concurrent inserter's transaction, as a unique violation would), so it never
 # raises for a conflict and never breaks the caller's transaction. Every data-modifying CTE runs once;
 # the NOTIFY is delivered when the statement's (or the caller's) transaction commits.
-_RUN_GIVEN = {"id", "run_id", "workflow_type", "version", "input", "idempotency_key", "trace_context"}
+_RUN_GIVEN = {
+    "id",
+    "run_id",
+    "workflow_type",
+    "version",
+    "input",
+    "idempotency_key",
+    "trace_context",
+    "queue",
+    "priority",
+    "concurrency_key",
+}
 _CLAIM_COLUMNS = {
     "workflow_id",
     "epoch",
@@ -199,7 +210,7 @@ _CLAIM_COLUMNS = {
 }
 _TIMER_COLUMNS = {"id", "workflow_id", "run_id", "kind", "seq", "attempt", "fire_at"}
 _KEY_COLUMNS = {"key", "workflow_id", "run_id", "created_at", "purged_at"}
-_start_statements: dict[tuple[str, bool, bool], tuple[str, dict[str, Any]] | None] = {}
+_start_statements: dict[tuple[str, bool, bool, bool], tuple[str, dict[str, Any]] | None] = {}
 
 
 def _start_statement(new: NewRun, using: str) -> tuple[str, dict[str, Any]] | None:
@@ -210,20 +221,20 @@ def _start_statement(new: NewRun, using: str) -> tuple[str, dict[str, Any]] | No
     if (
         not store.writes_in_one_statement
         or new.queued
-        or new.queue is not None
         or new.schedule_id is not None
         or new.parent_id is not None
+        or (new.queue is not None and new.delay is not None)
     ):
-        return None  # a queued run (pending until admitted) takes the ORM path
+        return None
     delay = "none" if new.delay is None else ("at" if isinstance(new.delay, datetime) else "after")
-    shape = (delay, new.execution_timeout is not None, new.idempotency_key is not None)
+    shape = (delay, new.execution_timeout is not None, new.idempotency_key is not None, new.queue is not None)
     if shape not in _start_statements:
         _start_statements[shape] = _build_start_statement(store.connection, *shape)
     return _start_statements[shape]
 
 
 def _build_start_statement(
-    connection: Any, delay: str, timeout: bool, keyed: bool
+    connection: Any, delay: str, timeout: bool, keyed: bool, queued: bool
 ) -> tuple[str, dict[str, Any]] | None:
     def columns(model: Any) -> set[str]:
         return {field.column for field in model._meta.concrete_fields}
@@ -242,6 +253,7 @@ def _build_start_statement(
         "updated_at": "n.t",
         "status": running if delay == "none" else f"CASE WHEN {delayed} THEN {pending} ELSE {running} END",
         "started_at": "n.t" if delay == "none" else f"CASE WHEN {delayed} THEN NULL ELSE n.t END",
+        **({"status": pending, "started_at": "NULL"} if queued else {}),  # waits for its queue's admission
         "start_at": "NULL" if delay == "none" else f"CASE WHEN {delayed} THEN n.b END",
         "execution_deadline": "n.b + %(timeout)s::interval" if timeout else "NULL",
     }
@@ -303,6 +315,9 @@ def _insert_run_sql(new: NewRun, using: str) -> bool:
         "input": new.input_text,
         "idempotency_key": new.idempotency_key,
         "trace_context": new.trace_context,
+        "queue": new.queue,
+        "priority": new.priority,
+        "concurrency_key": new.concurrency_key,
         "delay": new.delay,
         "timeout": new.execution_timeout,
         "payload": f"w:{new.workflow_id}",  # ids are at most 255 characters: always under notify.MAX_PAYLOAD
