@@ -10,8 +10,8 @@ the workflows. Workload ``three_noop`` (three no-op steps, benchmarks/peer_apps/
     ``queue.enqueue(three_noop, i)`` on a queue with no limits (``polling_interval_sec`` 0.1; DBOS's
     default is 1.0).
 (drain) a ``DBOSClient`` (no executor) enqueues N on queue "capped"; then an executor is launched and
-    registers the queue (``concurrency=C``), timed from the registration to the last result, and on the database clock from the
-    first dequeue (``started_at_epoch_ms``) to the last update.
+    registers the queue (``concurrency=C``), timed from the registration to the last result, and on the
+    database clock from the first dequeue (``started_at_epoch_ms``) to the last update.
 """
 
 from __future__ import annotations
