@@ -204,12 +204,14 @@ def _unserved_queues(using: str, ttl: timedelta, configured: list[str]) -> Findi
     """A queue (of WEFT["QUEUES"], or named by active runs) that no live engine admits from."""
     from ..store import queues
 
+    named = set(queues.queues_in_use(using))
+    if not configured and not named:
+        return Finding("queues", OK, 'no queue is defined (WEFT["QUEUES"]) and no run names one')
     live = queues.served_queues(within=ttl, using=using)
     if not live:
         return Finding("queues", SKIPPED, "skipped: no engine is alive (see engines)")
     every = any(served is None for served in live.values())
     served = set(configured) if every else {name for names in live.values() for name in (names or [])}
-    named = set(queues.queues_in_use(using))
     unserved = sorted((set(configured) | named) - served)
     if not unserved:
         return Finding("queues", OK, f"every queue is served ({len(configured)} configured)")
