@@ -73,6 +73,7 @@ _EXCEPTIONS = [
     "InvalidFilterError",
     "InvalidForkError",
     "BulkCountChangedError",
+    "UnknownQueueError",
     "WorkflowNotRegisteredError",
     "VersionMismatchError",
     "WorkflowAlreadyExistsError",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -19,6 +19,7 @@ from django.conf import settings
 
 from .durations import MAX_DURATION_TEXT, DurationTooLong, InvalidDuration, to_ms
 from .exceptions import ConfigurationError
+from .flow import QueueConfig, parse_queue
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ DEFAULTS: dict[str, Any] = {
     "PREPARED_STATEMENTS": True,
     "HISTORY_WARN_STEPS": 10000,
     "MAX_RESIDENT_WORKFLOWS": None,
+    "QUEUES": {},
 }
 
 OWNERSHIP_MODES = ("none", "lease", "workflow-lease")
@@ -84,6 +86,7 @@ class WeftSettings:
     prepared_statements: bool = True
     history_warn_steps: int | None = 10000  # None: never warn
     max_resident_workflows: int | None = None  # None: every held workflow stays in memory
+    queues: Mapping[str, QueueConfig] = field(default_factory=dict)  # WEFT["QUEUES"], by name
 
 
 @dataclass(frozen=True)
@@ -324,6 +327,22 @@ class _Validation:
             )
         return str(alias)
 
+    def queues(self) -> dict[str, QueueConfig]:
+        """WEFT["QUEUES"]: {name: {"concurrency", "per_engine", "rate", "priorities"}} (E029-E032)."""
+        given = self.value("QUEUES")
+        hint = 'e.g. QUEUES = {"emails": {"concurrency": 10, "per_engine": 4, "rate": "100/m", "priorities": True}}.'
+        if not isinstance(given, Mapping):
+            self.report("E029", f"QUEUES must be a dict of queue name to its limits (got {given!r}).", hint)
+            return {}
+        found: dict[str, QueueConfig] = {}
+        for name, raw in given.items():
+            config, broken = parse_queue(name, raw)
+            for check_id, message in broken:
+                self.report(check_id, message, hint)
+            if config is not None:
+                found[config.name] = config
+        return found
+
     def unknown_keys(self) -> None:
         for key in self.raw:
             if key not in DEFAULTS:
@@ -370,6 +389,7 @@ def _evaluate() -> tuple[WeftSettings | None, list[SettingsProblem]]:
     prepared = check.prepared_statements()
     history_warn = check.history_warn_steps()
     max_resident = check.max_resident_workflows()
+    queues = check.queues()
     check.unknown_keys()
     if check.problems or ownership is None:
         return None, check.problems
@@ -394,6 +414,7 @@ def _evaluate() -> tuple[WeftSettings | None, list[SettingsProblem]]:
         prepared_statements=prepared,
         history_warn_steps=history_warn,
         max_resident_workflows=max_resident,
+        queues=queues,
     ), []
 
 
@@ -477,3 +498,12 @@ def payload_max_bytes() -> int:
 def history_warn_steps() -> int | None:
     """WEFT["HISTORY_WARN_STEPS"] (None: off); ignores every other key."""
     return _one_key(_Validation.history_warn_steps)
+
+
+def queues() -> dict[str, QueueConfig]:
+    """WEFT["QUEUES"] parsed, by name; ignores every other key.
+
+    Raises:
+        ConfigurationError: a queue entry is broken (the first problem's message).
+    """
+    return _one_key(_Validation.queues)

@@ -10,6 +10,7 @@ and listed in docs/errors.md. The tree::
     │   ├── InvalidWorkflowIdError
     │   ├── InvalidScheduleError
     │   ├── InvalidSearchAttributeError, InvalidFilterError, InvalidForkError   visibility (issue 19)
+    │   └── UnknownQueueError                               a start names a queue WEFT["QUEUES"] lacks
     ├── BulkCountChangedError                               a bulk operation's confirmation count is stale
     ├── WorkflowNotRegisteredError, VersionMismatchError    the code for a run is not in this process
     ├── WorkflowAlreadyExistsError, IdempotencyKeyPurgedError   starting
@@ -332,6 +333,10 @@ class BulkCountChangedError(WeftError):
         self.actual = actual
 
 
+class UnknownQueueError(InvalidArgumentError):
+    """A start (or @weft.workflow(queue=)) names a queue that WEFT["QUEUES"] does not define; nothing was written."""
+
+
 __all__ += [
     "BulkCountChangedError",
     "InvalidArgumentError",
@@ -341,5 +346,6 @@ __all__ += [
     "InvalidSearchAttributeError",
     "InvalidWorkflowIdError",
     "ScheduleNotFoundError",
+    "UnknownQueueError",
     "WorkflowDefinitionError",
 ]

@@ -67,10 +67,30 @@ class Workflow(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     # The starter's W3C trace context (weft_django.tracing), when tracing was on: the run's spans are its children.
     trace_context = models.TextField(null=True, blank=True)
+    # Flow control (docs/queues.md): the queue the run waits in (pending until admitted), its priority
+    # (lower first), its concurrency key (one admitted and not ended per queue and key) and when it was
+    # admitted (the database clock; the rate window counts these).
+    queue = models.CharField(max_length=255, null=True, blank=True)
+    priority = models.IntegerField(default=0)
+    concurrency_key = models.CharField(max_length=255, null=True, blank=True)
+    admitted_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [
             models.Index(fields=["status", "workflow_type"], name="weft_wf_active", condition=_ACTIVE),
+            # Admission: the waiting runs of a queue in order; its admitted, not ended runs (slots, keys);
+            # its admissions in time order (the rate window).
+            models.Index(
+                fields=["queue", "priority", "created_at", "id"],
+                name="weft_wf_queue_wait",
+                condition=Q(queue__isnull=False, status="pending", admitted_at__isnull=True),
+            ),
+            models.Index(
+                fields=["queue", "concurrency_key"],
+                name="weft_wf_queue_slot",
+                condition=_ACTIVE & Q(queue__isnull=False, admitted_at__isnull=False),
+            ),
+            models.Index(fields=["queue", "admitted_at"], name="weft_wf_queue_rate", condition=Q(queue__isnull=False)),
             models.Index(fields=["status", "finished_at"], name="weft_wf_terminal", condition=~_ACTIVE),
             models.Index(fields=["created_at"], name="weft_wf_created"),
             # The claim scan walks running workflows oldest first and looks their claims up by key.
@@ -333,9 +353,39 @@ class Engine(models.Model):
     started_at = models.DateTimeField()
     heartbeat_at = models.DateTimeField()
     stopped_at = models.DateTimeField(null=True, blank=True)
+    # The queues it admits from (weft_engine --queues), or None: every queue of WEFT["QUEUES"].
+    queues = models.JSONField(null=True, blank=True)
 
     def __str__(self) -> str:
         return self.id
+
+
+class ActivitySlot(models.Model):
+    """A running attempt of an activity with limits (``@weft.activity(concurrency=, rate=,
+    concurrency_key=)``): taken at dispatch, released with the attempt's outcome. A slot counts while
+    it is not released and its workflow's claim is still at its epoch with its engine, so a frozen or
+    dead engine's slots come back when its claims are taken over. Released slots stay for the rate
+    window, then go."""
+
+    activity = models.CharField(max_length=255)
+    key = models.CharField(max_length=255, null=True, blank=True)
+    workflow_id = models.CharField(max_length=255)
+    run_id = models.UUIDField()
+    seq = models.IntegerField()
+    attempt = models.PositiveIntegerField()
+    epoch = models.BigIntegerField()
+    engine_id = models.CharField(max_length=255)
+    acquired_at = models.DateTimeField()
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["activity", "key"], name="weft_slot_held", condition=Q(released_at__isnull=True)),
+            models.Index(fields=["activity", "acquired_at"], name="weft_slot_rate"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.activity}[{self.key or '-'}] {self.workflow_id}#{self.seq}.{self.attempt}"
 
 
 class StoreLease(models.Model):

@@ -14,6 +14,7 @@ import weft_django  # the lazy public facade (weft.start): importing it loads no
 
 from .durations import MAX_DURATION, InvalidDuration, to_nonnegative_timedelta
 from .exceptions import WorkflowDefinitionError, WorkflowNotRegisteredError
+from .flow import NO_LIMITS, ActivityLimits, FlowValueError, parse_rate, positive_limit
 from .search_attributes import declare
 
 if TYPE_CHECKING:
@@ -114,7 +115,8 @@ class ActivityDefinition:
     schedule_to_close_timeout: timedelta | None = None
     atomic: bool = False
     executor: str | None = None
-    queue: str | None = None
+    queue: str | None = None  # the Celery queue (executor="celery"); workflow queues are WorkflowDefinition.queue
+    limits: ActivityLimits = NO_LIMITS  # concurrency / rate / per-key limits across all engines
     local: bool = False  # runs on the engine's loop thread, no attempt record before it (docs/concepts.md)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -123,10 +125,14 @@ class ActivityDefinition:
 
     def options(self, **overrides: Any) -> ActivityDefinition:
         """A copy with per-call options: ``ctx.run(charge.options(timeout="5s"), ...)``."""
-        unknown = set(overrides) - {"retry", "timeout", "schedule_to_close_timeout", "executor", "queue", "local"}
+        known = {"retry", "timeout", "schedule_to_close_timeout", "executor", "queue", "local", *LIMITS}
+        unknown = set(overrides) - known
         if unknown:
             raise WorkflowDefinitionError(f"Unknown activity option(s): {', '.join(sorted(unknown))}.")
+        limits = {key: overrides.pop(key) for key in LIMITS if key in overrides}
         changed = dataclasses.replace(self, **_activity_options(self.name, **overrides, _partial=True))
+        if limits:
+            changed = dataclasses.replace(changed, limits=_limits(self.name, self.limits, **limits))
         _check_local(changed)
         return changed
 
@@ -138,6 +144,7 @@ class WorkflowDefinition:
     version: str
     # Declared search attributes: name -> kind (weft_django.search_attributes), issue 19.
     attributes: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
+    queue: str | None = None  # its runs wait in this WEFT["QUEUES"] queue unless start(queue=) says otherwise
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -247,6 +254,31 @@ def _check_name(kind: str, value: Any) -> str:
     return value
 
 
+LIMITS = ("concurrency", "rate", "concurrency_key")
+
+
+def _limits(name: str, base: ActivityLimits, **given: Any) -> ActivityLimits:
+    """An activity's limits: ``concurrency`` (a whole number >= 1), ``rate`` ("10/s"), ``concurrency_key``
+    (a callable of the activity's arguments returning a key or None, or a fixed key string)."""
+    changes: dict[str, Any] = {}
+    try:
+        if given.get("concurrency") is not None:
+            changes["concurrency"] = positive_limit(given["concurrency"], f"Activity {name!r} concurrency")
+        if given.get("rate") is not None:
+            changes["rate"] = parse_rate(given["rate"], f"Activity {name!r} rate")
+    except FlowValueError as exc:
+        raise WorkflowDefinitionError(str(exc)) from None
+    key = given.get("concurrency_key")
+    if key is not None:
+        if not callable(key) and not (isinstance(key, str) and key and len(key) <= 255):
+            raise WorkflowDefinitionError(
+                f"Activity {name!r}: concurrency_key must be a callable of the activity's arguments returning a key "
+                f"(or None), or a key string of 1-255 characters (got {key!r})."
+            )
+        changes["key"] = key
+    return dataclasses.replace(base, **changes)
+
+
 def _activity_options(name: str, _partial: bool = False, **options: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if "retry" in options or not _partial:
@@ -293,7 +325,11 @@ def _check_local(definition: ActivityDefinition) -> None:
 def workflow(fn: Callable[..., Any], /) -> Callable[..., Any]: ...
 @overload
 def workflow(
-    *, name: str | None = None, version: str = "1", attributes: Mapping[str, Any] | None = None
+    *,
+    name: str | None = None,
+    version: str = "1",
+    attributes: Mapping[str, Any] | None = None,
+    queue: str | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
 
 
@@ -304,10 +340,13 @@ def workflow(
     name: str | None = None,
     version: str = "1",
     attributes: Mapping[str, Any] | None = None,
+    queue: str | None = None,
 ) -> Any:
     """Register a generator function as a workflow. Works bare or with ``name=`` / ``version=`` /
     ``attributes=`` (the search attributes it may set: name -> str, int, float, bool, datetime or
-    list[str]; see docs/visibility.md). Raises WorkflowDefinitionError for a bad definition."""
+    list[str]; see docs/visibility.md) / ``queue=`` (its runs wait in that WEFT["QUEUES"] queue;
+    checked against the settings at start, docs/queues.md). Raises WorkflowDefinitionError for a bad
+    definition."""
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
@@ -326,7 +365,9 @@ def workflow(
             raise WorkflowDefinitionError(f"Workflow version must be a non-empty string (got {version!r}).")
         wf_name = _check_name("Workflow", name if name is not None else f"{func.__module__}.{func.__qualname__}")
         kinds = declare(attributes, wf_name)
-        definition = registry.add_workflow(WorkflowDefinition(func, wf_name, version, kinds))
+        if queue is not None:
+            _check_name("Queue", queue)
+        definition = registry.add_workflow(WorkflowDefinition(func, wf_name, version, kinds, queue))
         func.__weft_workflow__ = definition  # type: ignore[attr-defined]
         func.start = definition.start  # type: ignore[attr-defined]
         return func
@@ -346,8 +387,14 @@ def activity(
     executor: str | None = None,
     queue: str | None = None,
     local: bool = False,
+    concurrency: int | None = None,
+    rate: Any = None,
+    concurrency_key: Any = None,
 ) -> Any:
     """Register a function as an activity. Works bare or with options.
+
+    ``concurrency``, ``rate`` ("10/s") and ``concurrency_key`` (a callable of the arguments giving a
+    key: one attempt per key at a time) limit its attempts across all engines (docs/queues.md).
 
     ``local=True``: a local activity (docs/concepts.md): it runs on the engine's loop thread with no
     attempt record before it, and its result is committed with the workflow's next commit (at least
@@ -369,7 +416,10 @@ def activity(
             queue=queue,
             local=local,
         )
-        definition = ActivityDefinition(func, act_name, atomic=bool(atomic), **options)
+        limits = _limits(
+            act_name, ActivityLimits(), concurrency=concurrency, rate=rate, concurrency_key=concurrency_key
+        )
+        definition = ActivityDefinition(func, act_name, atomic=bool(atomic), limits=limits, **options)
         _check_local(definition)
         definition = registry.add_activity(definition)
         func.__weft_activity__ = definition  # type: ignore[attr-defined]

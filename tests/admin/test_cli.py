@@ -360,6 +360,7 @@ def test_doctor_healthy(db):
         "overdue timers": "ok",
         "dead engines": "ok",
         "stuck workflows": "ok",
+        "queues": "ok",
     }
     text = weft_cli("doctor")
     assert "healthy: 0 error(s), 0 warning(s)." in text and text.splitlines()[0].startswith("OK")

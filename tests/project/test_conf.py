@@ -169,6 +169,7 @@ def test_defaults_are_the_documented_ones() -> None:
         "PREPARED_STATEMENTS": True,
         "HISTORY_WARN_STEPS": 10000,
         "MAX_RESIDENT_WORKFLOWS": None,
+        "QUEUES": {},
     }
 
 

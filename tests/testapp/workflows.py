@@ -688,3 +688,6 @@ def big_result(ctx, size: int):
     """Returns a string of ``size`` characters (the R: wake-up carries it only under 8000 bytes)."""
     value = yield ctx.run(local_step, "big")
     return value + "x" * size
+
+
+from . import queue_workflows  # noqa: E402,F401  the flow-control tests' workflows (tests/queues/)

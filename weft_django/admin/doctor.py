@@ -1,6 +1,6 @@
 """The checks of ``manage.py weft doctor``: database, migrations, settings, live engines, lapsed
-claims, overdue timers, dead engines, stuck workflows. Errors make it exit 1 (a liveness probe);
-warnings are reported (and fail with ``--strict``). Read-only; nothing here imports
+claims, overdue timers, dead engines, stuck workflows, queues no engine serves. Errors make it exit 1
+(a liveness probe); warnings are reported (and fail with ``--strict``). Read-only; nothing here imports
 django.contrib.admin.
 
 Claims and heartbeats are compared with the raw database clock, timers with workflow time.
@@ -200,6 +200,38 @@ def _stuck(using: str) -> Finding:
     )
 
 
+def _unserved_queues(using: str, ttl: timedelta, configured: list[str]) -> Finding:
+    """A queue (of WEFT["QUEUES"], or named by active runs) that no live engine admits from."""
+    from ..store import queues
+
+    named = set(queues.queues_in_use(using))
+    if not configured and not named:
+        return Finding("queues", OK, 'no queue is defined (WEFT["QUEUES"]) and no run names one')
+    live = queues.served_queues(within=ttl, using=using)
+    if not live:
+        return Finding("queues", SKIPPED, "skipped: no engine is alive (see engines)")
+    every = any(served is None for served in live.values())
+    served = set(configured) if every else {name for names in live.values() for name in (names or [])}
+    unserved = sorted((set(configured) | named) - served)
+    if not unserved:
+        return Finding("queues", OK, f"every queue is served ({len(configured)} configured)")
+    stats = {row["queue"]: row for row in queues.queue_stats(unserved, using, windows={})}
+    waiting = sum(int(stats[name]["waiting"]) for name in unserved)
+    details = [
+        f"{name}: {stats[name]['waiting']} waiting"
+        + ("" if name in configured else ' (not in WEFT["QUEUES"]: no engine admits from it)')
+        for name in unserved
+    ]
+    return Finding(
+        "queues",
+        ERROR if waiting else WARNING,
+        f"{len(unserved)} queue(s) served by no live engine, {waiting} run(s) waiting in them",
+        details[:DETAIL_LIMIT],
+        "Start `python manage.py weft_engine --queues <name>` (or without --queues: every queue), and keep "
+        'every queue that runs name in WEFT["QUEUES"].',
+    )
+
+
 def doctor(using: str) -> list[Finding]:
     """Every check, in order. Later checks are skipped when what they need is missing."""
     from ..conf import get_settings
@@ -227,6 +259,7 @@ def doctor(using: str) -> list[Finding]:
         lambda: _overdue_timers(using, wf_now),
         lambda: _dead_engines(using, now, ttl),
         lambda: _stuck(using),
+        lambda: _unserved_queues(using, ttl, sorted(settings.queues)),
     ]
     return findings + [check() for check in checks]
 

@@ -1,4 +1,4 @@
-"""The ownership and terminal-states pages. Called by WorkflowAdmin's custom URLs, which wrap them
+"""The ownership, terminal-states and queues pages. Called by WorkflowAdmin's custom URLs, which wrap them
 in ``admin_site.admin_view`` and check the view permission first."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from ..conf import get_settings
 from . import health, terminal
 from .clocks import claim_now, workflow_now
 from .formatting import error_summary, format_duration, relative, state_badge, status_badge
+from .queues import queue_report
 
 if TYPE_CHECKING:
     from .workflows import WorkflowAdmin
@@ -36,6 +37,7 @@ def links(modeladmin: WorkflowAdmin) -> list[dict[str, str | None]]:
     return [
         {"label": "Ownership", "url": _url(modeladmin, "weft_django_workflow_ownership")},
         {"label": "Terminal states", "url": _url(modeladmin, "weft_django_workflow_terminal")},
+        {"label": "Queues", "url": _url(modeladmin, "weft_django_workflow_queues")},
     ]
 
 
@@ -168,3 +170,20 @@ def terminal_states(modeladmin: WorkflowAdmin, request: HttpRequest) -> Template
         "retention_window": timedelta(days=DAYS),
     }
     return TemplateResponse(request, "admin/weft_django/terminal.html", context)
+
+
+def queues_page(modeladmin: WorkflowAdmin, request: HttpRequest) -> TemplateResponse:
+    """Each queue: limits, waiting, running, admissions in its rate window, keys in use, serving engines;
+    each limited activity: attempts holding a slot."""
+    settings = get_settings()
+    report = queue_report(settings, modeladmin.weft_alias, settings.workflow_claim_ttl)
+    changelist = _url(modeladmin, "weft_django_workflow_changelist") or ""
+    for row in report["queues"]:
+        row["waiting_url"] = f"{changelist}?queue={quote(row['queue'])}&status__exact=pending"
+    context = {
+        **_context(modeladmin, request, "Queues"),
+        **report,
+        "refresh": _refresh(request),
+        "refresh_choices": REFRESH_CHOICES,
+    }
+    return TemplateResponse(request, "admin/weft_django/queues.html", context)

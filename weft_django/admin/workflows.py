@@ -103,6 +103,7 @@ class WorkflowAdmin(admin.ModelAdmin):
         AttributeFilter,
         ScheduleFilter,
         ParentFilter,
+        ("queue", admin.AllValuesFieldListFilter),
     )
     search_fields = ("id",)
     search_help_text = "An id, or filters such as customer=acme amount__gte=10 status=failed (see docs/visibility.md)."
@@ -356,6 +357,7 @@ class WorkflowAdmin(admin.ModelAdmin):
             path("ownership/", wrap(self.ownership_view), name="weft_django_workflow_ownership"),
             path("terminal/", wrap(self.terminal_view), name="weft_django_workflow_terminal"),
             path("bulk/", wrap(self.bulk_view), name="weft_django_workflow_bulk"),
+            path("queues/", wrap(self.queues_view), name="weft_django_workflow_queues"),
             path("<path:object_id>/act/<str:action>/", wrap(self.object_action_view), name="weft_django_workflow_act"),
             *super().get_urls(),
         ]
@@ -375,6 +377,11 @@ class WorkflowAdmin(admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         return views.terminal_states(self, request)
+
+    def queues_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return views.queues_page(self, request)
 
     def object_action_view(self, request: HttpRequest, object_id: str, action: str) -> HttpResponse:
         """One action on one workflow, from its change page. Changes happen on POST only; cancel,

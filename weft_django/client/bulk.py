@@ -34,6 +34,7 @@ from ..store import runs_bulk, visibility
 from ..validation import validate_workflow_id
 from .common import ON_CONFLICT, _alias, _duration, _encode_input, _start_time, _validate_key
 from .handles import WorkflowHandle
+from .queueing import queue_options
 from .starting import _existing_for_key, _Plan, _resolve_conflict
 
 # The most requests one call takes. One call is one transaction: its locks are held and its rows
@@ -56,6 +57,8 @@ class StartRequest:
         execution_timeout: the run's execution deadline, from when it begins.
         attributes: search attributes the run starts with (declared on the workflow), written in the
             same transaction as the run.
+        queue, priority, concurrency_key: the queue the run waits in (default: the workflow's
+            ``@weft.workflow(queue=)``), its priority there and its concurrency key (docs/queues.md).
     """
 
     workflow: Any
@@ -69,6 +72,9 @@ class StartRequest:
     start_at: datetime | None = None
     execution_timeout: Any = None
     attributes: Mapping[str, Any] | None = None
+    queue: str | None = None
+    priority: int | None = None
+    concurrency_key: str | None = None
 
 
 StartResult = WorkflowHandle | WorkflowAlreadyExistsError | IdempotencyKeyPurgedError
@@ -126,7 +132,12 @@ def _prepare(index: int, request: Any, definitions: dict[Any, WorkflowDefinition
         definition = resolve_workflow(request.workflow)
         with contextlib.suppress(TypeError):
             definitions[request.workflow] = definition
-    plan = _Plan(definition, _encode_input(request.args, request.kwargs), delay, timeout, request.idempotency_key)
+    queued = queue_options(
+        definition, request.queue, request.priority, request.concurrency_key, delayed=delay is not None
+    )
+    plan = _Plan(
+        definition, _encode_input(request.args, request.kwargs), delay, timeout, request.idempotency_key, *queued
+    )
     if request.attributes is not None:
         plan.attributes = check_values(definition.attributes, request.attributes, f'start of "{definition.name}"')
     return _Item(index, plan, request.id, request.idempotency_key, request.on_conflict)

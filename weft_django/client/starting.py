@@ -37,6 +37,7 @@ from .common import (
 )
 from .handles import WorkflowHandle
 from .messages import _buffer_signal
+from .queueing import queue_options
 
 
 class _Plan:
@@ -49,12 +50,18 @@ class _Plan:
         delay: timedelta | datetime | None,
         execution_timeout: timedelta | None,
         idempotency_key: str | None,
+        queue: str | None = None,
+        priority: int = 0,
+        concurrency_key: str | None = None,
     ) -> None:
         self.definition = definition
         self.input_text = input_text
         self.delay = delay
         self.execution_timeout = execution_timeout
         self.idempotency_key = idempotency_key
+        self.queue = queue
+        self.priority = priority
+        self.concurrency_key = concurrency_key
         self.trace_context = tracing.capture()  # the caller's (inside weft.start: the start span's)
         self.attributes: dict[str, Any] = {}  # checked search attributes written with the run (issue 19)
 
@@ -69,6 +76,9 @@ class _Plan:
             execution_timeout=self.execution_timeout,
             idempotency_key=self.idempotency_key,
             trace_context=self.trace_context,
+            queue=self.queue,
+            priority=self.priority,
+            concurrency_key=self.concurrency_key,
         )
 
     def one_statement(self, using: str) -> bool:
@@ -212,13 +222,28 @@ def start(
     start_at: datetime | None = None,
     execution_timeout: Any = None,
     attributes: Mapping[str, Any] | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    concurrency_key: str | None = None,
 ) -> WorkflowHandle:
     """Start a run of ``workflow`` (the decorated function, its definition or its registered name).
 
     The new run is ``running`` with no owner until an engine claims it, or ``pending`` until
-    ``start_after`` / ``start_at``. Joins the caller's transaction; the run exists once it commits.
-    ``attributes`` are search attributes the run starts with (declared on the workflow; written with
-    the run; InvalidSearchAttributeError for an undeclared name or a value of another type).
+    ``start_after`` / ``start_at``, or, in a queue (``queue=``, else the workflow's
+    ``@weft.workflow(queue=)``), ``pending`` until an engine admits it within the queue's limits
+    (docs/queues.md). Joins the caller's transaction; the run exists once it commits.
+
+    Args:
+        attributes: search attributes the run starts with (declared on the workflow; written with the
+            run; InvalidSearchAttributeError for an undeclared name or a value of another type).
+        queue: a queue of WEFT["QUEUES"] (UnknownQueueError otherwise; nothing is written).
+        priority: its priority in a queue with ``"priorities": True``: a whole number from 0 (the
+            default, first) to 2**31-1; lower runs first, FIFO within a priority.
+        concurrency_key: at most one run of the queue with this key is admitted and not ended at a time.
+
+    Raises:
+        InvalidArgumentError: a bad argument (also a priority or key without a queue, a delayed start in
+            a queue); UnknownQueueError: no such queue. Nothing is written.
     """
     if id is not None and idempotency_key is not None:
         raise InvalidArgumentError(
@@ -236,9 +261,10 @@ def start(
         _duration(execution_timeout, "execution_timeout", positive=True) if execution_timeout is not None else None
     )
     definition = resolve_workflow(workflow)
+    queued = queue_options(definition, queue, priority, concurrency_key, delayed=delay is not None)
     warn_if_invalid()  # a WEFT typo is heard of here, not only when an engine refuses to start
     with _start_span(definition, id) as span:
-        plan = _Plan(definition, _encode_input(args, kwargs), delay, timeout, idempotency_key)
+        plan = _Plan(definition, _encode_input(args, kwargs), delay, timeout, idempotency_key, *queued)
         if attributes is not None:
             plan.attributes = check_values(definition.attributes, attributes, f'weft.start of "{definition.name}"')
         using = _alias()

@@ -1,6 +1,7 @@
-"""The claimer: takes new and lapsed workflows up to capacity (a claim batch per pass), fires due
-delayed starts, takes over from other engines where the ownership mode says so, and warns about a
-second engine where the mode assumes one."""
+"""The claimer: takes new and lapsed workflows up to capacity (a claim batch per pass), admits the
+waiting runs of the queues it serves (``store/queues.py``), fires due delayed starts, takes over from
+other engines where the ownership mode says so, and warns about a second engine where the mode assumes
+one."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ import logging
 import time
 from collections.abc import Callable
 
+from django.db import DatabaseError
+
 from .. import events
 from ..conf import WeftSettings
+from ..exceptions import ConfigurationError
+from ..flow import QueueConfig
 from ..status import OwnershipMode
-from ..store import engines, runs
+from ..store import engines, queues, runs
 from ..store.clock import db_now
 from . import ownership
 
@@ -32,6 +37,7 @@ class Claimer:
         using: the connection alias.
         on_taken_over: called for each workflow taken over from another engine (workflow id, epoch,
             previous holder).
+        served: the queues of WEFT["QUEUES"] it admits from (None: all of them).
     """
 
     def __init__(
@@ -40,6 +46,7 @@ class Claimer:
         settings: WeftSettings,
         using: str,
         on_taken_over: Callable[[str, int, str | None], None],
+        served: list[str] | None = None,
     ) -> None:
         self.engine_id = engine_id
         self.settings = settings
@@ -51,6 +58,16 @@ class Claimer:
         self.last_full_takeover_scan = 0.0
         self.take_over_now = False  # take the claims of other engines on the next pass
         self._warned_engines: set[str] = set()
+        unknown = sorted(set(served or ()) - set(settings.queues))
+        if unknown:
+            raise ConfigurationError(
+                f'--queues names {", ".join(unknown)}, not in WEFT["QUEUES"] '
+                f"(defined: {', '.join(sorted(settings.queues)) or 'none'}). Add it there or fix the name."
+            )
+        self.served = sorted(set(served)) if served is not None else None
+        self.queues: list[QueueConfig] = [
+            config for name, config in sorted(settings.queues.items()) if served is None or name in served
+        ]
 
     @property
     def capacity(self) -> int:
@@ -61,9 +78,17 @@ class Claimer:
         """Scan for claimable work on the next pass (children were started, a batch was full)."""
         self.last_claim_scan = 0.0
 
+    def slot_freed(self, ended: bool) -> None:
+        """A run of ours ended (``ended``): with queues served, admit on the next pass (its slot may be free)."""
+        if ended and self.queues:
+            self.scan_soon()
+
     def claimable(self) -> bool:
-        """Whether a run waits for an engine now (an unheld claim, a due delayed start)."""
-        return runs.claimable(db_now(self.using), self.using)
+        """Whether a run waits for an engine now (an unheld claim, a due delayed start, a queued run its
+        queue would admit)."""
+        if runs.claimable(db_now(self.using), self.using):
+            return True
+        return any(queues.admissible(self.engine_id, queue, self.using) for queue in self.queues)
 
     def takeover_due(self, clock: float) -> bool:
         """Whether the next pass looks for lapsed claims (once per renew interval; per poll in "lease")."""
@@ -92,6 +117,7 @@ class Claimer:
             claimed.update({wid: epoch for wid, (epoch, _) in got.items()})
             if len(got) >= self.capacity:
                 self.last_claim_scan = 0.0  # a full batch: more may be waiting, scan again next tick
+            claimed.update(self._admit())
             if scan_due:  # delayed starts send no wake-up: found by the scan alone
                 claimed.update(
                     ownership.fire_delayed_starts(
@@ -137,6 +163,24 @@ class Claimer:
             return self._acquire(takeover=True)
         silent = engines.silent_engines(within=self.settings.workflow_claim_ttl, using=self.using)
         return self._acquire(takeover=True, holders=silent) if silent else {}
+
+    def _admit(self) -> dict[str, int]:
+        """Admit what the served queues let in now, one transaction per queue (``store.queues.admit``)."""
+        admitted: dict[str, int] = {}
+        for queue in self.queues:
+            try:
+                got = queues.admit(
+                    self.engine_id, queue, limit=self.capacity, ttl=self.settings.workflow_claim_ttl, using=self.using
+                )
+            except DatabaseError as exc:  # e.g. the queue lock's wait timed out: try again on the next pass
+                logger.warning("queue admission failed engine=%s queue=%s error=%s", self.engine_id, queue.name, exc)
+                continue
+            if got:
+                logger.debug("admitted engine=%s queue=%s workflows=%s", self.engine_id, queue.name, sorted(got))
+            if len(got) >= self.capacity:
+                self.last_claim_scan = 0.0  # a full batch: more may be waiting
+            admitted.update(got)
+        return admitted
 
     def _acquire(self, *, takeover: bool, holders: list[str] | None = None) -> dict[str, tuple[int, str | None]]:
         return ownership.acquire(

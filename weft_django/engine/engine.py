@@ -76,7 +76,8 @@ class Engine:
         engine_id: this engine's id (default: host:pid:random).
         concurrency: activity threads (default: WEFT["ACTIVITY_CONCURRENCY"]).
         settings: the settings (default: the project's).
-        drain_timeout: seconds ``run()`` lets running activities finish when stopped.
+        drain_timeout: seconds ``run()`` lets running activities finish when stopped. ``queues``: the
+            WEFT["QUEUES"] it admits from (None: all); ConfigurationError for an unknown one.
     """
 
     def __init__(
@@ -86,6 +87,7 @@ class Engine:
         concurrency: int | None = None,
         settings: WeftSettings | None = None,
         drain_timeout: float = 10.0,
+        queues: list[str] | None = None,
     ) -> None:
         self.settings = settings or get_settings()
         self.using = self.settings.database
@@ -99,18 +101,12 @@ class Engine:
         self.periodic = builtin_tasks()
         self.wake = Wake(self.engine_id)
         self.lease = StoreLease(self.engine_id, self.settings, self.using)
-        self.claimer = Claimer(
-            self.engine_id, self.settings, self.using, functools.partial(events.claim_taken_over, self)
-        )
+        taken_over = functools.partial(events.claim_taken_over, self)
+        self.claimer = Claimer(self.engine_id, self.settings, self.using, taken_over, served=queues)
         self._session_limit = sessions.session_limit(self.settings)  # a frozen engine's locks end then
+        renewal_failed = functools.partial(events.renewal_failed, self)
         self.renewal = Renewal(
-            self.engine_id,
-            self.settings,
-            self.using,
-            self._session_limit,
-            self.wake,
-            self.lease,
-            functools.partial(events.renewal_failed, self),
+            self.engine_id, self.settings, self.using, self._session_limit, self.wake, self.lease, renewal_failed
         )
         self.progress = Progress(self.engine_id, self.using, self.owned, self.timers, self.wake, self._refused)
         self.loader = Loader(
@@ -151,7 +147,7 @@ class Engine:
         """
         store_sessions.bind(self.using, self._session_limit)  # the loop's thread; unbound in shutdown()
         ownership.check_mode_marker(self.engine_id, self.settings.ownership, self.using)
-        engines.register_engine(self.engine_id, self.settings.ownership, self.using)
+        engines.register_engine(self.engine_id, self.settings.ownership, self.using, queues=self.claimer.served)
         events.claims_left_by_previous_process(self, ownership.takeover_grace(self.settings))
         if self.mode == OwnershipMode.LEASE:
             if self.lease.wait(self.stopping):
@@ -209,7 +205,7 @@ class Engine:
         """Whether nothing is runnable now: no attempt running or due, no commit carried, no timer
         due, nothing claimable, no signal waiting for a workflow parked here."""
         # An activity waiting out its retry back-off is still being processed, not parked.
-        if self._carried or self._reload or self.executor.running or self.progress.processing():
+        if self._carried or self._reload or self.executor.busy or self.progress.processing():
             return False
         next_fire = self.timers.next_fire_at()
         if next_fire is not None and next_fire <= db_now(self.using):
@@ -464,6 +460,7 @@ class Engine:
             if writes.workflow_id not in result.committed:
                 continue
             if writes.finish is not None or writes.stuck is not None or writes.continued is not None:
+                self.claimer.slot_freed(writes.finish is not None)
                 owned = self.owned.pop(writes.workflow_id, None)
                 if owned is not None:
                     owned.run.close()

@@ -20,6 +20,7 @@ from ..exceptions import ConfigurationError
 from ..registry import ActivityDefinition, registry
 from .activities import AttemptOutcome, AttemptTask, Executor, ThreadExecutor
 from .driver import describe_exception
+from .limits import ActivityLimiter
 
 logger = logging.getLogger(__name__)
 CELERY = "celery"
@@ -53,6 +54,7 @@ class ActivityExecutors:
         self._using = using
         self._settings = settings
         self._celery: Executor | None = None
+        self.limiter = ActivityLimiter(engine_id, using, on_done)  # activity limits across engines (limits.py)
         self.default = settings.activity_executor
         if self.default == CELERY:
             self._remote()  # refuse to start without Celery or a broker, not at the first dispatch
@@ -64,6 +66,10 @@ class ActivityExecutors:
         return (definition.executor or self.default) == CELERY
 
     def submit(self, task: AttemptTask) -> None:
+        if self.limiter.admit(task):  # else it waits for a slot (poll() tries again)
+            self._submit(task)
+
+    def _submit(self, task: AttemptTask) -> None:
         if not self.uses_celery(task.definition):
             self.threads.submit(task)
             return
@@ -103,18 +109,29 @@ class ActivityExecutors:
 
     @property
     def polls(self) -> bool:
-        """Whether outcomes arrive through the database (remote workers), found only by ``poll``."""
-        return self._celery is not None
+        """Whether outcomes arrive through the database (remote workers), found only by ``poll``, or
+        attempts wait for an activity slot."""
+        return self._celery is not None or self.limiter.busy
+
+    @property
+    def busy(self) -> bool:
+        """Whether an attempt is running or waiting for an activity slot."""
+        return bool(self.running) or self.limiter.busy
 
     @property
     def running(self) -> list[AttemptTask]:
+        """Attempts handed to an executor and not finished (not those waiting for a slot)."""
         remote = self._celery.running if self._celery is not None else []
         return self.threads.running + remote
 
     def poll(self, notified: set[str]) -> None:
-        """Outcomes that workers committed to the database (and remote attempts past their timeout)."""
+        """Outcomes that workers committed to the database (and remote attempts past their timeout);
+        activity slots released and taken."""
         if self._celery is not None:
             self._celery.poll(notified)
+        if self.limiter.held:
+            self.limiter.release_finished({task.key for task in self.running})
+        self.limiter.retry(self._submit)
 
     def shutdown(self, wait_seconds: float) -> None:
         self.threads.shutdown(wait_seconds)

@@ -75,6 +75,16 @@ class Backend:
     #: after (the replay check, store/replay.py).
     read_only_sql: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = ((), ())
 
+    def lock_name(self, namespace: int, name: str) -> None:
+        """Inside a transaction: serialise with every other transaction that locks ``(namespace, name)``
+        until this one ends (flow control's admissions). Here nothing to do: SQLite's IMMEDIATE
+        transaction already holds the database's one write lock.
+
+        Args:
+            namespace: a 32-bit number for the kind of name (store/queues.py, store/limits.py).
+            name: the queue's or activity's name.
+        """
+
     @property
     def display_name(self) -> str:
         """The database's name as operators read it (Django's vendor name: postgresql, sqlite)."""
@@ -127,6 +137,13 @@ class PostgreSQLBackend(Backend):
     def lock_sql(self, *, no_key: bool = False, skip_locked: bool = False) -> str:
         clause = " FOR NO KEY UPDATE" if no_key else " FOR UPDATE"
         return clause + (" SKIP LOCKED" if skip_locked else "")
+
+    def lock_name(self, namespace: int, name: str) -> None:
+        # A transaction-scoped advisory lock: released at COMMIT or ROLLBACK (also when the server ends a
+        # frozen engine's idle transaction), never left behind. Two names with one hash serialise
+        # together, which is harmless.
+        with self.connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [namespace, name])
 
     # -- client side: runs, schedules, clock, notify, prepared statements, testing --------------
 

@@ -27,11 +27,13 @@ def _ms(delta: timedelta) -> int:
     return round(delta.total_seconds() * 1000)
 
 
-def register_engine(engine_id: str, mode: str, using: str) -> None:
-    """Insert or refresh this engine's row (host, pid, mode; started and heartbeat now, not stopped).
+def register_engine(engine_id: str, mode: str, using: str, *, queues: list[str] | None = None) -> None:
+    """Insert or refresh this engine's row (host, pid, mode, the queues it serves; started and heartbeat
+    now, not stopped).
 
     Args:
         engine_id: the engine; ``mode``: its BACKGROUND_TASKS mode; ``using``: the connection alias.
+        queues: the queues it admits from (None: every queue of WEFT["QUEUES"]).
     """
     now = db_clock(using)
     Engine.objects.using(using).update_or_create(
@@ -43,6 +45,7 @@ def register_engine(engine_id: str, mode: str, using: str) -> None:
             "started_at": now,
             "heartbeat_at": now,
             "stopped_at": None,
+            "queues": queues,
         },
     )
 

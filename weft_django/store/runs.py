@@ -37,6 +37,8 @@ class NewRun:
         parent_id, parent_run_id, parent_seq, parent_close_policy, depth: a child's link to its parent.
         run_id: the new run id (a fresh one when empty).
         trace_context: the starter's trace context (``weft_django.tracing.capture``), or None.
+        queue, priority, concurrency_key: the queue the run waits in (``pending`` until an engine
+            admits it, ``store/queues.py``), its priority there (lower first) and its concurrency key.
     """
 
     workflow_id: str
@@ -55,6 +57,9 @@ class NewRun:
     depth: int = 0
     run_id: Any = None
     trace_context: str | None = None
+    queue: str | None = None
+    priority: int = 0
+    concurrency_key: str | None = None
 
     def rows(self, now: datetime) -> tuple[Workflow, Timer | None]:
         """The run's row at workflow time ``now`` and its delayed-start timer (None: it starts now)."""
@@ -62,7 +67,7 @@ class NewRun:
         delayed = begins > now
         if not delayed:
             begins = now
-        waits = delayed or self.queued
+        waits = delayed or self.queued or self.queue is not None
         links: dict[str, Any] = {}
         if self.schedule_id is not None:
             links["schedule_id"] = self.schedule_id
@@ -88,6 +93,9 @@ class NewRun:
             updated_at=now,
             started_at=None if waits else now,
             trace_context=self.trace_context,
+            queue=self.queue,
+            priority=self.priority,
+            concurrency_key=self.concurrency_key,
             **links,
         )
         timer = Timer(workflow_id=self.workflow_id, run_id=run.run_id, kind=TimerKind.DELAYED_START, fire_at=begins)
@@ -188,7 +196,18 @@ def now_and_epoch(using: str) -> tuple[datetime, int]:
 # waiting for a flush, so it holds that lock for microseconds. The wake-up still never overtakes its
 # row; if the client dies between the two, the engines' poll (POLL_INTERVAL) finds the run.
 NOTIFY_AFTER_COMMIT = True
-_RUN_GIVEN = {"id", "run_id", "workflow_type", "version", "input", "idempotency_key", "trace_context"}
+_RUN_GIVEN = {
+    "id",
+    "run_id",
+    "workflow_type",
+    "version",
+    "input",
+    "idempotency_key",
+    "trace_context",
+    "queue",
+    "priority",
+    "concurrency_key",
+}
 _CLAIM_COLUMNS = {
     "workflow_id",
     "epoch",
@@ -201,7 +220,7 @@ _CLAIM_COLUMNS = {
 }
 _TIMER_COLUMNS = {"id", "workflow_id", "run_id", "kind", "seq", "attempt", "fire_at"}
 _KEY_COLUMNS = {"key", "workflow_id", "run_id", "created_at", "purged_at"}
-_start_statements: dict[tuple[str, bool, bool, bool], tuple[str, dict[str, Any]] | None] = {}
+_start_statements: dict[tuple[str, bool, bool, bool, bool], tuple[str, dict[str, Any]] | None] = {}
 
 
 def _start_statement(new: NewRun, using: str) -> tuple[str, dict[str, Any]] | None:
@@ -209,10 +228,16 @@ def _start_statement(new: NewRun, using: str) -> tuple[str, dict[str, Any]] | No
     it does not apply (not PostgreSQL, a schedule's or a child's run, or a model with a column this
     statement does not know how to fill)."""
     store = backend(using)
-    if not store.writes_in_one_statement or new.queued or new.schedule_id is not None or new.parent_id is not None:
+    if (
+        not store.writes_in_one_statement
+        or new.queued
+        or new.schedule_id is not None
+        or new.parent_id is not None
+        or (new.queue is not None and new.delay is not None)
+    ):
         return None
     delay = "none" if new.delay is None else ("at" if isinstance(new.delay, datetime) else "after")
-    shape = (delay, new.execution_timeout is not None, new.idempotency_key is not None)
+    shape = (delay, new.execution_timeout is not None, new.idempotency_key is not None, new.queue is not None)
     key = (*shape, NOTIFY_AFTER_COMMIT)
     if key not in _start_statements:
         _start_statements[key] = _build_start_statement(store.connection, *shape, wake=not NOTIFY_AFTER_COMMIT)
@@ -220,7 +245,7 @@ def _start_statement(new: NewRun, using: str) -> tuple[str, dict[str, Any]] | No
 
 
 def _build_start_statement(
-    connection: Any, delay: str, timeout: bool, keyed: bool, *, wake: bool = True
+    connection: Any, delay: str, timeout: bool, keyed: bool, queued: bool, *, wake: bool = True
 ) -> tuple[str, dict[str, Any]] | None:
     """The one-statement start of this shape; ``wake``: its last SELECT sends the NOTIFY (inside the
     statement's transaction), else it returns the inserted id and the caller sends it after commit."""
@@ -242,6 +267,7 @@ def _build_start_statement(
         "updated_at": "n.t",
         "status": running if delay == "none" else f"CASE WHEN {delayed} THEN {pending} ELSE {running} END",
         "started_at": "n.t" if delay == "none" else f"CASE WHEN {delayed} THEN NULL ELSE n.t END",
+        **({"status": pending, "started_at": "NULL"} if queued else {}),  # waits for its queue's admission
         "start_at": "NULL" if delay == "none" else f"CASE WHEN {delayed} THEN n.b END",
         "execution_deadline": "n.b + %(timeout)s::interval" if timeout else "NULL",
     }
@@ -303,6 +329,9 @@ def _insert_run_sql(new: NewRun, using: str) -> bool:
         "input": new.input_text,
         "idempotency_key": new.idempotency_key,
         "trace_context": new.trace_context,
+        "queue": new.queue,
+        "priority": new.priority,
+        "concurrency_key": new.concurrency_key,
         "delay": new.delay,
         "timeout": new.execution_timeout,
     }

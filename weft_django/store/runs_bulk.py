@@ -87,6 +87,9 @@ def _insert_chunk(chunk: Sequence[NewRun], using: str) -> set[str]:
         "at": at,
         "timeouts": [new.execution_timeout for new in chunk],
         "traces": [new.trace_context for new in chunk],
+        "queues": [new.queue for new in chunk],
+        "priorities": [new.priority for new in chunk],
+        "ckeys": [new.concurrency_key for new in chunk],
     }
     with connections[using].cursor() as cursor:
         cursor.execute(sql, params)
@@ -116,12 +119,13 @@ def _build(connection: Any) -> tuple[str, dict[str, Any]] | None:
     ):
         return None
     delayed = "b.b > b.t"
+    waits = f"({delayed} OR b.queue IS NOT NULL)"  # a queued run is pending until admitted (store/queues.py)
     pending, running = f"'{WorkflowStatus.PENDING.value}'", f"'{WorkflowStatus.RUNNING.value}'"
     expressions = {
         "created_at": "b.t",
         "updated_at": "b.t",
-        "status": f"CASE WHEN {delayed} THEN {pending} ELSE {running} END",
-        "started_at": f"CASE WHEN {delayed} THEN NULL ELSE b.t END",
+        "status": f"CASE WHEN {waits} THEN {pending} ELSE {running} END",
+        "started_at": f"CASE WHEN {waits} THEN NULL ELSE b.t END",
         "start_at": f"CASE WHEN {delayed} THEN b.b END",
         "execution_deadline": "b.b + b.timeout",
     }
@@ -147,8 +151,10 @@ def _build(connection: Any) -> tuple[str, dict[str, Any]] | None:
     inputs = (
         "unnest(%(ids)s::varchar[], %(run_ids)s::uuid[], %(types)s::varchar[], %(versions)s::varchar[], "
         "%(inputs)s::text[], %(keys)s::varchar[], %(after)s::interval[], %(at)s::timestamptz[], "
-        "%(timeouts)s::interval[], %(traces)s::text[]) "
-        "AS u(id, run_id, workflow_type, version, input, idempotency_key, after, at, timeout, trace_context)"
+        "%(timeouts)s::interval[], %(traces)s::text[], %(queues)s::varchar[], %(priorities)s::integer[], "
+        "%(ckeys)s::varchar[]) "
+        "AS u(id, run_id, workflow_type, version, input, idempotency_key, after, at, timeout, trace_context, "
+        "queue, priority, concurrency_key)"
     )
     sql = (
         f"WITH n AS MATERIALIZED (SELECT {workflow_now_sql('postgresql')} AS t), "

@@ -121,6 +121,9 @@ class Command(BaseCommand):
             "--kwargs", dest="kwargs_json", default="{}", help='Keyword arguments, a JSON object (default "{}").'
         )
         p.add_argument("--id", dest="workflow_id", help="The workflow id (default: a new UUID).")
+        p.add_argument("--queue", help='Start it in this queue of WEFT["QUEUES"] (default: the workflow\'s own).')
+        p.add_argument("--priority", type=int, help="Its priority in the queue (lower first; default 0).")
+        p.add_argument("--concurrency-key", help="At most one run of the queue with this key at a time.")
 
         p = command("signal", "Send a signal to a workflow.")
         p.add_argument("id")
@@ -168,6 +171,11 @@ class Command(BaseCommand):
         p.add_argument("--limit", type=_positive_int, default=200, help="At most this many rows (default 200).")
 
         command("schedules", "List schedules.")
+
+        command(
+            "queues",
+            "List queues (waiting, running, rate window, keys in use, serving engines) and limited activities.",
+        )
 
         p = command("doctor", "Check the database, migrations, settings, claims, timers and engines.")
         p.add_argument("--strict", action="store_true", help="Exit non-zero on warnings too.")
@@ -356,6 +364,39 @@ class Command(BaseCommand):
             )
         )
 
+    def _queues(self, options: dict[str, Any]) -> None:
+        from ...admin.queues import queue_report
+        from ...conf import get_settings
+
+        settings = get_settings()
+        report = queue_report(settings, self._using, settings.workflow_claim_ttl)
+        if options["json"]:
+            self._print_json(report)
+            return
+        if not report["queues"] and not report["activities"]:
+            self._print('No queue is defined (WEFT["QUEUES"]) and no limited activity has run.')
+            return
+        headers = ("QUEUE", "WAITING", "RUNNING", "CONCURRENCY", "PER_ENGINE", "RATE", "IN_WINDOW", "KEYS", "SERVED_BY")
+        rows = [
+            (
+                r["queue"] + ("" if r["configured"] else " (not configured)"),
+                r["waiting"],
+                r["running"],
+                "-" if r["concurrency"] is None else r["concurrency"],
+                "-" if r["per_engine"] is None else r["per_engine"],
+                r["rate"] or "-",
+                "-" if r["in_window"] is None else r["in_window"],
+                ", ".join(f"{key}" for key, _ in r["keys"]) or "-",
+                ", ".join(r["served_by"]) or "NO LIVE ENGINE",
+            )
+            for r in report["queues"]
+        ]
+        if rows:
+            self._print(table(headers, rows))
+        if report["activities"]:
+            activity_rows = [(a["activity"], a["running"], ", ".join(a["keys"]) or "-") for a in report["activities"]]
+            self._print(table(("ACTIVITY", "HOLDING_SLOTS", "KEYS"), activity_rows))
+
     def _claims(self, options: dict[str, Any]) -> None:
         from ...admin.health import claim_rows
         from ...store.clock import db_clock
@@ -455,7 +496,15 @@ class Command(BaseCommand):
         if not isinstance(kwargs, dict):
             raise CommandError(f"--kwargs must be a JSON object of keyword arguments (got {options['kwargs_json']!r}).")
         resolve_workflow(options["type"])  # WorkflowNotRegisteredError names the registered types
-        handle = start(options["type"], args=args, kwargs=kwargs, id=options["workflow_id"])
+        handle = start(
+            options["type"],
+            args=args,
+            kwargs=kwargs,
+            id=options["workflow_id"],
+            queue=options.get("queue"),
+            priority=options.get("priority"),
+            concurrency_key=options.get("concurrency_key"),
+        )
         if options["json"]:
             self._print_json(handle.describe())
         else:

@@ -50,6 +50,16 @@ def _positive_float(value: str) -> float:
     return number
 
 
+def _queue_list(value: str | None) -> list[str] | None:
+    """--queues "emails,reports" as a list (None: every queue)."""
+    if value is None:
+        return None
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    if not names:
+        raise CommandError("--queues needs at least one queue name, e.g. --queues emails,reports.")
+    return names
+
+
 class Command(BaseCommand):
     help = "Run a weft engine: claims runnable workflows and drives them to completion."
     requires_system_checks: list[str] = []  # we validate WEFT ourselves and exit before writing anything
@@ -63,6 +73,11 @@ class Command(BaseCommand):
             "--concurrency", type=_positive_int, help="Activity threads (default ACTIVITY_CONCURRENCY)."
         )
         parser.add_argument("--once", action="store_true", help="Process what is runnable now, then exit.")
+        parser.add_argument(
+            "--queues",
+            help='Admit only from these queues of WEFT["QUEUES"], comma separated (default: every queue). '
+            "Runs started without a queue are served by every engine.",
+        )
         parser.add_argument(
             "--reset-ownership-mode",
             action="store_true",
@@ -134,6 +149,7 @@ class Command(BaseCommand):
                 concurrency=options["concurrency"],
                 settings=settings,
                 drain_timeout=options["drain_timeout"],
+                queues=_queue_list(options["queues"]),
             )
         except ConfigurationError as exc:  # e.g. ACTIVITY_EXECUTOR="celery" without Celery installed
             raise CommandError(str(exc)) from None

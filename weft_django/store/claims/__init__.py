@@ -2,6 +2,7 @@
 checks it).
 
 - ``holding``: acquire, renew, release, take over, and the fence locks of an engine's commits;
+- ``admission``: the claims of runs a queue admitted (the admitting engine holds them);
 - ``lifecycle``: the unheld claim of a new run (start, children, schedules), epoch rotation by the
   transitions, cancel's family lock, the test kit's claim edits.
 
@@ -11,6 +12,7 @@ transaction. Every statement uses the database clock.
 
 from __future__ import annotations
 
+from .admission import hold_admitted
 from .holding import (
     CHUNK,
     CLAIM_TABLE,
@@ -58,6 +60,7 @@ __all__ = [
     "delete_claims",
     "expire_claims",
     "held_claims",
+    "hold_admitted",
     "holder",
     "holders",
     "insert_unheld",

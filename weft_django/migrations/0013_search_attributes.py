@@ -8,7 +8,7 @@ class Migration(migrations.Migration):
     no rewrite of existing ones."""
 
     dependencies = [
-        ("weft_django", "0015_deploys"),
+        ("weft_django", "0012_deploys"),
     ]
 
     operations = [

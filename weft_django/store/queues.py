@@ -1,0 +1,226 @@
+"""Queue admission (docs/queues.md, ADR 0011): a run started in a queue waits ``pending`` until an
+engine admits it; admission makes it ``running``, stamps ``admitted_at`` (the database clock) and makes
+the admitting engine its holder, in one transaction serialised per queue.
+
+The transaction, in this order:
+
+1. the queue's lock (``Backend.lock_name``: a transaction-scoped advisory lock on PostgreSQL; on
+   SQLite the IMMEDIATE transaction is the one write lock). A lock, not a write: the lock-order rule
+   (claims first, before any write) still holds, and no writer ever takes a queue lock while holding
+   a claim, so the two cannot deadlock: admission locks claims only with SKIP LOCKED;
+2. the counts, read after the lock (READ COMMITTED: each statement sees every admission committed
+   before it): runs admitted and not ended (a slot each, parked or not, until they end, as DBOS's
+   dequeued workflows), those whose claim this engine holds (``per_engine``), the admissions inside the
+   rate window, the concurrency keys in use;
+3. the waiting runs in order (priority, then start time, then id), skipping keys in use;
+4. their claims, locked in workflow_id order in one statement, SKIP LOCKED (``store.commit.fenced``,
+   nested: the one entry point of workflow-scoped writes);
+5. the runs still waiting among them (a cancel may have won their claim lock) made ``running``;
+6. their claims held by this engine (``store.claims.hold_admitted``).
+
+A frozen engine's admitted runs keep their slots until they end (after a takeover); a frozen engine
+inside step 2-6 holds the queue lock until PostgreSQL ends its idle transaction (the engine's sessions
+are bounded, engine/sessions.py), which rolls its admission back: it never commits counts that others
+could have changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Count, Max, Min, Q
+
+from ..flow import QueueConfig
+from ..models import Engine, Workflow, WorkflowClaim
+from ..status import ACTIVE_STATUSES, WorkflowStatus
+from . import claims
+from .backend import backend
+from .clock import db_clock, db_now
+from .commit import fenced
+
+QUEUE_LOCKS = 0x77656671  # the advisory-lock namespace of queue admissions ("wefq")
+PAGE = 200  # waiting runs read per round while keys in use are skipped
+MAX_PAGES = 25  # at most PAGE * MAX_PAGES waiting runs looked at per admission
+
+
+def _active(queue: str, using: str) -> Any:
+    return Workflow.objects.using(using).filter(queue=queue, admitted_at__isnull=False, status__in=ACTIVE_STATUSES)
+
+
+def admit(
+    engine_id: str,
+    queue: QueueConfig,
+    *,
+    limit: int,
+    ttl: timedelta,
+    using: str,
+) -> dict[str, int]:
+    """Admit up to ``limit`` waiting runs of ``queue`` within its limits, claimed by ``engine_id``.
+
+    Args:
+        engine_id: the admitting engine (the new holder).
+        queue: the queue's configuration.
+        limit: at most this many this time (the engine's claim batch).
+        ttl: the claims' time to live.
+        using: the connection alias.
+
+    Returns:
+        {workflow_id: epoch} of the runs admitted (held by ``engine_id``).
+
+    Raises:
+        django.db.DatabaseError: a statement failed or the lock wait timed out (nothing admitted).
+    """
+    if limit <= 0:
+        return {}
+    with transaction.atomic(using=using):
+        backend(using).lock_name(QUEUE_LOCKS, queue.name)
+        now = db_now(using)
+        free = _free_slots(engine_id, queue, limit, now, using)
+        if free <= 0:
+            return {}
+        chosen = _choose(queue.name, free, using)
+        if not chosen:
+            return {}
+        # The one entry point of workflow-scoped writes: the claims locked first, in one statement in
+        # workflow_id order, skipping rows another transaction holds (nested: a savepoint of this one).
+        with fenced(chosen, using, wait=False) as fence:
+            waiting = list(
+                Workflow.objects.using(using)
+                .filter(id__in=fence.held, status=WorkflowStatus.PENDING, admitted_at__isnull=True, queue=queue.name)
+                .values_list("id", flat=True)
+            )
+            if not waiting:
+                return {}
+            Workflow.objects.using(using).filter(id__in=waiting).update(
+                status=WorkflowStatus.RUNNING, admitted_at=now, started_at=now, updated_at=now
+            )
+            held = claims.hold_admitted(engine_id, waiting, ttl, using)
+            if len(held) < len(waiting):  # a claim held elsewhere (never expected): admit none of it
+                transaction.set_rollback(True, using=using)
+                return {}
+        return held
+
+
+def admissible(engine_id: str, queue: QueueConfig, using: str) -> bool:
+    """Whether ``admit`` would let a run of ``queue`` in now (a plain read, no lock: a hint for idle checks)."""
+    return _free_slots(engine_id, queue, 1, db_now(using), using) > 0 and bool(_choose(queue.name, 1, using))
+
+
+def _free_slots(engine_id: str, queue: QueueConfig, limit: int, now: datetime, using: str) -> int:
+    free = limit
+    if queue.concurrency is not None:
+        free = min(free, queue.concurrency - _active(queue.name, using).count())
+    if queue.per_engine is not None and free > 0:
+        mine = WorkflowClaim.objects.using(using).filter(engine_id=engine_id).values("workflow_id")
+        free = min(free, queue.per_engine - _active(queue.name, using).filter(id__in=mine).count())
+    if queue.rate is not None and free > 0:
+        recent = Workflow.objects.using(using).filter(queue=queue.name, admitted_at__gt=now - queue.rate.period).count()
+        free = min(free, queue.rate.limit - recent)
+    return free
+
+
+def _choose(queue: str, free: int, using: str) -> list[str]:
+    """The next ``free`` waiting runs in order, at most one per concurrency key and none whose key an
+    admitted, not ended run holds."""
+    in_use = set(_active(queue, using).filter(concurrency_key__isnull=False).values_list("concurrency_key", flat=True))
+    waiting = Workflow.objects.using(using).filter(queue=queue, status=WorkflowStatus.PENDING, admitted_at__isnull=True)
+    chosen: list[str] = []
+    after: tuple[int, datetime, str] | None = None
+    for _ in range(MAX_PAGES):
+        page = waiting
+        if after is not None:
+            priority, created, wid = after
+            page = page.filter(
+                Q(priority__gt=priority)
+                | Q(priority=priority, created_at__gt=created)
+                | Q(priority=priority, created_at=created, id__gt=wid)
+            )
+        rows = list(
+            page.order_by("priority", "created_at", "id").values_list(
+                "id", "priority", "created_at", "concurrency_key"
+            )[:PAGE]
+        )
+        for wid, _priority, _created, key in rows:
+            if key is not None:
+                if key in in_use:
+                    continue
+                in_use.add(key)
+            chosen.append(wid)
+            if len(chosen) >= free:
+                return chosen
+        if len(rows) < PAGE:
+            return chosen
+        last = rows[-1]
+        after = (last[1], last[2], last[0])
+    return chosen
+
+
+# -- reading (admin, CLI, doctor) ---------------------------------------------------------------
+
+
+def queue_stats(
+    names: Iterable[str], using: str, *, now: datetime | None = None, windows: dict[str, timedelta]
+) -> list[dict[str, Any]]:
+    """Per queue: waiting, running (admitted, not ended), admitted in its rate window (``windows``),
+    the oldest waiting start, and the concurrency keys in use.
+
+    Args:
+        names: the queues; ``using``: the connection alias; ``now``: workflow time (default now).
+        windows: each rate-limited queue's window.
+    """
+    when = now if now is not None else db_now(using)
+    found = []
+    for name in names:
+        waiting = (
+            Workflow.objects.using(using)
+            .filter(queue=name, status=WorkflowStatus.PENDING, admitted_at__isnull=True)
+            .aggregate(n=Count("pk"), oldest=Min("created_at"))
+        )
+        running = _active(name, using)
+        keys = list(
+            running.filter(concurrency_key__isnull=False)
+            .values("concurrency_key")
+            .annotate(n=Count("pk"))
+            .order_by("concurrency_key")
+            .values_list("concurrency_key", "n")[:50]
+        )
+        window = windows.get(name)
+        recent = (
+            Workflow.objects.using(using).filter(queue=name, admitted_at__gt=when - window).count()
+            if window is not None
+            else None
+        )
+        latest = Workflow.objects.using(using).filter(queue=name).aggregate(last=Max("admitted_at"))["last"]
+        found.append(
+            {
+                "queue": name,
+                "waiting": int(waiting["n"]),
+                "oldest_waiting": waiting["oldest"],
+                "running": running.count(),
+                "in_window": recent,
+                "last_admitted": latest,
+                "keys": keys,
+            }
+        )
+    return found
+
+
+def queues_in_use(using: str) -> list[str]:
+    """The queue names that runs name (waiting or admitted and not ended)."""
+    rows = (
+        Workflow.objects.using(using)
+        .filter(queue__isnull=False, status__in=ACTIVE_STATUSES)
+        .values_list("queue", flat=True)
+        .distinct()
+    )
+    return sorted({str(name) for name in rows})
+
+
+def served_queues(*, within: timedelta, using: str) -> dict[str, list[str] | None]:
+    """Live engines (a heartbeat within ``within``, not stopped) and the queues each serves (None: all)."""
+    cutoff = db_clock(using) - within
+    rows = Engine.objects.using(using).filter(stopped_at__isnull=True, heartbeat_at__gte=cutoff)
+    return {engine_id: queues for engine_id, queues in rows.values_list("id", "queues")}
