@@ -84,7 +84,9 @@ class RemoteOutcome:
     result: str | None = None
     error: dict[str, Any] | None = None
     error_types: tuple[str, ...] = ()
-    completed_at: datetime | None = None  # a result's: its step's completed_at as the worker wrote it
+    # A result's: its step's completed_at as the worker wrote it (ctx.now() reads it); metadata, not
+    # part of what the outcome is, so two outcomes compare equal whatever time they carry.
+    completed_at: datetime | None = dataclasses.field(default=None, compare=False)
 
 
 def exception_types(exc: BaseException) -> list[str]:

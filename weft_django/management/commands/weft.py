@@ -9,83 +9,26 @@ CommandError before anything is written; ``cancel`` and ``purge`` ask first unle
 from __future__ import annotations
 
 import argparse
-import base64
 import importlib.util
 import json
 import pprint
 import sys
-from collections.abc import Callable, Sequence
-from datetime import date, datetime, time, timedelta
-from decimal import Decimal
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
-from uuid import UUID
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import Count
 
 from ...client import SUMMARY_FIELDS
-from ...durations import InvalidDuration, to_nonnegative_timedelta
 from ...exceptions import InvalidArgumentError, WeftError
 from ...status import TERMINAL_STATUSES, WorkflowStatus
 from .. import visibility_cli
+from ..cli_format import claim_expiry, duration_arg, json_default, positive_int_arg, table, when
 from ..replay_options import add_replay_arguments
 
 DESCRIBE_KEYS = SUMMARY_FIELDS
 TERMINAL = sorted(str(status) for status in TERMINAL_STATUSES)
-
-
-def _duration(value: str) -> timedelta:
-    try:
-        return to_nonnegative_timedelta(value, "the duration")
-    except InvalidDuration as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1 (got {value!r})")
-    return number
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, datetime | date | time):
-        return value.isoformat()
-    if isinstance(value, timedelta):
-        return value.total_seconds()
-    if isinstance(value, UUID | Decimal):
-        return str(value)
-    if isinstance(value, set | frozenset | tuple):
-        return list(value)
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode()
-    return str(value)
-
-
-def _when(value: datetime | None) -> str:
-    from ...admin.formatting import when_text
-
-    return when_text(value)  # never raises: a time out of the local zone's range is shown in UTC, marked
-
-
-def _claim_expiry(expires_at: datetime | None, now: datetime) -> str | None:
-    from ...admin.formatting import relative
-
-    if expires_at is None:
-        return None
-    return relative(expires_at, now) + (" (lapsed)" if expires_at < now else "")
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """Columns aligned to their widest cell; None shows as "-"."""
-    cells = [[("-" if cell is None else str(cell)) for cell in row] for row in rows]
-    widths = [max([len(header), *(len(row[i]) for row in cells)]) for i, header in enumerate(headers)]
-    lines = ["  ".join(header.ljust(widths[i]) for i, header in enumerate(headers)).rstrip()]
-    lines += ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in cells]
-    return "\n".join(lines)
 
 
 class Command(BaseCommand):
@@ -104,7 +47,7 @@ class Command(BaseCommand):
         p = command("list", "List workflows, newest first.")
         p.add_argument("--status", action="append", choices=WorkflowStatus.values, help="Repeat for several.")
         p.add_argument("--type", dest="workflow_type", help="Only this workflow type (registered name).")
-        p.add_argument("--limit", type=_positive_int, default=50, help="At most this many rows (default 50).")
+        p.add_argument("--limit", type=positive_int_arg, default=50, help="At most this many rows (default 50).")
         visibility_cli.add_where(p)
         p.add_argument("--cursor", help="The next page of a --where listing (printed under it).")
 
@@ -135,14 +78,14 @@ class Command(BaseCommand):
         p.add_argument("id")
         p.add_argument("name")
         p.add_argument("--arg", help="JSON argument passed to the query handler (omitted: no argument).")
-        p.add_argument("--timeout", type=_duration, default=timedelta(seconds=5), help="Default 5s.")
+        p.add_argument("--timeout", type=duration_arg, default=timedelta(seconds=5), help="Default 5s.")
 
         p = command("update", "Send an update to a workflow and print the handler's result.")
         p.add_argument("id")
         p.add_argument("name")
         p.add_argument("--payload", help="JSON payload (default null).")
         p.add_argument("--idempotency-key", help="Resending the same key returns the first outcome.")
-        p.add_argument("--timeout", type=_duration, default=timedelta(seconds=5), help="Default 5s.")
+        p.add_argument("--timeout", type=duration_arg, default=timedelta(seconds=5), help="Default 5s.")
 
         p = command("cancel", "Cancel a workflow (asks first unless --yes).")
         p.add_argument("id")
@@ -159,7 +102,7 @@ class Command(BaseCommand):
         p = command("purge", "Delete terminal workflows (default: those WEFT['RETENTION'] says are due).")
         p.add_argument("--status", action="append", choices=TERMINAL, help="Only this terminal status; repeatable.")
         p.add_argument(
-            "--older-than", type=_duration, help='Finished longer ago than this ("7d", "12h"), instead of RETENTION.'
+            "--older-than", type=duration_arg, help='Finished longer ago than this ("7d", "12h"), instead of RETENTION.'
         )
         p.add_argument("--dry-run", action="store_true", help="Only say how many would be purged.")
         p.add_argument("--yes", action="store_true", help="Do not ask for confirmation.")
@@ -168,7 +111,7 @@ class Command(BaseCommand):
 
         p = command("claims", "List claims held by engines, soonest expiry first.")
         p.add_argument("--all", action="store_true", help="Include released claims (no holder).")
-        p.add_argument("--limit", type=_positive_int, default=200, help="At most this many rows (default 200).")
+        p.add_argument("--limit", type=positive_int_arg, default=200, help="At most this many rows (default 200).")
 
         command("schedules", "List schedules.")
 
@@ -209,7 +152,7 @@ class Command(BaseCommand):
         self.stdout.write(text)
 
     def _print_json(self, value: Any) -> None:
-        self.stdout.write(json.dumps(value, indent=2, default=_json_default, ensure_ascii=False))
+        self.stdout.write(json.dumps(value, indent=2, default=json_default, ensure_ascii=False))
 
     def _payload(self, text: str | None, what: str) -> Any:
         from ...admin.payloads import PayloadInputError, parse_payload
@@ -261,7 +204,7 @@ class Command(BaseCommand):
         from ...store.clock import db_clock
 
         if options.get("where") or options.get("cursor"):
-            visibility_cli.list_where(self, options, table, _when)
+            visibility_cli.list_where(self, options, table, when)
             return
         queryset = Workflow.objects.using(self._using).order_by("-created_at", "id")
         if options["status"]:
@@ -295,9 +238,9 @@ class Command(BaseCommand):
                         status_text(d["status"]),
                         d["owner_engine"],
                         d["epoch"],
-                        _claim_expiry(d["claim_expires_at"], now) if d["owner_engine"] else None,
+                        claim_expiry(d["claim_expires_at"], now) if d["owner_engine"] else None,
                         short_step(d["current_step"]),
-                        _when(d["created_at"]),
+                        when(d["created_at"]),
                     )
                     for d in described
                 ],
@@ -327,7 +270,7 @@ class Command(BaseCommand):
             lines.append(("cancel reason", details["cancel_reason"]))
         width = max(len(key) for key, _ in lines)
         for key, value in lines:
-            shown = _when(value) if isinstance(value, datetime) else ("-" if value is None else value)
+            shown = when(value) if isinstance(value, datetime) else ("-" if value is None else value)
             self._print(f"{key.ljust(width)}  {shown}")
 
     def _engines(self, options: dict[str, Any]) -> None:
@@ -354,7 +297,7 @@ class Command(BaseCommand):
                         r.engine.host,
                         r.engine.pid,
                         r.engine.mode,
-                        _when(r.engine.started_at),
+                        when(r.engine.started_at),
                         format_duration(r.heartbeat_age) + " ago",
                         r.claims_held,
                         r.claims_lapsed,
@@ -420,7 +363,7 @@ class Command(BaseCommand):
                         r.status,
                         r.engine_id,
                         r.epoch,
-                        _claim_expiry(r.expires_at, now),
+                        claim_expiry(r.expires_at, now),
                     )
                     for r in rows
                 ],
@@ -453,8 +396,8 @@ class Command(BaseCommand):
                         r.timezone,
                         r.overlap,
                         "paused" if r.paused else "",
-                        _when(r.next_fire_at),
-                        _when(r.last_fired_at),
+                        when(r.next_fire_at),
+                        when(r.last_fired_at),
                         r.missed_fire_count,
                     )
                     for r in rows
