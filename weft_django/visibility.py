@@ -276,8 +276,8 @@ def _where_value(text: str) -> Any:
 
 def encode_cursor(created_at: datetime, workflow_id: str) -> str:
     """The opaque page cursor after the run (created_at, id)."""
-    raw = json.dumps([created_at.isoformat(), workflow_id]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    packed = json.dumps([created_at.isoformat(), workflow_id]).encode()
+    return base64.urlsafe_b64encode(packed).decode().rstrip("=")
 
 
 def decode_cursor(cursor: Any) -> tuple[datetime, str]:
@@ -285,8 +285,8 @@ def decode_cursor(cursor: Any) -> tuple[datetime, str]:
     try:
         if not isinstance(cursor, str):
             raise TypeError
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        created, workflow_id = json.loads(raw)
+        packed = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created, workflow_id = json.loads(packed)
         moment = datetime.fromisoformat(created)
         if not isinstance(workflow_id, str) or moment.utcoffset() is None:
             raise ValueError
