@@ -107,3 +107,12 @@ def test_fork_action(admin_client):
         assert weft.get_handle("adm-f").result(timeout="5s") == "a:v1"
     finally:
         visibility_workflows.FORK_VERSION["value"] = "v1"
+
+
+def test_change_page_shows_the_search_attributes(admin_client, orders):
+    page = admin_client.get(f"{CHANGELIST}o-a/change/").content.decode()
+    assert "Search attributes" in page
+    assert "<code>customer</code> = &#x27;acme&#x27;" in page
+    assert "<code>items</code> = 2" in page
+    bare = weft.start("visibility.order", args=["c", 1.0], id="o-c")
+    assert "Search attributes" in admin_client.get(f"{CHANGELIST}{bare.id}/change/").content.decode()

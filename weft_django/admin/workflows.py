@@ -4,6 +4,7 @@ permissions)."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.contrib import admin, messages
@@ -14,13 +15,14 @@ from django.db.models import DateTimeField, QuerySet, Value
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from ..conf import database_alias
 from ..exceptions import InvalidArgumentError
 from ..models import BufferedSignal, PendingUpdate, Step, Timer, Workflow
 from ..status import ACTIVE_STATUSES, TERMINAL_STATUSES, WorkflowStatus
+from ..store.visibility import read as search_attributes_of
 from ..validation import validate_reason
 from . import actions, health, views, visibility
 from .clocks import claim_now, workflow_now
@@ -70,6 +72,14 @@ def _error_block(error: Any) -> SafeString | str:
         if error.get("traceback")
         else "",
     )
+
+
+def _attribute_text(value: Any) -> str:
+    if isinstance(value, list):
+        return ", ".join(str(item) for item in value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return repr(value) if isinstance(value, str) else str(value)
 
 
 def _field_names(fieldsets: Any) -> tuple[str, ...]:
@@ -142,6 +152,7 @@ class WorkflowAdmin(admin.ModelAdmin):
             {"fields": ("input_display", "result_display", "error_display", "stuck_display", "cancel_reason")},
         ),
         ("Origin", {"fields": (("parent_display", "schedule_id", "idempotency_key"),)}),
+        ("Search attributes", {"fields": ("attributes_display",)}),
     )
     readonly_fields = _field_names(fieldsets)
 
@@ -266,6 +277,16 @@ class WorkflowAdmin(admin.ModelAdmin):
             return "-"
         retry = f" — attempt {obj.stuck_attempts}, next retry {obj.stuck_retry_at}" if obj.stuck_retry_at else ""
         return format_html("{}{}", _error_block(obj.stuck_error), retry)
+
+    @admin.display(description="attributes")
+    def attributes_display(self, obj: Workflow) -> SafeString | str:
+        """The run's search attributes (``ctx.set_attributes``, ``start(attributes=)``), by name."""
+        found = search_attributes_of([obj.pk], self.weft_alias).get(obj.pk, {})
+        if not found:
+            return "-"
+        return format_html_join(
+            "", "<div><code>{}</code> = {}</div>", ((name, _attribute_text(found[name])) for name in sorted(found))
+        )
 
     @admin.display(description="parent")
     def parent_display(self, obj: Workflow) -> SafeString | str:
