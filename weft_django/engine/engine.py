@@ -318,11 +318,12 @@ class Engine:
         if poll_due:
             self._last_maintenance = time.monotonic()
         sweep = poll_due and self._mailbox_sweep_due()
-        signal_check = {wid for wid in self.owned if sweep or wid in notified or rescan}
+        # Only a sweep or a rescan looks at every held workflow; a wake-up pass costs what it names.
+        signal_check = set(self.owned) if sweep or rescan else {wid for wid in notified if wid in self.owned}
         if signal_check:
             busy |= self.progress.deliver_signals(signal_check, now, writes, changed)
 
-        message_check = {wid for wid in self.owned if sweep or wid in notified or rescan}
+        message_check = {wid for wid in signal_check if wid in self.owned}
         queries, self.wake.queries_waiting = self.wake.queries_waiting or poll_due or rescan, False
         busy |= deliver_messages(self, message_check, queries, now, writes, changed)
 
