@@ -145,7 +145,9 @@ def create_run(
                     key=new.idempotency_key, workflow_id=new.workflow_id, run_id=run.run_id, created_at=now
                 ).save(using=using, force_insert=True)
             run.save(using=using, force_insert=True)
-            claims.write_claim(new.workflow_id, next_epoch(using) if epoch is None else epoch, using, created_at=now)
+            epoch = next_epoch(using) if epoch is None else epoch
+            # A run waiting in a queue stays out of acquire's partial index until its admission.
+            claims.write_claim(new.workflow_id, epoch, using, runnable=new.queue is None, created_at=now)
             if timer is not None:
                 timer.save(using=using, force_insert=True)
             if wake:
@@ -162,7 +164,7 @@ def replace_run(new: NewRun, using: str) -> Workflow:
     Returns the saved row."""
     run, timer = new.rows(db_now(using))
     run.save(using=using, force_update=True)
-    claims.rotate_epoch(new.workflow_id, using)
+    claims.rotate_epoch(new.workflow_id, using, runnable=new.queue is None)  # queued: runnable at admission
     if timer is not None:
         timer.save(using=using, force_insert=True)
     notify.send("w", new.workflow_id, using)
@@ -308,7 +310,7 @@ def _build_start_statement(
         f"{key_cte}"
         f"w AS (INSERT INTO {Workflow._meta.db_table} ({', '.join(names)}) SELECT {', '.join(values)} FROM n"
         f"{' WHERE EXISTS (SELECT 1 FROM k)' if keyed else ''} ON CONFLICT DO NOTHING RETURNING id), "
-        f"{claims.unheld_claim_sql()}"
+        f"{claims.unheld_claim_sql(runnable='FALSE' if queued else 'TRUE')}"
         f"{timer_cte} "
         + (f"SELECT pg_notify('{notify.CHANNEL}', %(payload)s) FROM w" if wake else "SELECT w.id FROM w")
     )
