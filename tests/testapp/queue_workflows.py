@@ -76,3 +76,17 @@ def rated(ctx, count: int):
 @weft.workflow(name="tests.charges")
 def charges(ctx, customers: list, seconds: float):
     return (yield ctx.all([ctx.run(charge, customer, seconds) for customer in customers]))
+
+
+@weft.workflow(name="tests.queued_counter", queue="tests-default")
+def queued_counter(ctx):
+    """A queued workflow with an update and a signal (start_with_update / start_or_signal in a queue)."""
+    state = {"count": 0}
+
+    def add(amount):
+        state["count"] += amount
+        return state["count"]
+
+    ctx.on_update("add", add)
+    yield ctx.wait_for_signal("stop")
+    return state["count"]
