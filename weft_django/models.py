@@ -74,6 +74,9 @@ class Workflow(models.Model):
     priority = models.IntegerField(default=0)
     concurrency_key = models.CharField(max_length=255, null=True, blank=True)
     admitted_at = models.DateTimeField(null=True, blank=True)
+    # The start's execution_timeout: a queued run's execution_deadline is set from it at admission (a
+    # run waiting in its queue is not timing out yet); others' deadline is set at start.
+    execution_timeout = models.DurationField(null=True, blank=True)
 
     class Meta:
         indexes = [

@@ -44,3 +44,28 @@ def test_a_cancelled_waiting_run_and_its_retry_leave_the_claim_consistent():
     assert _runnable(["qc-cancel"]) == {"qc-cancel": False}
     run_until_idle()
     assert Workflow.objects.get(pk="qc-cancel").status == "cancelled"
+
+
+@override_settings(WEFT=WEFT)
+def test_a_queued_runs_execution_timeout_counts_from_its_admission():
+    """The deadline is unset while the run waits in its queue and set at admission from the start's
+    execution_timeout (before, it counted from the start: a run waiting long timed out before it ran)."""
+    from datetime import timedelta
+
+    from weft_django import conf
+    from weft_django.store import queues
+
+    weft.start("tests.queued", id="qt-1", queue="one", execution_timeout="1h")
+    keyed = weft.start("tests.queued", queue="one", execution_timeout="2h", idempotency_key="qt-2-key").id
+    weft.start_many([weft.StartRequest("tests.queued", queue="one", id="qt-3", execution_timeout="3h")])
+    weft.start("tests.queued", id="qt-4", queue="one")
+    ids = ["qt-1", keyed, "qt-3", "qt-4"]
+    assert dict(Workflow.objects.filter(id__in=ids).values_list("id", "execution_deadline")) == dict.fromkeys(ids)
+    hours = {"qt-1": 1, keyed: 2, "qt-3": 3}
+    for wid in ids:
+        got = queues.admit("qt-engine", conf.queues()["one"], limit=1, ttl=timedelta(seconds=30), using="default")
+        assert list(got) == [wid]
+        row = Workflow.objects.values("admitted_at", "execution_deadline").get(pk=wid)
+        expected = row["admitted_at"] + timedelta(hours=hours[wid]) if wid in hours else None
+        assert row["execution_deadline"] == expected
+        Workflow.objects.filter(pk=wid).update(status="completed")  # frees the queue's one slot

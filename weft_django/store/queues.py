@@ -18,7 +18,8 @@ The transaction, in this order:
 3. the waiting runs in order (priority, then start time, then id), skipping keys in use;
 4. their claims, locked in workflow_id order in one statement, SKIP LOCKED (``store.commit.fenced``,
    nested: the one entry point of workflow-scoped writes);
-5. the runs still waiting among them (a cancel may have won their claim lock) made ``running``;
+5. the runs still waiting among them (a cancel may have won their claim lock) made ``running``, their
+   ``execution_deadline`` set from their start's ``execution_timeout`` (it counts from admission);
 6. their claims held by this engine (``store.claims.hold_admitted``).
 
 A frozen engine's admitted runs keep their slots until they end (after a takeover); a frozen engine
@@ -93,21 +94,33 @@ def admit(
         # The one entry point of workflow-scoped writes: the claims locked first, in one statement in
         # workflow_id order, skipping rows another transaction holds (nested: a savepoint of this one).
         with fenced(chosen, using, wait=False) as fence:
-            waiting = list(
+            timeouts = dict(
                 Workflow.objects.using(using)
                 .filter(id__in=fence.held, status=WorkflowStatus.PENDING, admitted_at__isnull=True, queue=queue.name)
-                .values_list("id", flat=True)
+                .values_list("id", "execution_timeout")
             )
+            waiting = sorted(timeouts)
             if not waiting:
                 return {}
             Workflow.objects.using(using).filter(id__in=waiting).update(
                 status=WorkflowStatus.RUNNING, admitted_at=now, started_at=now, updated_at=now
             )
+            _set_deadlines(timeouts, now, using)
             held = claims.hold_admitted(engine_id, waiting, ttl, using)
             if len(held) < len(waiting):  # a claim held elsewhere (never expected): admit none of it
                 transaction.set_rollback(True, using=using)
                 return {}
         return held
+
+
+def _set_deadlines(timeouts: dict[str, timedelta | None], now: datetime, using: str) -> None:
+    """The admitted runs' execution deadlines: their start's execution_timeout counts from admission."""
+    by_timeout: dict[timedelta, list[str]] = {}
+    for wid, timeout in timeouts.items():
+        if timeout is not None:
+            by_timeout.setdefault(timeout, []).append(wid)
+    for timeout, ids in by_timeout.items():
+        Workflow.objects.using(using).filter(id__in=ids).update(execution_deadline=now + timeout)
 
 
 def admissible(engine_id: str, queue: QueueConfig, using: str) -> bool:

@@ -30,7 +30,8 @@ class NewRun:
         input_text: the codec text of ``{"args": [...], "kwargs": {...}}``.
         delay: a delay or a moment to start at (the run is ``pending`` with a delayed-start timer
             until then), or None: it starts at once.
-        execution_timeout: the run's execution deadline, from when it begins.
+        execution_timeout: the run's execution deadline, from when it begins (a queued run's: from
+            its admission; stored on the row, ``Workflow.execution_timeout``).
         idempotency_key: the key the start was given (its row is inserted with the run).
         schedule_id: the schedule whose occurrence this is.
         queued: ``pending`` with no timer (a schedule's overlap="queue": released later).
@@ -88,7 +89,11 @@ class NewRun:
             input=self.input_text,
             idempotency_key=self.idempotency_key,
             start_at=begins if delayed else None,
-            execution_deadline=begins + self.execution_timeout if self.execution_timeout is not None else None,
+            # a queued run's deadline counts from its admission (store/queues.py), not from now
+            execution_deadline=(
+                begins + self.execution_timeout if self.execution_timeout is not None and self.queue is None else None
+            ),
+            execution_timeout=self.execution_timeout,
             created_at=now,
             updated_at=now,
             started_at=None if waits else now,
@@ -271,7 +276,9 @@ def _build_start_statement(
         "started_at": "n.t" if delay == "none" else f"CASE WHEN {delayed} THEN NULL ELSE n.t END",
         **({"status": pending, "started_at": "NULL"} if queued else {}),  # waits for its queue's admission
         "start_at": "NULL" if delay == "none" else f"CASE WHEN {delayed} THEN n.b END",
-        "execution_deadline": "n.b + %(timeout)s::interval" if timeout else "NULL",
+        # a queued run's deadline counts from its admission (store/queues.py), not from its start
+        "execution_deadline": "n.b + %(timeout)s::interval" if timeout and not queued else "NULL",
+        "execution_timeout": "%(timeout)s::interval" if timeout else "NULL",
     }
     constants: dict[str, Any] = {}
     names: list[str] = []

@@ -127,7 +127,8 @@ def _build(connection: Any) -> tuple[str, dict[str, Any]] | None:
         "status": f"CASE WHEN {waits} THEN {pending} ELSE {running} END",
         "started_at": f"CASE WHEN {waits} THEN NULL ELSE b.t END",
         "start_at": f"CASE WHEN {delayed} THEN b.b END",
-        "execution_deadline": "b.b + b.timeout",
+        "execution_deadline": "CASE WHEN b.queue IS NULL THEN b.b + b.timeout END",  # queued: at admission
+        "execution_timeout": "b.timeout",
     }
     constants: dict[str, Any] = {}
     names: list[str] = []
