@@ -90,3 +90,11 @@ def queued_counter(ctx):
     ctx.on_update("add", add)
     yield ctx.wait_for_signal("stop")
     return state["count"]
+
+
+@weft.workflow(name="tests.queued_continues", queue="tests-default")
+def queued_continues(ctx, n: int = 0):
+    """Continues as new once, then parks on a signal (the next run of a continued queued workflow)."""
+    if n == 0:
+        return ctx.continue_as_new(1)
+    return (yield ctx.wait_for_signal("go"))

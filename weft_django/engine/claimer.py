@@ -191,6 +191,7 @@ class Claimer:
             using=self.using,
             takeover=takeover,
             holders=holders,
+            served=self.served,  # --queues: another queue's released runs are left to its engines
         )
 
     def _detect_second_instance(self) -> None:
