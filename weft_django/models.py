@@ -115,7 +115,8 @@ class WorkflowClaim(models.Model):
     a null engine_id means released or never claimed. Renewal rewrites expires_at only (narrow row,
     expiry unindexed, pages half empty on PostgreSQL (migration 0008), so renewals stay HOT updates).
 
-    ``runnable`` is False while the run is terminal or suspended (no engine should take it), so the
+    ``runnable`` is False while the run is terminal, suspended or waiting in a queue (no engine should
+    acquire it; a queue's admission holds it and sets it, store/claims/admission.py), so the
     claims an engine may acquire are the few rows of the partial index weft_claim_free, not every
     unheld claim: finished runs' claims are unheld too and stay until retention purges them. Every
     transition that ends or suspends a run clears it in the same transaction; every one that makes a
