@@ -152,11 +152,7 @@ def acquire(
         return _acquire_one_writer(
             engine_id, "c.engine_id IS NOT NULL AND c.expires_at < %s", params, limit, ttl, using
         )
-    if served is not None:
-        marks = ", ".join(["%s"] * len(served)) or "NULL"
-        free = f"c.engine_id IS NULL AND c.runnable AND (w.queue IS NULL OR w.queue IN ({marks}))"
-        return _acquire_one_writer(engine_id, None, list(served), limit, ttl, using, free=free)
-    return _acquire_one_writer(engine_id, None, [], limit, ttl, using)
+    return _acquire_one_writer(engine_id, None, [], limit, ttl, using, served=served)
 
 
 def take_over(engine_id: str, *, limit: int, ttl: timedelta, using: str) -> dict[str, tuple[int, str | None]]:
@@ -180,18 +176,23 @@ def _acquire_one_writer(
     ttl: timedelta,
     using: str,
     *,
-    free: str = "c.engine_id IS NULL AND c.runnable",
+    served: list[str] | None = None,
 ) -> dict[str, tuple[int, str | None]]:
     """Where the database has one writer (SQLite): ``holder`` is the condition on held claims
     (takeover), or None for the unheld runnable ones, read in order from the partial index
     weft_claim_free (CROSS JOIN keeps SQLite's join order: claims first, each workflow looked up by key);
-    ``free``: the condition on those (the served queues' filter)."""
+    ``served``: for those, the queues this engine serves (None: all; runs without a queue always)."""
     # One writer at a time (IMMEDIATE): what we read inside the transaction stays true until commit.
     now = _python_now()
     wf_now = now + offset(using)
     if holder is None:
         source = f"{CLAIM_TABLE} c CROSS JOIN {WORKFLOW_TABLE} w ON w.id = c.workflow_id"
-        holder, order = free, "c.run_created_at"
+        holder, order = "c.engine_id IS NULL AND c.runnable", "c.run_created_at"
+        if served is not None:
+            names = list(served) or [""]  # no queue is named "" (validated): none served, only runs without one
+            marks = ", ".join(["%s"] * len(names))
+            holder = f"{holder} AND (w.queue IS NULL OR w.queue IN ({marks}))"
+            params = [*names, *params]
     else:
         source, order = f"{CLAIM_TABLE} c JOIN {WORKFLOW_TABLE} w ON w.id = c.workflow_id", "w.created_at"
     claimed: dict[str, tuple[int, str | None]] = {}
