@@ -11,6 +11,7 @@ from django.db import transaction
 
 from . import events
 from .client.handles import WorkflowHandle
+from .client.queueing import queue_options
 from .conf import database_alias
 from .exceptions import InvalidForkError, WorkflowAlreadyExistsError, WorkflowNotFoundError
 from .registry import registry
@@ -26,8 +27,9 @@ def fork(workflow_id: str, *, from_step: int, new_id: str | None = None) -> Work
     whose first ``from_step`` recorded steps (seq 0 .. from_step - 1) are copied from it: replay
     returns their recorded results and the code runs on from there with the version registered now.
     The source is not changed. The new run is top-level (no parent, no schedule) and starts with the
-    source's search attributes (replay sets them again as the code does). Joins the caller's
-    transaction, like ``weft.start``.
+    source's search attributes (replay sets them again as the code does). A workflow declared with
+    ``@weft.workflow(queue=)`` forks into its queue: the new run waits ``pending`` until admitted.
+    Joins the caller's transaction, like ``weft.start``.
 
     Args:
         workflow_id: the run to fork (its latest run).
@@ -40,6 +42,7 @@ def fork(workflow_id: str, *, from_step: int, new_id: str | None = None) -> Work
             keeps a step that has not settled (a running attempt, a wait).
         WorkflowAlreadyExistsError: ``new_id`` is taken.
         WorkflowNotRegisteredError: the workflow's type is not registered in this process.
+        UnknownQueueError: the workflow's queue is not in WEFT["QUEUES"] (nothing is written).
     """
     validate_workflow_id(workflow_id)
     if new_id is not None:
@@ -55,12 +58,17 @@ def fork(workflow_id: str, *, from_step: int, new_id: str | None = None) -> Work
         definition = registry.workflow(row["workflow_type"])
         target = new_id if new_id is not None else str(uuid.uuid4())
         new_run = uuid.uuid4()
+        # the workflow's @weft.workflow(queue=): the fork waits there, as a start()'s run would
+        queue, priority, key = queue_options(definition, None, None, None, delayed=False)
         new = runs.NewRun(
             workflow_id=target,
             workflow_type=definition.name,
             version=definition.version,
             input_text=row["input"],
             run_id=new_run,
+            queue=queue,
+            priority=priority,
+            concurrency_key=key,
         )
         created = runs.create_run(new, using)
         if created is None:

@@ -74,6 +74,9 @@ class Workflow(models.Model):
     priority = models.IntegerField(default=0)
     concurrency_key = models.CharField(max_length=255, null=True, blank=True)
     admitted_at = models.DateTimeField(null=True, blank=True)
+    # The start's execution_timeout: a queued run's execution_deadline is set from it at admission (a
+    # run waiting in its queue is not timing out yet); others' deadline is set at start.
+    execution_timeout = models.DurationField(null=True, blank=True)
 
     class Meta:
         indexes = [
@@ -112,7 +115,8 @@ class WorkflowClaim(models.Model):
     a null engine_id means released or never claimed. Renewal rewrites expires_at only (narrow row,
     expiry unindexed, pages half empty on PostgreSQL (migration 0008), so renewals stay HOT updates).
 
-    ``runnable`` is False while the run is terminal or suspended (no engine should take it), so the
+    ``runnable`` is False while the run is terminal, suspended or waiting in a queue (no engine should
+    acquire it; a queue's admission holds it and sets it, store/claims/admission.py), so the
     claims an engine may acquire are the few rows of the partial index weft_claim_free, not every
     unheld claim: finished runs' claims are unheld too and stay until retention purges them. Every
     transition that ends or suspends a run clears it in the same transaction; every one that makes a

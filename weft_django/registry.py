@@ -312,12 +312,22 @@ def _activity_options(name: str, _partial: bool = False, **options: Any) -> dict
 
 
 def _check_local(definition: ActivityDefinition) -> None:
-    """A local activity runs in the engine's loop: not atomic (its own fenced transaction) and not on Celery."""
+    """A local activity runs in the engine's loop: not atomic (its own fenced transaction), not on Celery,
+    and without activity limits (the limiter is on the executor dispatch path, which it skips)."""
     if definition.local and (definition.atomic or definition.executor == "celery"):
         other = "atomic=True" if definition.atomic else 'executor="celery"'
         raise WorkflowDefinitionError(
             f"Activity {definition.name!r}: local=True cannot be combined with {other}: a local activity runs in the "
             f"engine's process and its result is committed with the workflow's next commit. Drop one of them."
+        )
+    limits = definition.limits
+    if definition.local and (limits.concurrency is not None or limits.rate is not None or limits.key is not None):
+        pairs = (("concurrency", limits.concurrency), ("rate", limits.rate), ("concurrency_key", limits.key))
+        given = [name for name, value in pairs if value is not None]
+        raise WorkflowDefinitionError(
+            f"Activity {definition.name!r}: local=True cannot be combined with {', '.join(given)}=: a local activity "
+            f"runs in the engine's loop, outside the activity limiter, so its limits would not hold. Drop local=True "
+            f"or the limits."
         )
 
 

@@ -128,3 +128,32 @@ def test_per_call_concurrency_key_option():
     assert fixed.limits.key == "cust-9" and charge.limits.key is not fixed.limits.key
     with pytest.raises(weft.WorkflowDefinitionError):
         charge.options(concurrency=0)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"concurrency": 2}, {"rate": "5/s"}, {"concurrency_key": "acct"}],
+)
+def test_local_activity_with_limits_is_a_definition_error(options):
+    """A local activity runs in the engine's loop, outside the limiter: the combination is refused."""
+    word = next(iter(options))
+    with pytest.raises(weft.WorkflowDefinitionError, match=rf"local=True cannot be combined with {word}="):
+
+        @weft.activity(name=f"tests.local_limits_{word}", local=True, **options)
+        def bad() -> None: ...
+
+    from weft_django.registry import registry
+
+    assert f"tests.local_limits_{word}" not in registry.activities
+
+
+@pytest.mark.parametrize(
+    ("base", "override"),
+    [({"local": True}, {"concurrency": 2}), ({"concurrency": 2}, {"local": True}), ({"local": True}, {"rate": "1/s"})],
+)
+def test_local_activity_options_with_limits_is_a_definition_error(base, override):
+    @weft.activity(name=f"tests.local_opts_{next(iter(base))}_{next(iter(override))}", **base)
+    def fine() -> None: ...
+
+    with pytest.raises(weft.WorkflowDefinitionError, match="local=True"):
+        fine.options(**override)

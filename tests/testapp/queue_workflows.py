@@ -76,3 +76,25 @@ def rated(ctx, count: int):
 @weft.workflow(name="tests.charges")
 def charges(ctx, customers: list, seconds: float):
     return (yield ctx.all([ctx.run(charge, customer, seconds) for customer in customers]))
+
+
+@weft.workflow(name="tests.queued_counter", queue="tests-default")
+def queued_counter(ctx):
+    """A queued workflow with an update and a signal (start_with_update / start_or_signal in a queue)."""
+    state = {"count": 0}
+
+    def add(amount):
+        state["count"] += amount
+        return state["count"]
+
+    ctx.on_update("add", add)
+    yield ctx.wait_for_signal("stop")
+    return state["count"]
+
+
+@weft.workflow(name="tests.queued_continues", queue="tests-default")
+def queued_continues(ctx, n: int = 0):
+    """Continues as new once, then parks on a signal (the next run of a continued queued workflow)."""
+    if n == 0:
+        return ctx.continue_as_new(1)
+    return (yield ctx.wait_for_signal("go"))

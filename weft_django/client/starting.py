@@ -302,7 +302,9 @@ def start_or_signal(
 ) -> tuple[WorkflowHandle, str]:
     """Signal run ``id``, starting it first if it is absent or finished (as ``on_conflict="start_new"``),
     in one transaction. Returns ``(handle, "started" | "signalled")``. A run of another workflow type
-    under ``id`` raises WorkflowAlreadyExistsError. Joins the caller's transaction, like ``start``."""
+    under ``id`` raises WorkflowAlreadyExistsError. A run started here of a workflow declared with
+    ``@weft.workflow(queue=)`` waits in that queue (the signal is buffered for it). Joins the caller's
+    transaction, like ``start``."""
     validate_workflow_id(id)
     _validate_name(signal_name, "signal_name")
     if signal_id is not None:
@@ -311,7 +313,15 @@ def start_or_signal(
     definition = resolve_workflow(workflow)
     using = _alias()
     with _start_span(definition, id):
-        plan = _Plan(definition, _encode_input(args, kwargs), None, None, None)
+        # the workflow's @weft.workflow(queue=): the run waits there, as start()'s would
+        plan = _Plan(
+            definition,
+            _encode_input(args, kwargs),
+            None,
+            None,
+            None,
+            *queue_options(definition, None, None, None, delayed=False),
+        )
 
         def deliver(started: bool) -> bool:
             status = _buffer_signal(id, signal_name, text, signal_id, using)
@@ -335,7 +345,9 @@ def start_with_update(
     """Send update ``update_name`` to run ``id``, starting it first if it is absent or finished, with
     the start and the update's admission in one transaction; then wait for the update's result.
     Returns ``(handle, result)``; the errors are those of :func:`update` and WorkflowAlreadyExistsError
-    for a run of another type. Waits, so it uses its own connection (never the caller's transaction)."""
+    for a run of another type. A run started here of a workflow declared with ``@weft.workflow(queue=)``
+    waits in that queue (the update is answered once it is admitted and runs, within ``timeout``).
+    Waits, so it uses its own connection (never the caller's transaction)."""
     validate_workflow_id(id)
     _validate_name(update_name, "update_name")
     if idempotency_key is not None:
@@ -345,7 +357,15 @@ def start_with_update(
     definition = resolve_workflow(workflow)
     alias = _alias()
     with _start_span(definition, id):
-        plan = _Plan(definition, _encode_input(args, kwargs), None, None, None)
+        # the workflow's @weft.workflow(queue=): the run waits there, as start()'s would
+        plan = _Plan(
+            definition,
+            _encode_input(args, kwargs),
+            None,
+            None,
+            None,
+            *queue_options(definition, None, None, None, delayed=False),
+        )
         admission = functools.partial(_admit_starting, plan, id, update_name, text, idempotency_key, alias)
         waiting = functools.partial(update_on_thread, admission=admission)
         future, abandoned = submit(waiting, id, update_name, text, idempotency_key, seconds, alias)

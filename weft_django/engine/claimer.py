@@ -172,7 +172,7 @@ class Claimer:
                 got = queues.admit(
                     self.engine_id, queue, limit=self.capacity, ttl=self.settings.workflow_claim_ttl, using=self.using
                 )
-            except DatabaseError as exc:  # e.g. the queue lock's wait timed out: try again on the next pass
+            except DatabaseError as exc:  # a statement failed: try again on the next pass (a held lock is no error)
                 logger.warning("queue admission failed engine=%s queue=%s error=%s", self.engine_id, queue.name, exc)
                 continue
             if got:
@@ -191,6 +191,7 @@ class Claimer:
             using=self.using,
             takeover=takeover,
             holders=holders,
+            served=self.served,  # --queues: another queue's released runs are left to its engines
         )
 
     def _detect_second_instance(self) -> None:

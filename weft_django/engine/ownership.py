@@ -42,16 +42,20 @@ def acquire(
     using: str,
     takeover: bool = False,
     holders: list[str] | None = None,
+    served: list[str] | None = None,
 ) -> dict[str, tuple[int, str | None]]:
     """Claim up to ``limit`` running workflows that no engine holds (or, with ``takeover``, whose holder's
     claim expired more than the grace, TAKEOVER_GRACE_MULTIPLIER renew intervals, ago; with ``holders``
-    too, only the claims these engines hold are read).
+    too, only the claims these engines hold are read). ``served``: the queues this engine serves (None:
+    all): an unheld run of another queue is left to the engines serving it (takeover takes any).
 
     Returns:
         {workflow_id: (new epoch, previous holder)}.
     """
     grace = renew_interval * TAKEOVER_GRACE_MULTIPLIER if takeover else None
-    return claims.acquire(engine_id, limit=limit, ttl=ttl, using=using, grace=grace, holders=holders)
+    return claims.acquire(
+        engine_id, limit=limit, ttl=ttl, using=using, grace=grace, holders=holders, served=None if takeover else served
+    )
 
 
 def renew(engine_id: str, owned: dict[str, int], ttl: timedelta, using: str) -> set[str]:

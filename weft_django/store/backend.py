@@ -85,6 +85,18 @@ class Backend:
             name: the queue's or activity's name.
         """
 
+    def try_lock_name(self, namespace: int, name: str) -> bool:
+        """Inside a transaction: take ``lock_name``'s lock if no other transaction holds it, without
+        waiting; whether it was taken (False: another transaction holds it, skip this work for now).
+        Here always True: SQLite's IMMEDIATE transaction already holds the database's one write lock.
+        Flow control (store/queues.py, store/limits.py) uses this one: an engine stopped (SIGSTOP)
+        while holding a lock must not stall the others' admissions and dispatches.
+
+        Args:
+            namespace: a 32-bit number for the kind of name; ``name``: the queue's or activity's name.
+        """
+        return True
+
     @property
     def display_name(self) -> str:
         """The database's name as operators read it (Django's vendor name: postgresql, sqlite)."""
@@ -144,6 +156,13 @@ class PostgreSQLBackend(Backend):
         # together, which is harmless.
         with self.connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [namespace, name])
+
+    def try_lock_name(self, namespace: int, name: str) -> bool:
+        # The same lock, never waited for: a miss means another transaction (maybe of a stopped engine)
+        # holds it; the caller skips this queue or activity until its next pass.
+        with self.connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s, hashtext(%s))", [namespace, name])
+            return bool(cursor.fetchone()[0])
 
     # -- client side: runs, schedules, clock, notify, prepared statements, testing --------------
 

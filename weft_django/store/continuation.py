@@ -117,17 +117,19 @@ def carry(workflow_id: str, old_run_id: Any, new_run_id: Any, now: datetime, usi
 
 def carry_late(using: str) -> int:
     """The mailbox sweep's part: signals and admitted updates that committed for a run after it
-    continued as new are moved to the workflow's current run (while it is active). Returns how many."""
+    continued as new are moved to the workflow's current run (while it is active), and a ``w:`` wake-up
+    sent for each workflow moved to. Returns how many."""
     current = Workflow.objects.using(using).filter(pk=OuterRef("workflow_id"), status__in=list(ACTIVE_STATUSES))
     continued = ContinuedRun.objects.using(using).values("run_id")
     moved = 0
     signals = BufferedSignal.objects.using(using).filter(state=SignalState.BUFFERED, run_id__in=continued)
     updates = PendingUpdate.objects.using(using).filter(status=UpdateStatus.ADMITTED, run_id__in=continued)
     # Read first, write only what was found (on SQLite an UPDATE that matches nothing still locks).
-    late_signals = list(signals.filter(Exists(current)).values_list("pk", flat=True)[:1000])
+    late_signals = dict(signals.filter(Exists(current)).values_list("pk", "workflow_id")[:1000])
     if late_signals:
         moved += signals.filter(pk__in=late_signals).update(run_id=Subquery(current.values("run_id")[:1]))
-    late_updates = list(updates.filter(Exists(current)).values_list("pk", flat=True)[:1000])
+    late_updates = dict(updates.filter(Exists(current)).values_list("pk", "workflow_id")[:1000])
     if late_updates:
         moved += updates.filter(pk__in=late_updates).update(run_id=Subquery(current.values("run_id")[:1]))
+    send_many("w", sorted({*late_signals.values(), *late_updates.values()}), using)  # their holders look now
     return moved

@@ -8,7 +8,7 @@ The rate counts every slot taken inside the window, released or not.
 
 A slot is dispatch bookkeeping, not workflow state (replay never reads it), so it is not a fenced
 write: it takes no claim lock at all (it is fenced by the epoch join instead), only the activity's own
-lock (``Backend.lock_name``), and so stays off the claims' lock order.
+lock (``Backend.try_lock_name``, never waited for), and so stays off the claims' lock order.
 """
 
 from __future__ import annotations
@@ -60,13 +60,16 @@ def take_slot(engine_id: str, request: SlotRequest, using: str) -> tuple[int | N
         using: the connection alias.
 
     Returns:
-        (the slot's id, "") or (None, why: "concurrency", "rate" or "key").
+        (the slot's id, "") or (None, why: "concurrency", "rate", "key", or "busy": another transaction
+        holds the activity's lock, never waited for (an engine stopped holding it stalls no one); the
+        attempt waits in its engine and is tried again, as for a refusal).
 
     Raises:
         django.db.DatabaseError: a statement failed (nothing taken).
     """
     with transaction.atomic(using=using):
-        backend(using).lock_name(SLOT_LOCKS, request.activity)
+        if not backend(using).try_lock_name(SLOT_LOCKS, request.activity):
+            return None, "busy"  # another transaction holds the activity's lock: the attempt waits, tried again
         now = db_now(using)
         live = _live(request.activity, using)
         if request.concurrency is not None and live.count() >= request.concurrency:

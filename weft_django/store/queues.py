@@ -4,10 +4,13 @@ the admitting engine its holder, in one transaction serialised per queue.
 
 The transaction, in this order:
 
-1. the queue's lock (``Backend.lock_name``: a transaction-scoped advisory lock on PostgreSQL; on
-   SQLite the IMMEDIATE transaction is the one write lock). A lock, not a write: the lock-order rule
-   (claims first, before any write) still holds, and no writer ever takes a queue lock while holding
-   a claim, so the two cannot deadlock: admission locks claims only with SKIP LOCKED;
+1. the queue's lock, never waited for (``Backend.try_lock_name``: a transaction-scoped advisory lock
+   on PostgreSQL, ``pg_try_advisory_xact_lock``; on SQLite the IMMEDIATE transaction is the one write
+   lock): when another transaction holds it, admission skips the queue this pass (returns nothing)
+   and the engine tries again on its next pass, so an engine stopped while holding it stalls no one.
+   A lock, not a write: the lock-order rule (claims first, before any write) still holds, and no
+   writer ever takes a queue lock while holding a claim, so the two cannot deadlock: admission locks
+   claims only with SKIP LOCKED;
 2. the counts, read after the lock (READ COMMITTED: each statement sees every admission committed
    before it): runs admitted and not ended (a slot each, parked or not, until they end, as DBOS's
    dequeued workflows), those whose claim this engine holds (``per_engine``), the admissions inside the
@@ -15,13 +18,15 @@ The transaction, in this order:
 3. the waiting runs in order (priority, then start time, then id), skipping keys in use;
 4. their claims, locked in workflow_id order in one statement, SKIP LOCKED (``store.commit.fenced``,
    nested: the one entry point of workflow-scoped writes);
-5. the runs still waiting among them (a cancel may have won their claim lock) made ``running``;
+5. the runs still waiting among them (a cancel may have won their claim lock) made ``running``, their
+   ``execution_deadline`` set from their start's ``execution_timeout`` (it counts from admission);
 6. their claims held by this engine (``store.claims.hold_admitted``).
 
 A frozen engine's admitted runs keep their slots until they end (after a takeover); a frozen engine
 inside step 2-6 holds the queue lock until PostgreSQL ends its idle transaction (the engine's sessions
 are bounded, engine/sessions.py), which rolls its admission back: it never commits counts that others
-could have changed.
+could have changed. Meanwhile the other engines skip the queue (they do not wait for its lock), so
+nobody admits from it until then, and nothing else stalls.
 """
 
 from __future__ import annotations
@@ -71,12 +76,14 @@ def admit(
         {workflow_id: epoch} of the runs admitted (held by ``engine_id``).
 
     Raises:
-        django.db.DatabaseError: a statement failed or the lock wait timed out (nothing admitted).
+        django.db.DatabaseError: a statement failed (nothing admitted). A queue whose lock another
+            transaction holds is not an error: nothing is admitted this time ({}).
     """
     if limit <= 0:
         return {}
     with transaction.atomic(using=using):
-        backend(using).lock_name(QUEUE_LOCKS, queue.name)
+        if not backend(using).try_lock_name(QUEUE_LOCKS, queue.name):
+            return {}  # another transaction admits from this queue (or is stopped inside it): next pass
         now = db_now(using)
         free = _free_slots(engine_id, queue, limit, now, using)
         if free <= 0:
@@ -87,21 +94,33 @@ def admit(
         # The one entry point of workflow-scoped writes: the claims locked first, in one statement in
         # workflow_id order, skipping rows another transaction holds (nested: a savepoint of this one).
         with fenced(chosen, using, wait=False) as fence:
-            waiting = list(
+            timeouts = dict(
                 Workflow.objects.using(using)
                 .filter(id__in=fence.held, status=WorkflowStatus.PENDING, admitted_at__isnull=True, queue=queue.name)
-                .values_list("id", flat=True)
+                .values_list("id", "execution_timeout")
             )
+            waiting = sorted(timeouts)
             if not waiting:
                 return {}
             Workflow.objects.using(using).filter(id__in=waiting).update(
                 status=WorkflowStatus.RUNNING, admitted_at=now, started_at=now, updated_at=now
             )
+            _set_deadlines(timeouts, now, using)
             held = claims.hold_admitted(engine_id, waiting, ttl, using)
             if len(held) < len(waiting):  # a claim held elsewhere (never expected): admit none of it
                 transaction.set_rollback(True, using=using)
                 return {}
         return held
+
+
+def _set_deadlines(timeouts: dict[str, timedelta | None], now: datetime, using: str) -> None:
+    """The admitted runs' execution deadlines: their start's execution_timeout counts from admission."""
+    by_timeout: dict[timedelta, list[str]] = {}
+    for wid, timeout in timeouts.items():
+        if timeout is not None:
+            by_timeout.setdefault(timeout, []).append(wid)
+    for timeout, ids in by_timeout.items():
+        Workflow.objects.using(using).filter(id__in=ids).update(execution_deadline=now + timeout)
 
 
 def admissible(engine_id: str, queue: QueueConfig, using: str) -> bool:

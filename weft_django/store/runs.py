@@ -30,7 +30,8 @@ class NewRun:
         input_text: the codec text of ``{"args": [...], "kwargs": {...}}``.
         delay: a delay or a moment to start at (the run is ``pending`` with a delayed-start timer
             until then), or None: it starts at once.
-        execution_timeout: the run's execution deadline, from when it begins.
+        execution_timeout: the run's execution deadline, from when it begins (a queued run's: from
+            its admission; stored on the row, ``Workflow.execution_timeout``).
         idempotency_key: the key the start was given (its row is inserted with the run).
         schedule_id: the schedule whose occurrence this is.
         queued: ``pending`` with no timer (a schedule's overlap="queue": released later).
@@ -88,7 +89,11 @@ class NewRun:
             input=self.input_text,
             idempotency_key=self.idempotency_key,
             start_at=begins if delayed else None,
-            execution_deadline=begins + self.execution_timeout if self.execution_timeout is not None else None,
+            # a queued run's deadline counts from its admission (store/queues.py), not from now
+            execution_deadline=(
+                begins + self.execution_timeout if self.execution_timeout is not None and self.queue is None else None
+            ),
+            execution_timeout=self.execution_timeout,
             created_at=now,
             updated_at=now,
             started_at=None if waits else now,
@@ -145,7 +150,9 @@ def create_run(
                     key=new.idempotency_key, workflow_id=new.workflow_id, run_id=run.run_id, created_at=now
                 ).save(using=using, force_insert=True)
             run.save(using=using, force_insert=True)
-            claims.write_claim(new.workflow_id, next_epoch(using) if epoch is None else epoch, using, created_at=now)
+            epoch = next_epoch(using) if epoch is None else epoch
+            # A run waiting in a queue stays out of acquire's partial index until its admission.
+            claims.write_claim(new.workflow_id, epoch, using, runnable=new.queue is None, created_at=now)
             if timer is not None:
                 timer.save(using=using, force_insert=True)
             if wake:
@@ -162,7 +169,7 @@ def replace_run(new: NewRun, using: str) -> Workflow:
     Returns the saved row."""
     run, timer = new.rows(db_now(using))
     run.save(using=using, force_update=True)
-    claims.rotate_epoch(new.workflow_id, using)
+    claims.rotate_epoch(new.workflow_id, using, runnable=new.queue is None)  # queued: runnable at admission
     if timer is not None:
         timer.save(using=using, force_insert=True)
     notify.send("w", new.workflow_id, using)
@@ -269,7 +276,9 @@ def _build_start_statement(
         "started_at": "n.t" if delay == "none" else f"CASE WHEN {delayed} THEN NULL ELSE n.t END",
         **({"status": pending, "started_at": "NULL"} if queued else {}),  # waits for its queue's admission
         "start_at": "NULL" if delay == "none" else f"CASE WHEN {delayed} THEN n.b END",
-        "execution_deadline": "n.b + %(timeout)s::interval" if timeout else "NULL",
+        # a queued run's deadline counts from its admission (store/queues.py), not from its start
+        "execution_deadline": "n.b + %(timeout)s::interval" if timeout and not queued else "NULL",
+        "execution_timeout": "%(timeout)s::interval" if timeout else "NULL",
     }
     constants: dict[str, Any] = {}
     names: list[str] = []
@@ -308,7 +317,7 @@ def _build_start_statement(
         f"{key_cte}"
         f"w AS (INSERT INTO {Workflow._meta.db_table} ({', '.join(names)}) SELECT {', '.join(values)} FROM n"
         f"{' WHERE EXISTS (SELECT 1 FROM k)' if keyed else ''} ON CONFLICT DO NOTHING RETURNING id), "
-        f"{claims.unheld_claim_sql()}"
+        f"{claims.unheld_claim_sql(runnable='FALSE' if queued else 'TRUE')}"
         f"{timer_cte} "
         + (f"SELECT pg_notify('{notify.CHANNEL}', %(payload)s) FROM w" if wake else "SELECT w.id FROM w")
     )

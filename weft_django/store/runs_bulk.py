@@ -127,7 +127,8 @@ def _build(connection: Any) -> tuple[str, dict[str, Any]] | None:
         "status": f"CASE WHEN {waits} THEN {pending} ELSE {running} END",
         "started_at": f"CASE WHEN {waits} THEN NULL ELSE b.t END",
         "start_at": f"CASE WHEN {delayed} THEN b.b END",
-        "execution_deadline": "b.b + b.timeout",
+        "execution_deadline": "CASE WHEN b.queue IS NULL THEN b.b + b.timeout END",  # queued: at admission
+        "execution_timeout": "b.timeout",
     }
     constants: dict[str, Any] = {}
     names: list[str] = []
@@ -165,8 +166,9 @@ def _build(connection: Any) -> tuple[str, dict[str, Any]] | None:
         f"ON CONFLICT DO NOTHING RETURNING key), "
         f"w AS (INSERT INTO {Workflow._meta.db_table} ({', '.join(names)}) SELECT {', '.join(values)} FROM b "
         f"WHERE b.idempotency_key IS NULL OR b.idempotency_key IN (SELECT key FROM k) "
-        f"ON CONFLICT DO NOTHING RETURNING id), "
-        f"{claims.unheld_claim_sql(epoch=next_epoch_sql('postgresql'))}, "
+        f"ON CONFLICT DO NOTHING RETURNING id, queue), "
+        # a run waiting in a queue stays out of acquire's partial index until its admission
+        f"{claims.unheld_claim_sql(epoch=next_epoch_sql('postgresql'), runnable='(w.queue IS NULL)')}, "
         f"s AS (INSERT INTO {Timer._meta.db_table} (workflow_id, run_id, kind, seq, attempt, fire_at) "
         f"SELECT b.id, b.run_id, '{TimerKind.DELAYED_START.value}', NULL, NULL, b.b FROM b JOIN w ON w.id = b.id "
         f"WHERE {delayed}) "

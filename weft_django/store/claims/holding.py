@@ -44,15 +44,28 @@ def _chunks(items: list[str], size: int) -> list[list[str]]:
 # by key, until the batch is full: the work is bounded by the batch, not by the running or finished
 # workflows, whatever the planner's statistics. (The probe's LIMIT keeps it a parameterised lookup
 # by key: filters on status inside it would let the planner pick a status index and loop over it.)
-_FREE_PG = f"""
+#
+# An engine that serves only some queues (``weft_engine --queues``) reads them with SERVED_ONLY: a run
+# of another queue (the next run of a continued queued workflow, one released at a shutdown) is left to
+# the engines serving it; runs without a queue stay everyone's. Takeover is not filtered.
+SERVED_ONLY = "(w.queue IS NULL OR w.queue = ANY(%s))"
+
+
+def _free_pg(served: bool) -> str:
+    queues = f" AND {SERVED_ONLY}" if served else ""
+    return f"""
     SELECT c.workflow_id, c.epoch, c.engine_id
     FROM {CLAIM_TABLE} c CROSS JOIN LATERAL (
-        SELECT w.status, w.stuck_retry_at FROM {WORKFLOW_TABLE} w WHERE w.id = c.workflow_id LIMIT 1) w
+        SELECT w.status, w.stuck_retry_at, w.queue FROM {WORKFLOW_TABLE} w WHERE w.id = c.workflow_id LIMIT 1) w
     WHERE c.engine_id IS NULL AND c.runnable AND w.status = 'running'
-      AND (w.stuck_retry_at IS NULL OR w.stuck_retry_at <= {workflow_now_sql("postgresql")})
+      AND (w.stuck_retry_at IS NULL OR w.stuck_retry_at <= {workflow_now_sql("postgresql")}){queues}
     ORDER BY c.run_created_at
     LIMIT %s
     FOR NO KEY UPDATE OF c SKIP LOCKED"""
+
+
+_FREE_PG = _free_pg(False)
+_FREE_SERVED_PG = _free_pg(True)
 
 
 def _held_pg(holder: str) -> str:
@@ -105,6 +118,7 @@ def acquire(
     using: str,
     grace: timedelta | None = None,
     holders: list[str] | None = None,
+    served: list[str] | None = None,
 ) -> dict[str, tuple[int, str | None]]:
     """Claim up to ``limit`` running workflows that no engine holds (or, with ``grace``, whose holder's
     claim expired more than ``grace`` ago: a takeover), oldest first, SKIP LOCKED.
@@ -117,6 +131,8 @@ def acquire(
         grace: None for unheld claims; else how long past expiry a held claim may be taken over.
         holders: with ``grace`` on PostgreSQL, only the claims of these engines are looked at (None:
             every held claim; elsewhere every held claim anyway).
+        served: without ``grace``, the queues this engine serves (None: all): unheld runs of other
+            queues are not claimed (runs without a queue are).
 
     Returns:
         {workflow_id: (new epoch, previous holder)}.
@@ -125,6 +141,8 @@ def acquire(
         return {}
     if backend(using).skips_locked:
         if grace is None:
+            if served is not None:
+                return _claim_pg(_FREE_SERVED_PG, [list(served), limit], engine_id, ttl, using)
             return _claim_pg(_FREE_PG, [limit], engine_id, ttl, using)
         if holders is not None:
             return _claim_pg(_EXPIRED_OF_PG, [holders, _ms(grace), limit], engine_id, ttl, using)
@@ -134,7 +152,7 @@ def acquire(
         return _acquire_one_writer(
             engine_id, "c.engine_id IS NOT NULL AND c.expires_at < %s", params, limit, ttl, using
         )
-    return _acquire_one_writer(engine_id, None, [], limit, ttl, using)
+    return _acquire_one_writer(engine_id, None, [], limit, ttl, using, served=served)
 
 
 def take_over(engine_id: str, *, limit: int, ttl: timedelta, using: str) -> dict[str, tuple[int, str | None]]:
@@ -151,17 +169,30 @@ def take_over(engine_id: str, *, limit: int, ttl: timedelta, using: str) -> dict
 
 
 def _acquire_one_writer(
-    engine_id: str, holder: str | None, params: list[Any], limit: int, ttl: timedelta, using: str
+    engine_id: str,
+    holder: str | None,
+    params: list[Any],
+    limit: int,
+    ttl: timedelta,
+    using: str,
+    *,
+    served: list[str] | None = None,
 ) -> dict[str, tuple[int, str | None]]:
     """Where the database has one writer (SQLite): ``holder`` is the condition on held claims
     (takeover), or None for the unheld runnable ones, read in order from the partial index
-    weft_claim_free (CROSS JOIN keeps SQLite's join order: claims first, each workflow looked up by key)."""
+    weft_claim_free (CROSS JOIN keeps SQLite's join order: claims first, each workflow looked up by key);
+    ``served``: for those, the queues this engine serves (None: all; runs without a queue always)."""
     # One writer at a time (IMMEDIATE): what we read inside the transaction stays true until commit.
     now = _python_now()
     wf_now = now + offset(using)
     if holder is None:
         source = f"{CLAIM_TABLE} c CROSS JOIN {WORKFLOW_TABLE} w ON w.id = c.workflow_id"
         holder, order = "c.engine_id IS NULL AND c.runnable", "c.run_created_at"
+        if served is not None:
+            names = list(served) or [""]  # no queue is named "" (validated): none served, only runs without one
+            marks = ", ".join(["%s"] * len(names))
+            holder = f"{holder} AND (w.queue IS NULL OR w.queue IN ({marks}))"
+            params = [*names, *params]
     else:
         source, order = f"{CLAIM_TABLE} c JOIN {WORKFLOW_TABLE} w ON w.id = c.workflow_id", "w.created_at"
     claimed: dict[str, tuple[int, str | None]] = {}

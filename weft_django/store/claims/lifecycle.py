@@ -18,16 +18,18 @@ from ..epochs import next_epoch, next_epoch_sql
 FAMILY_LOCK_ROUNDS = 5  # reads of a family that keeps growing while cancel locks it (then the lock waits)
 
 
-def unheld_claim_sql(epoch: str = "n.e") -> str:
+def unheld_claim_sql(epoch: str = "n.e", runnable: str = "TRUE") -> str:
     """The CTE ``l`` of the one-statement start (PostgreSQL): the unheld claim of each run the CTE ``w``
     inserted, with the time of the CTE ``n`` and ``epoch`` (the CTE ``n``'s one epoch; ``start_many``
-    passes ``nextval(...)``: one per row), replacing a leftover row."""
+    passes ``nextval(...)``: one per row), replacing a leftover row. ``runnable``: the SQL of its
+    ``runnable`` (FALSE for a run waiting in a queue: out of acquire's partial index until admitted)."""
     return (
         f"l AS (INSERT INTO {WorkflowClaim._meta.db_table} "
         f"(workflow_id, epoch, engine_id, last_engine_id, claimed_at, expires_at, runnable, run_created_at) "
-        f"SELECT w.id, {epoch}, NULL, NULL, NULL, NULL, TRUE, n.t FROM w, n ON CONFLICT (workflow_id) DO UPDATE SET "
-        f"epoch = EXCLUDED.epoch, engine_id = NULL, last_engine_id = NULL, claimed_at = NULL, expires_at = NULL, "
-        f"runnable = TRUE, run_created_at = EXCLUDED.run_created_at)"
+        f"SELECT w.id, {epoch}, NULL, NULL, NULL, NULL, {runnable}, n.t FROM w, n "
+        f"ON CONFLICT (workflow_id) DO UPDATE SET epoch = EXCLUDED.epoch, engine_id = NULL, "
+        f"last_engine_id = NULL, claimed_at = NULL, expires_at = NULL, "
+        f"runnable = EXCLUDED.runnable, run_created_at = EXCLUDED.run_created_at)"
     )
 
 
@@ -40,7 +42,8 @@ def write_claim(
         workflow_id: the run's id; its row is written first (its created_at is acquire's order).
         epoch: a fresh epoch (``next_epoch``).
         using: the connection alias, in the caller's transaction.
-        runnable: False for a run no engine should acquire (ended, suspended).
+        runnable: False for a run no engine should acquire (ended, suspended, waiting in a queue:
+            its admission makes it runnable, ``hold_admitted``).
         created_at: the run's created_at when the caller knows it (else it is read back).
     """
     created = (
