@@ -118,6 +118,21 @@ def test_the_late_carry_skips_a_signal_id_the_current_run_already_has():
     assert handle.result(timeout=10) == {"runs": 3, "total": 3}
 
 
+def test_the_late_carry_skips_an_update_key_the_current_run_already_has():
+    from weft_django.models import PendingUpdate
+
+    handle = weft.start("tests.deploys.counter", args=[1, 0], id="cc-dup-update")
+    handle.signal("add", 1)
+    run_until_idle()
+    old, new = _runs(handle.id)
+    now = Workflow.objects.get(id=handle.id).updated_at
+    fields = {"workflow_id": handle.id, "name": "bump", "payload": "1", "idempotency_key": "k", "created_at": now}
+    PendingUpdate.objects.create(run_id=new, **fields)
+    late = PendingUpdate.objects.create(run_id=old, **fields)  # the same key, admitted to the old run
+    assert continuation.carry_late(database_alias()) == 0
+    assert str(PendingUpdate.objects.get(pk=late.pk).run_id) == old  # the sweep fails it as an ended run's
+
+
 def test_a_failing_periodic_chore_is_logged_and_the_others_still_run(caplog):
     handle = weft.start("tests.signals", id="cc-chores")
     ran: list[str] = []
