@@ -37,7 +37,13 @@ from weft_django.status import ACTIVE_STATUSES
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCHEDULE_ID = "chaos-tick"
 # Workflows whose code is one step after another (the audit's order check applies to their runs).
-SEQUENTIAL_TYPES = {"tests.chaos_mixed", "tests.chaos_leaf", "tests.chaos_approve", "tests.scheduled_run"}
+SEQUENTIAL_TYPES = {
+    "tests.chaos_mixed",
+    "tests.chaos_leaf",
+    "tests.chaos_approve",
+    "tests.scheduled_run",
+    "tests.chaos_chain",
+}
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,9 @@ class Plan:
     # tests.chaos_approve workflows: an activity, then wait_for_update("approve"), a signal "poke" and a
     # last activity; the client times "approve", "poke" and a "late" signal against the activities.
     approvals: int = 0
+    # tests.chaos_chain workflows: three runs of continue-as-new, each an activity, a child with the
+    # default id (a later run's names its run) and a sleep; no client interaction.
+    chains: int = 0
     audit: bool = True  # record every write (tests/chaos/audit.py) and check the log afterwards
 
 
@@ -449,6 +458,9 @@ def _run_chaos(plan: Plan, cluster: Any = None) -> dict[str, Any]:
         key, seconds = f"{plan.name}-ap-{i}", 0.2 + 0.15 * (i % 4)
         approvals.append((key, seconds, APPROVAL_TIMINGS[i % len(APPROVAL_TIMINGS)]))
         weft.start("tests.chaos_approve", id=key, kwargs={"key": key, "seconds": seconds})
+    chains = [f"{plan.name}-cn-{i}" for i in range(plan.chains)]
+    for key in chains:
+        weft.start("tests.chaos_chain", id=key, kwargs={"key": key})
     schedule = weft.schedule(
         "tests.scheduled_run", id=SCHEDULE_ID, every=plan.schedule_every, kwargs={"label": "chaos"}
     )
@@ -457,6 +469,7 @@ def _run_chaos(plan: Plan, cluster: Any = None) -> dict[str, Any]:
     # Steps to expect: activity, sleep, signal, wait_until, [child], activity.
     expected_steps = sum(6 if child else 5 for *_, child in specs) + sum(1 for *_, child in specs if child)
     expected_steps += 4 * len(approvals)  # activity, update, signal, activity
+    expected_steps += 12 * len(chains)  # per run: activity, child, sleep, the child's activity
 
     def progress() -> float:
         done = _tolerant(lambda: Step.objects.filter(status="completed").count(), 0)
@@ -497,6 +510,7 @@ def _run_chaos(plan: Plan, cluster: Any = None) -> dict[str, Any]:
         # While the engines still run: no live claim may belong to a dead engine past TTL + grace.
         results: dict[str, Any] = {key: expected_result(key, child) for key, *_, child in specs}
         results.update({key: {"approved": key, "poke": key} for key, *_ in approvals})
+        results.update({key: {"io": f"{key}:2", "kid": f"{key}:kid2"} for key in chains})
         exp = Expectations(
             results=results,
             signals=run.signals,
@@ -539,6 +553,7 @@ def _run_chaos(plan: Plan, cluster: Any = None) -> dict[str, Any]:
         "workflows": {
             "mixed": plan.workflows,
             "approvals": len(approvals),
+            "continue_as_new_chains": len(chains),
             "children": sum(1 for *_, child in specs if child),
             "scheduled_runs": len(scheduled),
             "total": len(exp.results),

@@ -44,6 +44,7 @@ def test_chaos_bounded() -> None:
         workflows=30,
         engines=3,
         approvals=12,
+        chains=6,
         faults=[Fault("kill", 0.15), Fault("cut", 0.3), Fault("freeze", 0.4), Fault("cut", 0.7)],
     )
     figures = run_chaos(plan)

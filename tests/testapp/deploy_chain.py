@@ -35,3 +35,14 @@ def parent_continues(ctx: Any, n: int) -> Any:
         yield ctx.race([ctx.start_child("tests.signals", id="cn-orphan"), ctx.wait_for_signal("stop")])
         return ctx.continue_as_new(1)
     return "done"
+
+
+@weft.workflow(name="tests.deploys.child_chain")
+def child_chain(ctx: Any, n: int, ids: list[Any]) -> Any:
+    """Each run races a child (id ``ids[n]``, None: the default) against a signal, at the same seqs:
+    run 0's child loses to "stop" and is abandoned as the run continues; run 1 returns its child's result."""
+    branches = [ctx.start_child("tests.signals", id=ids[n], parent_close_policy="abandon"), ctx.wait_for_signal("stop")]
+    _, value = yield ctx.race(branches)
+    if n == 0:
+        return ctx.continue_as_new(1, ids)
+    return value

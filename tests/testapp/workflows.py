@@ -575,6 +575,18 @@ def chaos_leaf(ctx, key: str):
     return (yield ctx.run(chaos_io, key))
 
 
+@weft.workflow(name="tests.chaos_chain")
+def chaos_chain(ctx, key: str, n: int = 0):
+    """Three runs of continue-as-new (tests/chaos): each an activity, a child with the default id
+    (``<key>/1`` in the first run, ``<key>/<run id>/1`` in a later one) and a sleep."""
+    io = yield ctx.run(chaos_io, f"{key}:{n}")
+    kid = yield ctx.start_child("tests.chaos_leaf", args=[f"{key}:kid{n}"])
+    yield ctx.sleep(0.1)
+    if n < 2:
+        return ctx.continue_as_new(key, n + 1)
+    return {"io": io, "kid": kid}
+
+
 @weft.workflow(name="tests.chaos_mixed")
 def chaos_mixed(ctx, key: str, slow: bool = False, fail: bool = False, child: bool = False):
     """Every kind of step: an activity (slowed or failing first), a sleep, a signal, updates with a

@@ -335,7 +335,7 @@ class Engine:
                     break  # a wake-up arrived: serve it first, the rest stay due for the next tick
                 if task.due(self):
                     task.last_run = time.monotonic()
-                    busy |= task.run(self, now)
+                    busy |= task.run_contained(self, now)
 
         for _ in range(1000):  # settle cascades (memo, wait_until, consumed signals) within this tick
             if not changed:

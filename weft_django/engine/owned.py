@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from .. import tracing
+from ..codec import decode
 from ..exceptions import WeftError
 from ..models import Timer
 from ..operations import StartChild
@@ -43,11 +44,46 @@ class Owned:
     history_warned: bool = False  # engine/history_size.py logged that this run's history is long
     history_limit: int | None = -1  # WEFT["HISTORY_WARN_STEPS"] as read on its first turn (-1: not yet)
     has_deadline: bool = False  # an execution deadline is armed in the loop's timer heap (never evicted)
+    continued: bool = False  # a later run of a continue-as-new chain (store.histories.RunRow.continued)
 
 
 def mailbox_of(leaf: Leaf) -> str:
     """The buffered-signal name a waiting leaf consumes: its signal, or its child's terminal record."""
     return mailbox_name(leaf.seq) if isinstance(leaf.op, StartChild) else leaf.op.name
+
+
+def default_child_id(owned: Owned, seq: int) -> str:
+    """The id of a child started without one at step ``seq``: ``<workflow id>/<seq>`` in the first run
+    of a workflow (every run that never continued as new, and every history recorded before later
+    runs had their own), ``<workflow id>/<run id>/<seq>`` in a later run of a continue-as-new chain,
+    whose seqs start at 0 again. Fixed per run; replay keeps the id the step recorded."""
+    if owned.continued:
+        return f"{owned.workflow_id}/{owned.run_id}/{seq}"
+    return f"{owned.workflow_id}/{seq}"
+
+
+def ends_its_child(owned: Owned, seq: int, payload: str) -> bool:
+    """Whether a child-terminal record (codec text) is the end of the child that step ``seq``
+    recorded starting (its step's result holds the child id while it runs). A record that cannot
+    be read, or a step without a recorded id, is left to the step (it settles it, as before)."""
+    step = owned.run.steps.get(seq)
+    try:
+        expected = decode(step.result) if step is not None and step.result is not None else None
+        record = decode(payload)
+        got = record.get("child_id") if isinstance(record, dict) else None
+    except Exception:
+        return True
+    if expected is None or got is None or got == expected:
+        return True
+    logger.warning(
+        "child-terminal record of another child ignored workflow=%s run=%s seq=%s child=%s expected=%s",
+        owned.workflow_id,
+        owned.run_id,
+        seq,
+        got,
+        expected,
+    )
+    return False
 
 
 def writes_of(owned: Owned, writes: dict[str, WorkflowWrites]) -> WorkflowWrites:

@@ -1,18 +1,24 @@
 """Engine-scoped chores that run on their own cadence inside the loop (schedule firing, retention,
-the orphaned-timer sweep). Each is engine-scoped: it never writes a workflow's state under that
-workflow's fence; whatever it enables (a schedule's run, a purge) goes through transitions.py or
-folds the acquire into its own transaction."""
+the orphaned-timer sweep, the message cleanup). Each is engine-scoped: it never writes a workflow's
+state under that workflow's fence; whatever it enables (a schedule's run, a purge) goes through
+transitions.py or folds the acquire into its own transaction. A chore that fails is logged and
+contained (``PeriodicTask.run_contained``): the other chores and the pass go on."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from django.db import connections
+
 if TYPE_CHECKING:
     from .engine import Engine
+
+logger = logging.getLogger("weft_django.engine.engine")
 
 
 @dataclasses.dataclass
@@ -24,6 +30,20 @@ class PeriodicTask:
 
     def due(self, engine: Engine) -> bool:
         return time.monotonic() - self.last_run >= self.interval_seconds(engine)
+
+    def run_contained(self, engine: Engine, now: datetime) -> bool:
+        """Run the chore once; a chore that fails is logged with its exception and counts as having
+        done nothing, so the other chores and the rest of the engine's pass go on (no workflow is
+        reloaded: a chore writes no workflow's state). It runs again when next due. A database error
+        that left the connection unusable closes it (the next query reconnects)."""
+        try:
+            return self.run(engine, now)
+        except Exception:
+            logger.exception("periodic chore failed chore=%s engine=%s", self.name, engine.engine_id)
+            connection = connections[engine.using]
+            if not connection.in_atomic_block:
+                connection.close_if_unusable_or_obsolete()
+            return False
 
 
 def builtin_tasks() -> list[PeriodicTask]:

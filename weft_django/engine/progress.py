@@ -34,7 +34,17 @@ from . import history_size, steps
 from .activities import AttemptOutcome, AttemptTask, run_local
 from .children import MAX_DEPTH
 from .driver import AppliedRecord, Leaf, StepRecord, WorkflowRun
-from .owned import Owned, collect_recorded, delivery_span, mailbox_of, mark_stuck, span_attributes, writes_of
+from .owned import (
+    Owned,
+    collect_recorded,
+    default_child_id,
+    delivery_span,
+    ends_its_child,
+    mailbox_of,
+    mark_stuck,
+    span_attributes,
+    writes_of,
+)
 from .timers import TimerHeap
 from .wake import Wake
 
@@ -170,6 +180,7 @@ class Progress:
             clear_stuck=row.stuck_error is not None,
             trace_context=row.trace_context,
             has_deadline=row.execution_deadline is not None,
+            continued=row.continued,
         )
         self.owned[row.id] = owned
         for timer in timers:
@@ -294,7 +305,7 @@ class Progress:
         self.wake.look_at(owned.workflow_id, wake=False)  # its record may be waiting already
         if owned.run.steps.get(seq) is not None:
             return
-        child_id = op.child_id or f"{owned.workflow_id}/{seq}"
+        child_id = op.child_id or default_child_id(owned, seq)
         step = StepRecord(seq, "child", op.name, StepStatus.RUNNING, encode(child_id), attempts=1, started_at=now)
         owned.run.record(step)
         w = writes_of(owned, writes)
@@ -548,7 +559,7 @@ class Progress:
         if not names:
             return False
         rows = histories.buffered_names(list(waiting), names, self.using)
-        return any(name in waiting[wid] for wid, name in rows)
+        return any(name in waiting[wid] and run_id == self.owned[wid].run_id for wid, run_id, name in rows)
 
     def deliver_signals(
         self, workflow_ids: set[str], now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]
@@ -570,6 +581,8 @@ class Progress:
             taken.add(pk)
             delivered = True
             writes_of(owned, writes).signals_consumed.append((pk, leaf.seq))
+            if isinstance(leaf.op, StartChild) and not ends_its_child(owned, leaf.seq, payload):
+                continue  # another child's end (consumed out of the way): the step waits for its own
             if not isinstance(leaf.op, StartChild):
                 self._take_timer(owned, TimerKind.SIGNAL_TIMEOUT, leaf.seq, writes)
             with delivery_span("weft.signal.deliver", owned, sent, {"weft.signal": name, "weft.seq": leaf.seq}):

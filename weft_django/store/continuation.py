@@ -10,7 +10,8 @@ What the commit writes for each continuing run, in order:
   waiting for it gets the end of the last run of the chain);
 - the old run's timers are deleted; its unconsumed signals and admitted updates are carried over to
   the new run (nothing sent meanwhile is lost); updates a wait_for_update took and never answered
-  fail as they would at the run's end;
+  fail as they would at the run's end; its children's end records (``__weft_child__:<seq>``) are
+  dropped, as at a run's end (the new run's child steps start at seq 0 again);
 - the old run's active children are closed per their parent_close_policy, as at a run's end
   (``terminate`` and ``request_cancel`` cancel them; the commit locked their claims);
 - the claim is released at its epoch, runnable (``store.claims``; the claim row is the only thing
@@ -31,6 +32,7 @@ from django.db.models import Exists, OuterRef, Subquery
 from ..models import BufferedSignal, ContinuedRun, PendingUpdate, Step, Timer, Workflow
 from ..status import ACTIVE_STATUSES, SignalState, UpdateStatus, WorkflowStatus
 from . import claims, mailbox
+from .mailbox import CHILD_MAILBOX_PREFIX
 from .notify import send_many
 
 
@@ -104,10 +106,14 @@ def _has_active_children(workflow_id: str, run_id: str, using: str) -> bool:
 
 def carry(workflow_id: str, old_run_id: Any, new_run_id: Any, now: datetime, using: str) -> None:
     """Move the old run's unconsumed signals and admitted updates to the new run; fail the updates
-    it took with wait_for_update and never answered (TAKEN_ERROR, as at a run's end)."""
-    BufferedSignal.objects.using(using).filter(
+    it took with wait_for_update and never answered (TAKEN_ERROR, as at a run's end). The old run's
+    child-terminal records are not signals of the workflow but ends of its own children: they are
+    dropped, as at a run's end (the new run's children report under the same reserved names)."""
+    signals = BufferedSignal.objects.using(using).filter(
         workflow_id=workflow_id, run_id=old_run_id, state=SignalState.BUFFERED
-    ).update(run_id=new_run_id)
+    )
+    signals.filter(name__startswith=CHILD_MAILBOX_PREFIX).update(state=SignalState.DROPPED)
+    signals.exclude(name__startswith=CHILD_MAILBOX_PREFIX).update(run_id=new_run_id)
     updates = PendingUpdate.objects.using(using).filter(workflow_id=workflow_id, run_id=old_run_id)
     updates.filter(status=UpdateStatus.ADMITTED).update(run_id=new_run_id)
     updates.filter(status=UpdateStatus.ACCEPTED).update(
@@ -118,18 +124,50 @@ def carry(workflow_id: str, old_run_id: Any, new_run_id: Any, now: datetime, usi
 def carry_late(using: str) -> int:
     """The mailbox sweep's part: signals and admitted updates that committed for a run after it
     continued as new are moved to the workflow's current run (while it is active), and a ``w:`` wake-up
-    sent for each workflow moved to. Returns how many."""
+    sent for each workflow moved to. Returns how many.
+
+    Not moved, left to ``mailbox.drop_late_signals`` (the next part of the sweep), which drops them as
+    signals of a run that is no longer active: child-terminal records (the end of a child of the old
+    run, not of the new run's step at that seq) and a signal whose id the current run already has
+    (sent to both runs: on one run the second send is a no-op too). An admitted update whose
+    idempotency key the current run already has stays too; the sweep fails it as an update of a run
+    that ended (``WorkflowTerminalError``), never as an error of the sweep."""
     current = Workflow.objects.using(using).filter(pk=OuterRef("workflow_id"), status__in=list(ACTIVE_STATUSES))
     continued = ContinuedRun.objects.using(using).values("run_id")
     moved = 0
-    signals = BufferedSignal.objects.using(using).filter(state=SignalState.BUFFERED, run_id__in=continued)
+    same_id_on_current = BufferedSignal.objects.using(using).filter(
+        workflow_id=OuterRef("workflow_id"),
+        run_id=Subquery(current.values("run_id")[:1]),
+        signal_id=OuterRef("signal_id"),
+    )
+    signals = (
+        BufferedSignal.objects.using(using)
+        .filter(state=SignalState.BUFFERED, run_id__in=continued)
+        .exclude(name__startswith=CHILD_MAILBOX_PREFIX)
+        .filter(~Exists(same_id_on_current))
+    )
+    same_key_on_current = PendingUpdate.objects.using(using).filter(
+        workflow_id=OuterRef("workflow_id"),
+        run_id=Subquery(current.values("run_id")[:1]),
+        idempotency_key=OuterRef("idempotency_key"),
+    )
     updates = PendingUpdate.objects.using(using).filter(status=UpdateStatus.ADMITTED, run_id__in=continued)
     # Read first, write only what was found (on SQLite an UPDATE that matches nothing still locks).
     late_signals = dict(signals.filter(Exists(current)).values_list("pk", "workflow_id")[:1000])
     if late_signals:
-        moved += signals.filter(pk__in=late_signals).update(run_id=Subquery(current.values("run_id")[:1]))
-    late_updates = dict(updates.filter(Exists(current)).values_list("pk", "workflow_id")[:1000])
+        moved += (
+            BufferedSignal.objects.using(using)
+            .filter(pk__in=list(late_signals), state=SignalState.BUFFERED)
+            .update(run_id=Subquery(current.values("run_id")[:1]))
+        )
+    late_updates = dict(
+        updates.filter(Exists(current)).filter(~Exists(same_key_on_current)).values_list("pk", "workflow_id")[:1000]
+    )
     if late_updates:
-        moved += updates.filter(pk__in=late_updates).update(run_id=Subquery(current.values("run_id")[:1]))
+        moved += (
+            PendingUpdate.objects.using(using)
+            .filter(pk__in=list(late_updates), status=UpdateStatus.ADMITTED)
+            .update(run_id=Subquery(current.values("run_id")[:1]))
+        )
     send_many("w", sorted({*late_signals.values(), *late_updates.values()}), using)  # their holders look now
     return moved

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 from django.db import DatabaseError, connections
 
-from ..models import AppliedUpdate, BufferedSignal, PendingUpdate, Step, Timer, Workflow, WorkflowClaim
+from ..models import AppliedUpdate, BufferedSignal, ContinuedRun, PendingUpdate, Step, Timer, Workflow, WorkflowClaim
 from ..status import SignalState, UpdateStatus
 from . import prepared
 from .backend import backend
@@ -92,6 +92,7 @@ class RunRow(NamedTuple):
     parent_seq: int | None
     depth: int
     trace_context: str | None = None  # the starter's (weft_django.tracing)
+    continued: bool = False  # a later run of a continue-as-new chain (a ContinuedRun names it as next)
 
 
 class AdmittedRow(NamedTuple):
@@ -115,7 +116,11 @@ class Loaded(NamedTuple):
 
 # Column lists and the row decoders are shared by both vendors' paths (one statement batch on
 # PostgreSQL, separate queries on SQLite), so the two cannot drift.
-_RUN_COLUMNS = ", ".join(RunRow._fields)
+_RUN_COLUMNS = ", ".join(RunRow._fields[:-1])
+# RunRow.continued: whether a ContinuedRun row names this run as the next one (a unique index).
+_CONTINUED_SQL = (
+    f"EXISTS (SELECT 1 FROM {ContinuedRun._meta.db_table} c WHERE c.next_run_id = {Workflow._meta.db_table}.run_id)"
+)
 _STEP_COLUMNS = "run_id, seq, kind, name, status, result, error, attempts, started_at, completed_at"
 _APPLIED_COLUMNS = "run_id, seq, n, name, payload, result, error, update_id"
 _TIMER_FIELDS = [field.attname for field in Timer._meta.concrete_fields]  # Timer.from_db's positional order
@@ -125,7 +130,7 @@ _Aware = Callable[[Any], "datetime | None"]
 
 
 def _runs_sql(marks: str) -> str:
-    return f"SELECT {_RUN_COLUMNS} FROM {Workflow._meta.db_table} WHERE id IN ({marks})"
+    return f"SELECT {_RUN_COLUMNS}, {_CONTINUED_SQL} FROM {Workflow._meta.db_table} WHERE id IN ({marks})"
 
 
 def _steps_sql(runs: str) -> str:
@@ -177,9 +182,10 @@ def buffered_signals(workflow_ids: list[str], using: str) -> list[tuple[int, str
         return list(cursor.fetchall())
 
 
-def buffered_names(workflow_ids: list[str], names: set[str], using: str) -> list[tuple[str, str]]:
-    """(workflow id, name) of the buffered signals (or child-terminal records) of these workflows
-    whose name is one of ``names``.
+def buffered_names(workflow_ids: list[str], names: set[str], using: str) -> list[tuple[str, str, str]]:
+    """(workflow id, run id as text, name) of the buffered signals (or child-terminal records) of
+    these workflows whose name is one of ``names`` (a record of an earlier run of the workflow waits
+    for the mailbox sweep, not for the current run).
 
     Args:
         workflow_ids: the workflows to look at.
@@ -189,9 +195,9 @@ def buffered_names(workflow_ids: list[str], names: set[str], using: str) -> list
     rows = (
         BufferedSignal.objects.using(using)
         .filter(workflow_id__in=workflow_ids, state=SignalState.BUFFERED, name__in=names)
-        .values_list("workflow_id", "name")
+        .values_list("workflow_id", "run_id", "name")
     )
-    return list(rows)
+    return [(wid, _uuid_text(run_id), name) for wid, run_id, name in rows]
 
 
 def claim_holders(workflow_ids: list[str], using: str) -> dict[str, tuple[int, str | None]]:
@@ -223,6 +229,7 @@ def _decode_runs(values: list[Any], aware: _Aware, into: dict[str, RunRow]) -> N
             started_at=aware(row.started_at),
             execution_deadline=aware(row.execution_deadline),
             stuck_error=_json_value(row.stuck_error),
+            continued=bool(row.continued),
         )
 
 
