@@ -9,20 +9,18 @@ import dataclasses
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .engine import Engine
+from .host import EngineHost
 
 
 @dataclasses.dataclass
 class PeriodicTask:
     name: str
-    interval_seconds: Callable[[Engine], float]
-    run: Callable[[Engine, datetime], bool]  # returns whether it did anything
+    interval_seconds: Callable[[EngineHost], float]
+    run: Callable[[EngineHost, datetime], bool]  # returns whether it did anything
     last_run: float = 0.0
 
-    def due(self, engine: Engine) -> bool:
+    def due(self, engine: EngineHost) -> bool:
         return time.monotonic() - self.last_run >= self.interval_seconds(engine)
 
 
