@@ -88,7 +88,8 @@ def starter() -> Starter:
     not set up, or weft_django is not in INSTALLED_APPS (``WeftConfig.ready()`` imports the client)."""
     if not _installed:
         raise ConfigurationError(
-            'WorkflowDefinition.start() needs weft_django\'s client: add "weft_django" to INSTALLED_APPS '
-            "and call django.setup() first (or use weft.start())."
+            "WorkflowDefinition.start() has no client to start with: Django is not set up, or "
+            '"weft_django" is not in INSTALLED_APPS. Add "weft_django" to INSTALLED_APPS in your settings '
+            "and call django.setup() first (WeftConfig.ready() imports the client)."
         )
     return _installed[0]
