@@ -13,7 +13,10 @@ class WeftConfig(AppConfig):
 
     def ready(self) -> None:
         # No queries here: checks are registered, workflow modules imported.
-        from . import checks  # noqa: F401  (registers the system checks)
+        from . import (
+            checks,  # noqa: F401  (registers the system checks)
+            client,  # noqa: F401  (installs WorkflowDefinition.start's starter: weft_django/starter.py)
+        )
         from .registry import autodiscover
 
         autodiscover()

@@ -28,6 +28,7 @@ from .operations import (
 )
 from .registry import resolve_activity
 from .search_attributes import check_values
+from .validation import validate_workflow_id
 
 logger = logging.getLogger("weft_django.workflow")
 _BRANCHABLE = (RunActivity, Sleep, WaitForSignal, StartChild)
@@ -217,7 +218,6 @@ class WorkflowContext:
         args=[order_id])``. A child that fails, is cancelled or times out raises ChildWorkflowError."""
         if self.detached:
             return Inert()
-        from .client import validate_workflow_id
         from .codec import encode_payload
         from .registry import resolve_workflow
 

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from django.db import transaction
 from django.dispatch import Signal
@@ -25,13 +25,51 @@ from .store.claims import previous_holding
 from .store.clock import db_clock
 
 if TYPE_CHECKING:
-    from .engine.activities import AttemptOutcome, AttemptTask
-    from .engine.progress import Owned
     from .models import Workflow
     from .store.children import ChildStart
     from .store.commit import FenceResult, WorkflowWrites
 
 logger = logging.getLogger(__name__)
+
+
+# What the hooks read of the engine's objects (the engine calls them; they never import it).
+class _Held(Protocol):
+    """A workflow an engine holds (engine/owned.py's Owned)."""
+
+    @property
+    def workflow_id(self) -> str: ...
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class _Attempt(Protocol):
+    """An activity attempt (engine/activities.py's AttemptTask)."""
+
+    @property
+    def definition(self) -> _Named: ...
+
+
+class _Outcome(Protocol):
+    """An attempt's outcome (engine/activities.py's AttemptOutcome)."""
+
+    @property
+    def ok(self) -> bool: ...
+
+    @property
+    def refused(self) -> bool: ...
+
+
+AttemptT = TypeVar("AttemptT", bound=_Attempt)
+OutcomeT = TypeVar("OutcomeT", bound=_Outcome)
 # Runs that ended badly, as operators read them at -v 1 (WARNING). An engine logger name, as docs/operations.md says.
 run_logger = logging.getLogger("weft_django.engine.workflows")
 
@@ -377,7 +415,7 @@ def _loss_reason(reason: str) -> str:
 
 
 @_guard
-def claim_lost(engine: Any, owned: Owned, reason: str | None) -> None:
+def claim_lost(engine: Any, owned: _Held, reason: str | None) -> None:
     """The engine stops driving a run it held (Engine._drop). ``reason`` None: a reload after a
     database error, not a loss."""
     if reason is None:
@@ -412,7 +450,7 @@ def renewal_failed(engine: Any, error: BaseException) -> None:
 
 
 # -- activity attempts -----------------------------------------------------------------------------------
-def timed_attempt(attempt: Callable[[AttemptTask], AttemptOutcome], task: AttemptTask) -> AttemptOutcome:
+def timed_attempt(attempt: Callable[[AttemptT], OutcomeT], task: AttemptT) -> OutcomeT:
     """Run one attempt (ThreadExecutor._attempt) and record its duration."""
     began = time.monotonic()
     outcome = attempt(task)

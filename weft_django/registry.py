@@ -8,17 +8,13 @@ import math
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, overload
-
-import weft_django  # the lazy public facade (weft.start): importing it loads nothing else
+from typing import Any, overload
 
 from .durations import MAX_DURATION, InvalidDuration, to_nonnegative_timedelta
 from .exceptions import WorkflowDefinitionError, WorkflowNotRegisteredError
 from .flow import NO_LIMITS, ActivityLimits, FlowValueError, parse_rate, positive_limit
 from .search_attributes import declare
-
-if TYPE_CHECKING:
-    from .client import WorkflowHandle
+from .starter import RunHandle, starter
 
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_INITIAL_BACKOFF = timedelta(seconds=1)
@@ -149,14 +145,13 @@ class WorkflowDefinition:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
 
-    def start(self, *args: Any, **kwargs: Any) -> WorkflowHandle:
+    def start(self, *args: Any, **kwargs: Any) -> RunHandle:
         """Start a run with a generated id; every argument goes to the workflow (``weft.start``).
 
-        The shortcut calls the package's public ``weft_django.start``, as user code does, so the
-        registry (which the client reads) never imports the client itself.
+        Returns a WorkflowHandle. The shortcut calls the client's ``start``, which the client installs
+        in weft_django/starter.py: the registry (which the client reads) never imports the client.
         """
-        handle: WorkflowHandle = weft_django.start(self, args=args, kwargs=kwargs)
-        return handle
+        return starter()(self, args=args, kwargs=kwargs)
 
 
 class Registry:

@@ -283,3 +283,22 @@ def test_weft_engine_runs_enqueued_tasks(weft_engines) -> None:
     assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 2
     assert result.attempts == 2 and result.worker_ids == [engine.engine_id] * 2
     assert timezone.is_aware(result.finished_at)
+
+
+def test_only_a_weft_backend_or_a_subclass_counts_as_one() -> None:
+    """tasks/names.is_weft_backend, which results.py and workflows.py use instead of importing
+    WeftBackend from backend.py (which loads them)."""
+    from weft_django.tasks._compat import BaseTaskBackend
+    from weft_django.tasks.names import is_weft_backend
+
+    class Subclass(WeftBackend):
+        pass
+
+    class Other(BaseTaskBackend):
+        def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
+            raise NotImplementedError
+
+    assert is_weft_backend(task_backends["default"])
+    assert is_weft_backend(Subclass("sub", {"OPTIONS": {}}))
+    assert not is_weft_backend(Other("other", {}))
+    assert not is_weft_backend(WeftBackend)  # the class itself is no backend

@@ -48,6 +48,16 @@ def test_importing_the_client_directly_without_the_app_says_what_to_add() -> Non
     assert 'Add "weft_django" to INSTALLED_APPS' in done.stderr, done.stderr
 
 
+@pytest.mark.sqlite
+def test_the_start_shortcut_without_the_app_says_what_to_add() -> None:
+    code = "import weft_django as weft\n@weft.workflow(name='x')\ndef x(ctx):\n    yield from ()\nx.start()"
+    done = _script_without_the_app(code)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert "ImproperlyConfigured" in last or "ConfigurationError" in last, done.stderr
+    assert 'Add "weft_django" to INSTALLED_APPS' in done.stderr, done.stderr
+
+
 def test_an_operation_used_as_its_result_says_to_yield_it() -> None:
     op = RunActivity(add, "{}")
     with pytest.raises(TypeError, match=r"result = yield ctx\.run\("):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
@@ -20,10 +20,8 @@ from .. import client, transitions
 from ..exceptions import InvalidArgumentError, WorkflowNotFoundError, WorkflowStateError, WorkflowTerminalError
 from ..models import Workflow
 from ..status import TERMINAL_STATUSES
+from .base import WeftModelAdmin
 from .payloads import PayloadInputError, parse_payload
-
-if TYPE_CHECKING:
-    from .workflows import WorkflowAdmin
 
 # The Workflow model's custom permissions (models.py Meta.permissions), by action.
 PERMISSION_OF = {
@@ -100,7 +98,7 @@ def report(modeladmin: admin.ModelAdmin[Any], request: HttpRequest, outcome: Out
         )
 
 
-def _log(modeladmin: WorkflowAdmin, request: HttpRequest, ids: list[str], message: str) -> None:
+def _log(modeladmin: WeftModelAdmin, request: HttpRequest, ids: list[str], message: str) -> None:
     """Record what was done in the admin's history (LogEntry), like an edit would be."""
     for workflow in (
         Workflow.objects.using(modeladmin.weft_alias).filter(pk__in=ids).only("pk", "workflow_type", "status")
@@ -113,7 +111,7 @@ def _selected_ids(queryset: QuerySet[Workflow]) -> list[str]:
 
 
 def run_transition(
-    modeladmin: WorkflowAdmin, request: HttpRequest, action: str, ids: list[str], reason: str = ""
+    modeladmin: WeftModelAdmin, request: HttpRequest, action: str, ids: list[str], reason: str = ""
 ) -> Outcome:
     """cancel / suspend / resume / retry ``ids`` through their handles and report. A cancel records
     who cancelled (and why, when given) as the run's cancel reason."""
@@ -138,22 +136,22 @@ def run_transition(
 
 
 @admin.action(permissions=["cancel"], description="Cancel selected workflows")
-def cancel_workflows(modeladmin: WorkflowAdmin, request: HttpRequest, queryset: QuerySet[Workflow]) -> None:
+def cancel_workflows(modeladmin: WeftModelAdmin, request: HttpRequest, queryset: QuerySet[Workflow]) -> None:
     run_transition(modeladmin, request, "cancel", _selected_ids(queryset))
 
 
 @admin.action(permissions=["cancel"], description="Suspend selected workflows")
-def suspend_workflows(modeladmin: WorkflowAdmin, request: HttpRequest, queryset: QuerySet[Workflow]) -> None:
+def suspend_workflows(modeladmin: WeftModelAdmin, request: HttpRequest, queryset: QuerySet[Workflow]) -> None:
     run_transition(modeladmin, request, "suspend", _selected_ids(queryset))
 
 
 @admin.action(permissions=["cancel"], description="Resume selected workflows")
-def resume_workflows(modeladmin: WorkflowAdmin, request: HttpRequest, queryset: QuerySet[Workflow]) -> None:
+def resume_workflows(modeladmin: WeftModelAdmin, request: HttpRequest, queryset: QuerySet[Workflow]) -> None:
     run_transition(modeladmin, request, "resume", _selected_ids(queryset))
 
 
 @admin.action(permissions=["retry"], description="Retry selected failed workflows from their checkpoint")
-def retry_workflows(modeladmin: WorkflowAdmin, request: HttpRequest, queryset: QuerySet[Workflow]) -> None:
+def retry_workflows(modeladmin: WeftModelAdmin, request: HttpRequest, queryset: QuerySet[Workflow]) -> None:
     run_transition(modeladmin, request, "retry", _selected_ids(queryset))
 
 
@@ -178,7 +176,7 @@ class SignalForm(forms.Form):
 
 
 def signal_form_response(
-    modeladmin: WorkflowAdmin, request: HttpRequest, form: SignalForm, ids: list[str], *, action_field: bool
+    modeladmin: WeftModelAdmin, request: HttpRequest, form: SignalForm, ids: list[str], *, action_field: bool
 ) -> TemplateResponse:
     context = {
         **modeladmin.admin_site.each_context(request),
@@ -194,7 +192,7 @@ def signal_form_response(
     return TemplateResponse(request, "admin/weft_django/workflow/signal.html", context)
 
 
-def send_signals(modeladmin: WorkflowAdmin, request: HttpRequest, ids: list[str], form: SignalForm) -> Outcome:
+def send_signals(modeladmin: WeftModelAdmin, request: HttpRequest, ids: list[str], form: SignalForm) -> Outcome:
     data = form.cleaned_data
     outcome = apply_each(
         ids, lambda i: client.signal(i, data["name"], data["payload"], signal_id=data["signal_id"] or None)
@@ -206,7 +204,7 @@ def send_signals(modeladmin: WorkflowAdmin, request: HttpRequest, ids: list[str]
 
 @admin.action(permissions=["signal"], description="Send a signal to selected workflows…")
 def signal_workflows(
-    modeladmin: WorkflowAdmin, request: HttpRequest, queryset: QuerySet[Workflow]
+    modeladmin: WeftModelAdmin, request: HttpRequest, queryset: QuerySet[Workflow]
 ) -> TemplateResponse | None:
     ids = _selected_ids(queryset)
     if "apply" in request.POST:
@@ -220,7 +218,7 @@ def signal_workflows(
 
 
 def purge_confirmation(
-    modeladmin: WorkflowAdmin, request: HttpRequest, ids: list[str], *, action_field: bool
+    modeladmin: WeftModelAdmin, request: HttpRequest, ids: list[str], *, action_field: bool
 ) -> TemplateResponse:
     rows = list(
         Workflow.objects.using(modeladmin.weft_alias)
@@ -241,7 +239,7 @@ def purge_confirmation(
     return TemplateResponse(request, "admin/weft_django/workflow/purge.html", context)
 
 
-def purge_ids(modeladmin: WorkflowAdmin, request: HttpRequest, ids: list[str]) -> int:
+def purge_ids(modeladmin: WeftModelAdmin, request: HttpRequest, ids: list[str]) -> int:
     """Purge the terminal ones among ``ids``; active ones are left alone and reported."""
     statuses = dict(Workflow.objects.using(modeladmin.weft_alias).filter(pk__in=ids).values_list("pk", "status"))
     terminal = [i for i in ids if statuses.get(i) in TERMINAL_STATUSES]
@@ -270,7 +268,7 @@ def purge_ids(modeladmin: WorkflowAdmin, request: HttpRequest, ids: list[str]) -
 
 @admin.action(permissions=["purge"], description="Purge selected terminal workflows…")
 def purge_workflows(
-    modeladmin: WorkflowAdmin, request: HttpRequest, queryset: QuerySet[Workflow]
+    modeladmin: WeftModelAdmin, request: HttpRequest, queryset: QuerySet[Workflow]
 ) -> TemplateResponse | None:
     ids = _selected_ids(queryset)
     if request.POST.get("post") == "yes":

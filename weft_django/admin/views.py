@@ -4,7 +4,7 @@ in ``admin_site.admin_view`` and check the view permission first."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib.admin.utils import quote
 from django.http import HttpRequest
@@ -14,25 +14,23 @@ from django.utils import timezone
 
 from ..conf import get_settings
 from . import health, terminal
+from .base import WeftModelAdmin
 from .clocks import claim_now, workflow_now
 from .formatting import error_summary, format_duration, relative, state_badge, status_badge
 from .queues import queue_report
-
-if TYPE_CHECKING:
-    from .workflows import WorkflowAdmin
 
 DAYS = 14
 REFRESH_CHOICES = (0, 5, 15, 60)
 
 
-def _url(modeladmin: WorkflowAdmin, name: str, *args: Any) -> str | None:
+def _url(modeladmin: WeftModelAdmin, name: str, *args: Any) -> str | None:
     try:
         return reverse(f"{modeladmin.admin_site.name}:{name}", args=args)
     except NoReverseMatch:
         return None
 
 
-def links(modeladmin: WorkflowAdmin) -> list[dict[str, str | None]]:
+def links(modeladmin: WeftModelAdmin) -> list[dict[str, str | None]]:
     """The object-tools links of the workflow changelist."""
     return [
         {"label": "Ownership", "url": _url(modeladmin, "weft_django_workflow_ownership")},
@@ -41,11 +39,11 @@ def links(modeladmin: WorkflowAdmin) -> list[dict[str, str | None]]:
     ]
 
 
-def _change_url(modeladmin: WorkflowAdmin, workflow_id: str) -> str | None:
+def _change_url(modeladmin: WeftModelAdmin, workflow_id: str) -> str | None:
     return _url(modeladmin, "weft_django_workflow_change", quote(workflow_id))
 
 
-def _context(modeladmin: WorkflowAdmin, request: HttpRequest, title: str) -> dict[str, Any]:
+def _context(modeladmin: WeftModelAdmin, request: HttpRequest, title: str) -> dict[str, Any]:
     return {
         **modeladmin.admin_site.each_context(request),
         "opts": modeladmin.model._meta,
@@ -64,7 +62,7 @@ def _refresh(request: HttpRequest) -> int:
     return seconds if seconds in REFRESH_CHOICES else 0
 
 
-def ownership(modeladmin: WorkflowAdmin, request: HttpRequest) -> TemplateResponse:
+def ownership(modeladmin: WeftModelAdmin, request: HttpRequest) -> TemplateResponse:
     """Engines (alive / dead / stopped, claims held) and the claims they hold, soonest expiry first."""
     settings = get_settings()
     using = modeladmin.weft_alias
@@ -124,7 +122,7 @@ def _bars(days: list[terminal.DayCounts]) -> list[dict[str, Any]]:
     return rows
 
 
-def terminal_states(modeladmin: WorkflowAdmin, request: HttpRequest) -> TemplateResponse:
+def terminal_states(modeladmin: WeftModelAdmin, request: HttpRequest) -> TemplateResponse:
     """How runs ended over the last two weeks, recent failures, and what retention removes next."""
     settings = get_settings()
     using = modeladmin.weft_alias
@@ -172,7 +170,7 @@ def terminal_states(modeladmin: WorkflowAdmin, request: HttpRequest) -> Template
     return TemplateResponse(request, "admin/weft_django/terminal.html", context)
 
 
-def queues_page(modeladmin: WorkflowAdmin, request: HttpRequest) -> TemplateResponse:
+def queues_page(modeladmin: WeftModelAdmin, request: HttpRequest) -> TemplateResponse:
     """Each queue: limits, waiting, running, admissions in its rate window, keys in use, serving engines;
     each limited activity: attempts holding a slot."""
     settings = get_settings()

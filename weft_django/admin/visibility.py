@@ -4,7 +4,7 @@ public API (``weft.fork``, ``weft.bulk_*``) and check the workflow's custom perm
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
@@ -21,9 +21,7 @@ from ..forking import fork
 from ..models import Workflow
 from ..validation import MAX_ID_LENGTH
 from ..visibility import parse_where
-
-if TYPE_CHECKING:
-    from .workflows import WorkflowAdmin
+from .base import WeftModelAdmin
 
 BULK_PERMISSION = {"cancel": "cancel", "retry": "retry", "purge": "purge"}
 
@@ -35,7 +33,7 @@ class ForkForm(forms.Form):
 
 @admin.action(permissions=["retry"], description="Fork the selected workflow from a step…")
 def fork_workflow(
-    modeladmin: WorkflowAdmin, request: HttpRequest, queryset: QuerySet[Workflow]
+    modeladmin: WeftModelAdmin, request: HttpRequest, queryset: QuerySet[Workflow]
 ) -> TemplateResponse | None:
     """A new run that reuses the first N recorded steps of the one selected workflow (weft.fork)."""
     ids = list(queryset.order_by("pk").values_list("pk", flat=True)[:2])
@@ -79,7 +77,7 @@ class BulkForm(forms.Form):
         return parse_where([line.strip() for line in self.cleaned_data["where"].splitlines() if line.strip()])
 
 
-def bulk_view(modeladmin: WorkflowAdmin, request: HttpRequest) -> HttpResponse:
+def bulk_view(modeladmin: WeftModelAdmin, request: HttpRequest) -> HttpResponse:
     """GET: the form. POST without a count: the count to confirm. POST with the count: the operation
     (refused, nothing changed, when the count moved meanwhile)."""
     form = BulkForm(request.POST or None, initial={"where": request.GET.get("where", "")})

@@ -18,13 +18,13 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from ..conf import database_alias
 from ..exceptions import InvalidArgumentError
 from ..models import BufferedSignal, PendingUpdate, Step, Timer, Workflow
 from ..status import ACTIVE_STATUSES, TERMINAL_STATUSES, WorkflowStatus
 from ..store.visibility import read as search_attributes_of
 from ..validation import validate_reason
 from . import actions, health, views, visibility
+from .base import WeftModelAdmin
 from .clocks import claim_now, workflow_now
 from .filters import (
     ActivityFilter,
@@ -93,7 +93,7 @@ def _field_names(fieldsets: Any) -> tuple[str, ...]:
 
 
 @admin.register(Workflow)
-class WorkflowAdmin(admin.ModelAdmin):
+class WorkflowAdmin(WeftModelAdmin):
     list_display = (
         "id",
         "status_display",
@@ -184,10 +184,6 @@ class WorkflowAdmin(admin.ModelAdmin):
 
     def has_purge_permission(self, request: HttpRequest) -> bool:
         return self._has_weft_permission(request, "purge")
-
-    @property
-    def weft_alias(self) -> str:
-        return database_alias()
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Workflow]:
         """Workflows with their claim (holder, epoch, expiry) and last step, as subqueries: the

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 
+from .. import starter
 from ..exceptions import InvalidArgumentError, InvalidWorkflowIdError
 from ..store.runs import _CLAIM_COLUMNS, _build_start_statement, _start_statement  # noqa: F401 - for tests
 from ..validation import (  # noqa: F401 - MAX_*: re-exported for the admin's forms
@@ -61,6 +62,7 @@ from .starting import (  # noqa: F401
 )
 
 logger = logging.getLogger("weft_django.client")
+starter.install(start)  # WorkflowDefinition.start (the registry cannot import the client: it reads the registry)
 
 __all__ = [
     "InvalidArgumentError",

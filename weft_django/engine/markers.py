@@ -17,14 +17,12 @@ yielded, so removing the call at the end of a change's life does not break old h
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..exceptions import WorkflowDefinitionError
 from ..store.histories import StepRecord
-
-if TYPE_CHECKING:
-    from .driver import WorkflowRun
 
 PATCH = "patch"
 DRIVER_KINDS = frozenset({"memo", "race", PATCH})  # steps the driver records itself: no durable time of theirs
@@ -38,10 +36,34 @@ def skip_unasked(steps: dict[int, StepRecord], seq: int) -> int:
     return seq
 
 
+class MarkedRun(Protocol):
+    """What DriverHistory reads and moves of its run: engine/driver.py's ``WorkflowRun`` (which imports
+    this module)."""
+
+    next_seq: int
+
+    @property
+    def steps(self) -> Mapping[int, StepRecord]: ...
+
+    @property
+    def occupied(self) -> Iterable[int]: ...
+
+    @property
+    def applied(self) -> Mapping[int, object]: ...
+
+    @property
+    def in_code(self) -> bool: ...
+
+    @property
+    def clock(self) -> datetime | None: ...
+
+    def record_marker(self, step: StepRecord) -> None: ...
+
+
 class DriverHistory:
     """``RunHistory`` for the context of one ``WorkflowRun``."""
 
-    def __init__(self, run: WorkflowRun) -> None:
+    def __init__(self, run: MarkedRun) -> None:
         self._run = run
         self._decided: dict[str, bool] = {}
 

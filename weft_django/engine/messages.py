@@ -39,7 +39,7 @@ import time
 import weakref
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import DatabaseError, transaction
 
@@ -53,11 +53,8 @@ from ..store.histories import AdmittedRow
 from ..store.notify import send_many
 from ..store.sessions import allow_user_code, relax_commit
 from .driver import Leaf, StepRecord, describe_exception
-from .owned import delivery_span
-
-if TYPE_CHECKING:
-    from .engine import Engine
-    from .progress import Owned
+from .host import EngineHost
+from .owned import Owned, delivery_span
 
 logger = logging.getLogger(__name__)
 QUERY_BATCH = 200
@@ -76,17 +73,17 @@ class _MailboxState:
     prefetched: dict[str, tuple[Owned, list[AdmittedRow]]] = dataclasses.field(default_factory=dict)
 
 
-_states: weakref.WeakKeyDictionary[Engine, _MailboxState] = weakref.WeakKeyDictionary()
+_states: weakref.WeakKeyDictionary[EngineHost, _MailboxState] = weakref.WeakKeyDictionary()
 
 
-def _state(engine: Engine) -> _MailboxState:
+def _state(engine: EngineHost) -> _MailboxState:
     state = _states.get(engine)
     if state is None:
         state = _states[engine] = _MailboxState()
     return state
 
 
-def prefetch_admitted(engine: Engine, owned: Owned, rows: list[AdmittedRow]) -> None:
+def prefetch_admitted(engine: EngineHost, owned: Owned, rows: list[AdmittedRow]) -> None:
     """Record the admitted updates read when ``owned`` was loaded (engine._load, in the same round
     trip as its run). An update admitted after that read sends a ``w:<id>`` wake-up, and a woken
     workflow is read again, so the first look at a new context may use these rows instead of a query."""
@@ -94,7 +91,7 @@ def prefetch_admitted(engine: Engine, owned: Owned, rows: list[AdmittedRow]) -> 
 
 
 def deliver_messages(
-    engine: Engine,
+    engine: EngineHost,
     workflow_ids: set[str],
     queries_waiting: bool,
     now: datetime,
@@ -154,7 +151,7 @@ def _open(owned: Owned, writes: dict[str, WorkflowWrites]) -> bool:
     return pending is None or (pending.finish is None and pending.stuck is None)
 
 
-def _settleable(engine: Engine, owned: Owned, writes: dict[str, WorkflowWrites]) -> bool:
+def _settleable(engine: EngineHost, owned: Owned, writes: dict[str, WorkflowWrites]) -> bool:
     """Whether an update may be settled on this context now: it is open, and everything its state
     rests on is durable (an update's outcome must never be committed ahead of a step before it)."""
     return (
@@ -165,7 +162,7 @@ def _settleable(engine: Engine, owned: Owned, writes: dict[str, WorkflowWrites])
 
 
 def deliver_updates(
-    engine: Engine,
+    engine: EngineHost,
     workflow_ids: set[str],
     now: datetime,
     writes: dict[str, WorkflowWrites],
@@ -442,7 +439,7 @@ NOT_OWNED = (
 )
 
 
-def answer_queries(engine: Engine, now: datetime, writes: dict[str, WorkflowWrites]) -> bool:
+def answer_queries(engine: EngineHost, now: datetime, writes: dict[str, WorkflowWrites]) -> bool:
     """Answer the pending query requests addressed to this engine. Returns whether any were taken.
 
     A live context answers only from durable state: what its workflow recorded earlier in this pass
@@ -496,7 +493,7 @@ def _failed(reason: str, kind: str, message: str, **extra: Any) -> dict[str, Any
     return {"status": QueryStatus.FAILED, "error": {"reason": reason, "type": kind, "message": message, **extra}}
 
 
-def _answer(engine: Engine, wid: str, name: str, arg: str | None, has_arg: bool) -> dict[str, Any]:
+def _answer(engine: EngineHost, wid: str, name: str, arg: str | None, has_arg: bool) -> dict[str, Any]:
     try:
         args = (decode(arg),) if has_arg else ()
         value = engine.answer_query(wid, name, *args)
@@ -511,11 +508,11 @@ def _answer(engine: Engine, wid: str, name: str, arg: str | None, has_arg: bool)
 # -- loading and cleanup ------------------------------------------------------------------------
 
 
-def cleanup_interval(engine: Engine) -> float:
+def cleanup_interval(engine: EngineHost) -> float:
     return max(1.0, min(60.0, engine.settings.update_response_retention.total_seconds() / 4))
 
 
-def cleanup_messages(engine: Engine, now: datetime) -> bool:
+def cleanup_messages(engine: EngineHost, now: datetime) -> bool:
     """Engine-scoped chore: expire admitted updates whose caller stopped waiting (and died), fail the
     open updates of runs that ended without closing them, drop the signals that arrived as their run
     ended (drop_late_signals), and delete settled update responses and query requests older than

@@ -11,12 +11,10 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from django.db import connections
 
-if TYPE_CHECKING:
-    from .engine import Engine
+from .host import EngineHost
 
 logger = logging.getLogger("weft_django.engine.engine")
 
@@ -24,14 +22,14 @@ logger = logging.getLogger("weft_django.engine.engine")
 @dataclasses.dataclass
 class PeriodicTask:
     name: str
-    interval_seconds: Callable[[Engine], float]
-    run: Callable[[Engine, datetime], bool]  # returns whether it did anything
+    interval_seconds: Callable[[EngineHost], float]
+    run: Callable[[EngineHost, datetime], bool]  # returns whether it did anything
     last_run: float = 0.0
 
-    def due(self, engine: Engine) -> bool:
+    def due(self, engine: EngineHost) -> bool:
         return time.monotonic() - self.last_run >= self.interval_seconds(engine)
 
-    def run_contained(self, engine: Engine, now: datetime) -> bool:
+    def run_contained(self, engine: EngineHost, now: datetime) -> bool:
         """Run the chore once; a chore that fails is logged with its exception and counts as having
         done nothing, so the other chores and the rest of the engine's pass go on (no workflow is
         reloaded: a chore writes no workflow's state). It runs again when next due. A database error

@@ -14,14 +14,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from ..operations import WaitForSignal, WaitForUpdate
 from ..store import mailbox
+from .host import EngineHost
 from .owned import Owned
-
-if TYPE_CHECKING:
-    from .engine import Engine
 
 logger = logging.getLogger("weft_django.engine.engine")
 
@@ -85,11 +82,11 @@ class Residency:
         self.evicted = {}
         return held
 
-    def interval(self, engine: Engine) -> float:
+    def interval(self, engine: EngineHost) -> float:
         """The sweep's cadence: the renew interval (the mailbox sweep's, behind LISTEN)."""
         return engine.settings.workflow_claim_renew_interval.total_seconds()
 
-    def sweep(self, engine: Engine, now: datetime) -> bool:
+    def sweep(self, engine: EngineHost, now: datetime) -> bool:
         """Recall the evicted workflows with a buffered signal or an admitted update (a lost wake-up)."""
         if not self.evicted:
             return False

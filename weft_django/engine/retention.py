@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
 from .. import transitions
 from ..store.clock import db_now
 from ..store.maintenance import expired_runs
-
-if TYPE_CHECKING:
-    from .engine import Engine
+from .host import EngineHost
 
 logger = logging.getLogger(__name__)
 
@@ -33,10 +30,10 @@ class RetentionSweep:
     def __init__(self) -> None:
         self.backlog = False
 
-    def interval(self, engine: Engine) -> float:
+    def interval(self, engine: EngineHost) -> float:
         return engine.settings.poll_interval.total_seconds() if self.backlog else INTERVAL
 
-    def run(self, engine: Engine, now: datetime) -> bool:
+    def run(self, engine: EngineHost, now: datetime) -> bool:
         purged, self.backlog = purge_expired(engine.settings.retention, engine.using, now=now)
         if purged:
             logger.info("retention purged workflows count=%s engine=%s", purged, engine.engine_id)

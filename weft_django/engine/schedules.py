@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, transaction
 
@@ -35,9 +34,7 @@ from ..schedules import (
     retime,
 )
 from ..store import schedules as store
-
-if TYPE_CHECKING:
-    from .engine import Engine
+from .host import EngineHost
 
 logger = logging.getLogger(__name__)
 
@@ -57,10 +54,10 @@ class ScheduleFiring:
         self._unknown_types: set[str] = set()
         self._failed: dict[str, float] = {}  # schedule id -> monotonic time of its next attempt
 
-    def interval(self, engine: Engine) -> float:
+    def interval(self, engine: EngineHost) -> float:
         return engine.settings.poll_interval.total_seconds()
 
-    def run(self, engine: Engine, now: datetime) -> bool:
+    def run(self, engine: EngineHost, now: datetime) -> bool:
         """One pass at workflow time ``now`` (the engine tick's). Returns whether anything happened."""
         using = engine.using
         clock = time.monotonic()

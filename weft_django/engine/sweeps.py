@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from ..store import timers
-
-if TYPE_CHECKING:
-    from .engine import Engine
+from .host import EngineHost
 
 logger = logging.getLogger(__name__)
 SWEEP_BATCH = 1000  # timers examined per pass, at most
@@ -33,10 +30,10 @@ class OrphanedTimerSweep:
     def __init__(self) -> None:
         self.after = 0  # the last timer pk examined in this cycle; 0 = a new cycle starts
 
-    def interval(self, engine: Engine) -> float:
+    def interval(self, engine: EngineHost) -> float:
         return CYCLE_PASS_INTERVAL if self.after else INTERVAL
 
-    def run(self, engine: Engine, now: datetime) -> bool:
+    def run(self, engine: EngineHost, now: datetime) -> bool:
         using = engine.using
         window = timers.timers_after(self.after, SWEEP_BATCH, using)
         # A short window ends the cycle; the next one starts from the first timer again.
@@ -51,7 +48,7 @@ class OrphanedTimerSweep:
         return bool(doomed)
 
 
-def collect_orphaned_timers(engine: Engine, now: datetime) -> bool:
+def collect_orphaned_timers(engine: EngineHost, now: datetime) -> bool:
     """One full cycle at once (tests, tools): every orphaned timer is gone when it returns."""
     sweep, collected = OrphanedTimerSweep(), False
     collected |= sweep.run(engine, now)

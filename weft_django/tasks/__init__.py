@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
-from .backend import ACTIVITY_NAME, WORKFLOW_NAME, WeftBackend
+from .backend import WeftBackend
+from .names import ACTIVITY_NAME, WORKFLOW_NAME
 
 __all__ = ["ACTIVITY_NAME", "WORKFLOW_NAME", "WeftBackend"]

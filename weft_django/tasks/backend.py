@@ -37,9 +37,8 @@ from ._compat import (
     normalize_json,
     task_enqueued,
 )
+from .names import ACTIVITY_NAME, WORKFLOW_NAME  # noqa: F401  (re-exported: weft_django.tasks.backend.WORKFLOW_NAME)
 
-WORKFLOW_NAME = "weft_django.tasks.run"
-ACTIVITY_NAME = "weft_django.tasks.call"
 OPTION_KEYS = frozenset({"RETRY", "TIMEOUT", "EXECUTOR", "EXECUTION_TIMEOUT"})
 _RETRY_FIELDS = ("max_attempts", "initial_backoff", "backoff_multiplier", "max_backoff", "non_retryable")
 
@@ -102,6 +101,7 @@ class WeftBackend(BaseTaskBackend):
     supports_async_task = True
     supports_get_result = True
     supports_priority = False
+    weft_workflow = WORKFLOW_NAME  # what names.is_weft_backend looks for (results.py, workflows.py)
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)

@@ -29,7 +29,7 @@ from weft_django.models import Step, Timer, Workflow, WorkflowClaim
 from weft_django.status import StepStatus, TimerKind, WorkflowStatus
 
 from ._compat import Task, TaskError, TaskResult, TaskResultDoesNotExist, TaskResultStatus
-from .backend import WORKFLOW_NAME, WeftBackend
+from .names import WORKFLOW_NAME, is_weft_backend
 
 _FAILED = {WorkflowStatus.FAILED, WorkflowStatus.CANCELLED, WorkflowStatus.TIMED_OUT}
 _ENDED_ERRORS = {
@@ -55,7 +55,7 @@ def resolve_task(path: str) -> Task[Any, Any]:
         raise TaskNotFoundError(f"Task {path!r} cannot be imported: {exc}") from exc
     if not isinstance(found, Task):
         raise TaskNotFoundError(f"{path!r} is not a django.tasks Task (decorate the function with @task).")
-    if not isinstance(found.get_backend(), WeftBackend):
+    if not is_weft_backend(found.get_backend()):
         raise TaskNotFoundError(f"Task {path!r} runs on backend {found.backend!r}, which is not a WeftBackend.")
     return found
 

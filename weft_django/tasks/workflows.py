@@ -15,7 +15,7 @@ from weft_django.conf import database_alias
 from weft_django.registry import RetryPolicy
 
 from ._compat import TaskContext, normalize_json, task_finished, task_started
-from .backend import ACTIVITY_NAME, WORKFLOW_NAME, WeftBackend
+from .names import ACTIVITY_NAME, WORKFLOW_NAME
 from .results import TaskNotFoundError, attempt_result, resolve_task
 
 NOT_FOUND = f"{TaskNotFoundError.__module__}.{TaskNotFoundError.__qualname__}"
@@ -33,7 +33,7 @@ def call_task(request: dict[str, Any]) -> Any:
     task = resolve_task(request["task"])
     policy = RetryPolicy(**request["retry"])
     using = database_alias()
-    sender = type(task.get_backend()) if isinstance(task.get_backend(), WeftBackend) else WeftBackend
+    sender = type(task.get_backend())  # a WeftBackend (resolve_task refuses any other)
     result = attempt_result(info.workflow_id, using, info.attempt)
     task_started.send(sender=sender, task_result=result)
     try:
