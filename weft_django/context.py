@@ -213,12 +213,32 @@ class WorkflowContext:
         kwargs: dict[str, Any] | None = None,
         id: str | None = None,
         parent_close_policy: str = "terminate",
+        queue: str | None = None,
+        priority: int | None = None,
+        concurrency_key: str | None = None,
     ) -> Operation:
         """Start a child workflow and wait for its result: ``shipped = yield ctx.start_child("orders.ship",
-        args=[order_id])``. A child that fails, is cancelled or times out raises ChildWorkflowError."""
+        args=[order_id])``. A child that fails, is cancelled or times out raises ChildWorkflowError.
+
+        Args:
+            workflow: the child's workflow (its name or function); ``args``, ``kwargs``: its input.
+            id: the child's workflow id (default: derived from this run and the step's position).
+            parent_close_policy: what this run's end does to a child still running: "terminate",
+                "request_cancel" or "abandon".
+            queue, priority, concurrency_key: as for ``weft.start``: a child of a workflow declared
+                with ``@weft.workflow(queue=...)`` (or given ``queue=``) waits in that queue, pending
+                until an engine admits it under the queue's limits.
+
+        Raises:
+            WorkflowDefinitionError: a bad parent_close_policy.
+            InvalidWorkflowIdError: a bad child id.
+            UnknownQueueError, InvalidArgumentError: a bad queue, priority or key.
+            PayloadNotSerializableError, PayloadSizeExceededError: the input cannot be stored.
+        """
         if self.detached:
             return Inert()
         from .codec import encode_payload
+        from .queueing import queue_options
         from .registry import resolve_workflow
 
         definition = resolve_workflow(workflow)
@@ -228,7 +248,8 @@ class WorkflowContext:
             )
         child_id = None if id is None else validate_workflow_id(id, "child id")
         text = encode_payload({"args": list(args), "kwargs": dict(kwargs or {})}, path="child input")
-        return StartChild(definition.name, definition.version, text, child_id, parent_close_policy)
+        chosen, rank, key = queue_options(definition, queue, priority, concurrency_key, delayed=False)
+        return StartChild(definition.name, definition.version, text, child_id, parent_close_policy, chosen, rank, key)
 
     def continue_as_new(self, *args: Any, **kwargs: Any) -> Operation:
         """End this run and start a fresh run of the same workflow id with this input and an empty

@@ -11,9 +11,9 @@ from django.db import transaction
 
 from . import events
 from .client.handles import WorkflowHandle
-from .client.queueing import queue_options
 from .conf import database_alias
 from .exceptions import InvalidForkError, WorkflowAlreadyExistsError, WorkflowNotFoundError
+from .queueing import queue_options
 from .registry import registry
 from .status import StepStatus
 from .store import forks, runs

@@ -119,6 +119,9 @@ class StartChild(Operation):
     input_text: str
     child_id: str | None
     parent_close_policy: str
+    queue: str | None = None  # the queue the child waits in (weft_django.queueing), its priority and key
+    priority: int = 0
+    concurrency_key: str | None = None
 
     @property
     def name(self) -> str:

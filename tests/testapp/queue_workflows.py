@@ -98,3 +98,11 @@ def queued_continues(ctx, n: int = 0):
     if n == 0:
         return ctx.continue_as_new(1)
     return (yield ctx.wait_for_signal("go"))
+
+
+@weft.workflow(name="tests.queued_parent")
+def queued_parent(ctx, child: str, count: int, queue: str | None = None):
+    """Starts ``count`` children of ``child`` at once (in ``queue`` if given, else the child's own)."""
+    kwargs = {} if queue is None else {"queue": queue}
+    starts = [ctx.start_child(child, args=[0.05] if child == "tests.queued" else [], **kwargs) for _ in range(count)]
+    return len((yield ctx.all(starts)))

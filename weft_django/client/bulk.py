@@ -28,13 +28,13 @@ from ..exceptions import (
     WeftError,
     WorkflowAlreadyExistsError,
 )
+from ..queueing import queue_options
 from ..registry import WorkflowDefinition, resolve_workflow
 from ..search_attributes import check_values
 from ..store import runs_bulk, visibility
 from ..validation import validate_workflow_id
 from .common import ON_CONFLICT, _alias, _duration, _encode_input, _start_time, _validate_key
 from .handles import WorkflowHandle
-from .queueing import queue_options
 from .starting import _existing_for_key, _Plan, _resolve_conflict
 
 # The most requests one call takes. One call is one transaction: its locks are held and its rows

@@ -19,6 +19,7 @@ from ..conf import warn_if_invalid
 from ..exceptions import IdempotencyKeyPurgedError, InvalidArgumentError, WorkflowAlreadyExistsError
 from ..models import IdempotencyKey, Workflow
 from ..queries_and_updates import admit, update_on_thread
+from ..queueing import queue_options
 from ..registry import WorkflowDefinition, resolve_workflow
 from ..search_attributes import check_values
 from ..status import TERMINAL_STATUSES
@@ -37,7 +38,6 @@ from .common import (
 )
 from .handles import WorkflowHandle
 from .messages import _buffer_signal
-from .queueing import queue_options
 
 
 class _Plan:

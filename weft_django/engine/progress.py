@@ -325,6 +325,9 @@ class Progress:
                 parent_close_policy=op.parent_close_policy,
                 depth=owned.depth + 1,
                 trace_context=owned.trace_context,
+                queue=op.queue,
+                priority=op.priority,
+                concurrency_key=op.concurrency_key,
             )
         )
 

@@ -35,6 +35,9 @@ class ChildStart:
     depth: int
     run_id: str = ""
     trace_context: str | None = None  # the parent's (weft_django.tracing): the child's run joins its trace
+    queue: str | None = None  # a child in a queue is pending until an engine admits it (store/queues.py)
+    priority: int = 0
+    concurrency_key: str | None = None
 
 
 def start_children(
@@ -67,7 +70,7 @@ def start_children(
                     run_id=child.run_id,
                     workflow_type=child.workflow_type,
                     version=child.version,
-                    status="running",
+                    status="pending" if child.queue is not None else "running",
                     input=child.input_text,
                     parent_id=child.parent_id,
                     parent_run_id=child.parent_run_id,
@@ -77,10 +80,14 @@ def start_children(
                     trace_context=child.trace_context,
                     created_at=now,
                     updated_at=now,
-                    started_at=now,
+                    started_at=None if child.queue is not None else now,
+                    queue=child.queue,
+                    priority=child.priority,
+                    concurrency_key=child.concurrency_key,
                 )
                 epoch = next_epoch(using)
-                claims.insert_unheld(child.child_id, epoch, now, using)
+                # A child waiting in its queue stays out of acquire's index until its admission.
+                claims.insert_unheld(child.child_id, epoch, now, using, runnable=child.queue is None)
                 claimed[child.child_id] = epoch
                 if on_started is not None:
                     on_started(child, using)  # the signal waits for the parent's commit

@@ -506,13 +506,16 @@ def holder(workflow_id: str, using: str) -> tuple[int, str | None] | None:
     return row
 
 
-def insert_unheld(workflow_id: str, epoch: int, run_created_at: datetime, using: str) -> None:
-    """Insert the unheld claim of a new run (a child) at ``epoch``.
+def insert_unheld(workflow_id: str, epoch: int, run_created_at: datetime, using: str, *, runnable: bool = True) -> None:
+    """Insert the unheld claim of a new run (a child) at ``epoch``; ``runnable=False`` for a run
+    waiting in a queue (its admission makes it runnable, ``hold_admitted``).
 
     Raises:
         django.db.IntegrityError: the workflow already has a claim.
     """
-    WorkflowClaim.objects.using(using).create(workflow_id=workflow_id, epoch=epoch, run_created_at=run_created_at)
+    WorkflowClaim.objects.using(using).create(
+        workflow_id=workflow_id, epoch=epoch, run_created_at=run_created_at, runnable=runnable
+    )
 
 
 def start_delayed(engine_id: str, *, limit: int, ttl: timedelta, now: datetime, using: str) -> dict[str, int]:
