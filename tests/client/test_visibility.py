@@ -252,3 +252,20 @@ def test_start_many_refuses_a_bad_attribute_and_writes_nothing():
             ]
         )
     assert snapshot() == before
+
+
+def test_start_or_signal_starts_its_run_with_the_attributes_given():
+    handle, outcome = weft.start_or_signal("visibility.tagged", "done", None, id="sos-attr", attributes={"stage": "a"})
+    assert outcome == "started"
+    assert [s.id for s in weft.list_workflows(attributes={"stage": "a"})] == [handle.id]
+    _, again = weft.start_or_signal("visibility.tagged", "done", None, id="sos-attr", attributes={"stage": "b"})
+    assert again == "signalled"  # the run exists: only signalled, its attributes are not touched
+    assert weft.count_workflows(attributes={"stage": "b"}) == 0
+
+
+@pytest.mark.parametrize("start", ["start_or_signal", "start_with_update"])
+def test_start_or_message_refuses_a_bad_attribute_and_writes_nothing(start):
+    before = snapshot()
+    with pytest.raises(InvalidSearchAttributeError, match="stage"):
+        getattr(weft, start)("visibility.tagged", "done", None, id="bad-attr", attributes={"stage": 3})
+    assert snapshot() == before

@@ -299,12 +299,14 @@ def start_or_signal(
     kwargs: Mapping[str, Any] | None = None,
     id: str,
     signal_id: str | None = None,
+    attributes: Mapping[str, Any] | None = None,
 ) -> tuple[WorkflowHandle, str]:
     """Signal run ``id``, starting it first if it is absent or finished (as ``on_conflict="start_new"``),
     in one transaction. Returns ``(handle, "started" | "signalled")``. A run of another workflow type
     under ``id`` raises WorkflowAlreadyExistsError. A run started here of a workflow declared with
-    ``@weft.workflow(queue=)`` waits in that queue (the signal is buffered for it). Joins the caller's
-    transaction, like ``start``."""
+    ``@weft.workflow(queue=)`` waits in that queue (the signal is buffered for it). ``attributes``: the
+    search attributes a run started here begins with, as for ``start`` (InvalidSearchAttributeError
+    before anything is written). Joins the caller's transaction, like ``start``."""
     validate_workflow_id(id)
     _validate_name(signal_name, "signal_name")
     if signal_id is not None:
@@ -322,6 +324,8 @@ def start_or_signal(
             None,
             *queue_options(definition, None, None, None, delayed=False),
         )
+        if attributes is not None:
+            plan.attributes = check_values(definition.attributes, attributes, f'a start of "{definition.name}"')
 
         def deliver(started: bool) -> bool:
             status = _buffer_signal(id, signal_name, text, signal_id, using)
@@ -341,13 +345,15 @@ def start_with_update(
     id: str,
     idempotency_key: str | None = None,
     timeout: Any = "5s",
+    attributes: Mapping[str, Any] | None = None,
 ) -> tuple[WorkflowHandle, Any]:
     """Send update ``update_name`` to run ``id``, starting it first if it is absent or finished, with
     the start and the update's admission in one transaction; then wait for the update's result.
     Returns ``(handle, result)``; the errors are those of :func:`update` and WorkflowAlreadyExistsError
     for a run of another type. A run started here of a workflow declared with ``@weft.workflow(queue=)``
     waits in that queue (the update is answered once it is admitted and runs, within ``timeout``).
-    Waits, so it uses its own connection (never the caller's transaction)."""
+    ``attributes``: the search attributes a run started here begins with, as for ``start``. Waits, so
+    it uses its own connection (never the caller's transaction)."""
     validate_workflow_id(id)
     _validate_name(update_name, "update_name")
     if idempotency_key is not None:
@@ -366,6 +372,8 @@ def start_with_update(
             None,
             *queue_options(definition, None, None, None, delayed=False),
         )
+        if attributes is not None:
+            plan.attributes = check_values(definition.attributes, attributes, f'a start of "{definition.name}"')
         admission = functools.partial(_admit_starting, plan, id, update_name, text, idempotency_key, alias)
         waiting = functools.partial(update_on_thread, admission=admission)
         future, abandoned = submit(waiting, id, update_name, text, idempotency_key, seconds, alias)
