@@ -315,17 +315,7 @@ def start_or_signal(
     definition = resolve_workflow(workflow)
     using = _alias()
     with _start_span(definition, id):
-        # the workflow's @weft.workflow(queue=): the run waits there, as start()'s would
-        plan = _Plan(
-            definition,
-            _encode_input(args, kwargs),
-            None,
-            None,
-            None,
-            *queue_options(definition, None, None, None, delayed=False),
-        )
-        if attributes is not None:
-            plan.attributes = check_values(definition.attributes, attributes, f'a start of "{definition.name}"')
+        plan = _plan_with_message(definition, args, kwargs, attributes)
 
         def deliver(started: bool) -> bool:
             status = _buffer_signal(id, signal_name, text, signal_id, using)
@@ -363,21 +353,29 @@ def start_with_update(
     definition = resolve_workflow(workflow)
     alias = _alias()
     with _start_span(definition, id):
-        # the workflow's @weft.workflow(queue=): the run waits there, as start()'s would
-        plan = _Plan(
-            definition,
-            _encode_input(args, kwargs),
-            None,
-            None,
-            None,
-            *queue_options(definition, None, None, None, delayed=False),
-        )
-        if attributes is not None:
-            plan.attributes = check_values(definition.attributes, attributes, f'a start of "{definition.name}"')
+        plan = _plan_with_message(definition, args, kwargs, attributes)
         admission = functools.partial(_admit_starting, plan, id, update_name, text, idempotency_key, alias)
         waiting = functools.partial(update_on_thread, admission=admission)
         future, abandoned = submit(waiting, id, update_name, text, idempotency_key, seconds, alias)
         return WorkflowHandle(id), finish(future, abandoned)
+
+
+def _plan_with_message(
+    definition: WorkflowDefinition, args: Sequence[Any], kwargs: Mapping[str, Any] | None, attributes: Any
+) -> _Plan:
+    """The start of start_or_signal / start_with_update: no delay, timeout or key; the workflow's own
+    queue (``@weft.workflow(queue=)``: the run waits there, as start()'s would); checked attributes."""
+    plan = _Plan(
+        definition,
+        _encode_input(args, kwargs),
+        None,
+        None,
+        None,
+        *queue_options(definition, None, None, None, delayed=False),
+    )
+    if attributes is not None:
+        plan.attributes = check_values(definition.attributes, attributes, f'a start of "{definition.name}"')
+    return plan
 
 
 def _with_run(plan: _Plan, workflow_id: str, using: str, deliver: Any) -> bool:
