@@ -703,3 +703,10 @@ def big_result(ctx, size: int):
 
 
 from . import queue_workflows  # noqa: E402,F401  the flow-control tests' workflows (tests/queues/)
+
+
+@weft.workflow(name="tests.parent_races_child")
+def parent_races_child(ctx):
+    """Ends while its child (waiting for a signal) still runs: the engine closes it at the run's end."""
+    index, _ = yield ctx.race([ctx.start_child("tests.signals", id=f"{ctx.workflow_id}-kid"), ctx.run(add, 1, 2)])
+    return index

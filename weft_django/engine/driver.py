@@ -249,6 +249,10 @@ class WorkflowRun:
     def record(self, step: StepRecord) -> None:
         self.steps[step.seq] = step
 
+    def has_child_steps(self) -> bool:
+        """Whether this run has started a child (a child step recorded, or just recorded)."""
+        return any(step.kind == "child" for step in self.steps.values())
+
     def record_applied(self, name: str, payload: str, result: str | None, error: Any, update_id: str) -> AppliedRecord:
         """An update handler just ran live at the frontier: note it where replay will re-apply it."""
         assert self.frontier is not None

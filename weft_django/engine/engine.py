@@ -45,7 +45,7 @@ from .fencing import fenced_commit
 from .loader import Loader
 from .messages import _state as mailbox_state
 from .messages import deliver_messages, prefetch_admitted
-from .owned import Owned, collect_recorded, mark_stuck
+from .owned import Owned, collect_recorded, mark_stuck, note_children
 from .passclock import PassClock
 from .periodic import builtin_tasks
 from .progress import Progress
@@ -441,6 +441,8 @@ class Engine:
         """Fenced-commit these workflows' writes. Returns the workflows whose commit was deferred (a
         row it needed was locked by another transaction; nothing of theirs was written): the caller
         keeps their writes for a later commit, and their activities are not dispatched until then."""
+        for writes in batch:  # a run that never started a child has none to close at its end
+            note_children(self.owned.get(writes.workflow_id), writes)
         try:
             result = fenced_commit(self.engine_id, batch, now, self.using, self.settings.workflow_claim_ttl)
         except DatabaseError:

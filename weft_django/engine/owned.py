@@ -156,3 +156,10 @@ def delivery_span(name: str, owned: Owned, sent: str | None, attributes: dict[st
     carrier = sent or owned.trace_context
     values = {**span_attributes(owned), **attributes}
     return tracing.span(name, carrier=carrier, kind="CONSUMER", attributes=values, links=links)
+
+
+def note_children(owned: Owned | None, writes: WorkflowWrites) -> None:
+    """Before a commit that ends the run (or continues it as new): tell the store whether the run may
+    have children to close, so a run that never started one skips the descendant queries."""
+    if owned is not None and (writes.finish is not None or writes.continued is not None):
+        writes.started_children = bool(writes.children) or owned.run.has_child_steps()

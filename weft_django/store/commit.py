@@ -230,7 +230,11 @@ def _lock_general(engine_id: str, batch: list[WorkflowWrites], using: str) -> tu
     held, finishing runs whose family could not be locked whole: left for the next pass)."""
     epochs = {w.workflow_id: w.epoch for w in batch}
     # A run that continues as new closes its children too (store/continuation.py).
-    ending = {w.workflow_id: w.run_id for w in batch if w.finish is not None or w.continued is not None}
+    ending = {
+        w.workflow_id: w.run_id
+        for w in batch
+        if (w.finish is not None or w.continued is not None) and w.started_children
+    }
     families = active_descendants(ending, using) if ending else {}
     members = {child for family in families.values() for child in family}
     if not members:
@@ -331,7 +335,8 @@ def _apply(
             [(w.workflow_id, w.finish.status, w.finish.result, w.finish.error, w.run_id) for w in finished if w.finish],
             using,
         )
-    with_children = _with_active_children([w.workflow_id for w in finished], using) if finished else set()
+    parents = [w.workflow_id for w in finished if w.started_children]
+    with_children = _with_active_children(parents, using) if parents else set()
     return _close_families(engine_id, batch, finished, with_children, now, claim_ttl, using, hooks)
 
 

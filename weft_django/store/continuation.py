@@ -61,7 +61,7 @@ def continue_runs(engine_id: str, batch: list[Any], now: datetime, using: str, h
         if old is None:  # the fence held, so the row is ours; a missing row means nothing to continue
             continue
         workflow_type, version, input_text, started_at = old
-        if hooks is not None and _has_active_children(w.workflow_id, w.run_id, using):
+        if hooks is not None and w.started_children and _has_active_children(w.workflow_id, w.run_id, using):
             hooks.close_children(w.workflow_id, w.run_id, "continued as new", using)
         ContinuedRun.objects.using(using).create(
             workflow_id=w.workflow_id,

@@ -108,6 +108,9 @@ class WorkflowWrites:
     # None clears), in the order made; store/visibility.py writes them after the fence, last value wins.
     attributes: list[dict[str, tuple[str, Any] | None]] = dataclasses.field(default_factory=list)
     continued: Continuation | None = None  # this run ends by continuing as new (store/continuation.py)
+    # Whether the run may have children to close when it ends: the engine sets False for a run with no
+    # child step in its history (then its end skips the descendant queries); True is always safe.
+    started_children: bool = True
 
     @property
     def empty(self) -> bool:
