@@ -11,6 +11,7 @@ from django.test import override_settings
 
 import weft_django as weft
 from weft_django import conf
+from weft_django.exceptions import UnknownQueueError
 from weft_django.models import Workflow, WorkflowClaim
 from weft_django.store import queues
 from weft_django.testing import run_until_idle
@@ -99,3 +100,15 @@ def test_retry_of_a_queued_workflows_failed_run_waits_for_admission():
     row = _row("rq-fail")
     assert (row["status"], row["runnable"]) == ("running", True)
     assert row["execution_deadline"] is not None and row["execution_deadline"] > row["admitted_at"]
+
+
+def test_retry_of_a_run_whose_queue_is_gone_says_so_and_changes_nothing():
+    with override_settings(WEFT=WEFT):
+        weft.start("tests.queued_fails_once", id="rq-gone")
+        run_until_idle()
+    assert _row("rq-gone")["status"] == "failed"
+    with override_settings(WEFT={"QUEUES": {"other": {"concurrency": 1}}}):
+        with pytest.raises(UnknownQueueError, match='queue "tests-default", which is no longer in WEFT'):
+            weft.get_handle("rq-gone").retry()
+    row = _row("rq-gone")
+    assert (row["status"], row["admitted_at"] is not None, row["runnable"]) == ("failed", True, False)
