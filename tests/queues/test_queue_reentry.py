@@ -107,8 +107,8 @@ def test_retry_of_a_run_whose_queue_is_gone_says_so_and_changes_nothing():
         weft.start("tests.queued_fails_once", id="rq-gone")
         run_until_idle()
     assert _row("rq-gone")["status"] == "failed"
-    with override_settings(WEFT={"QUEUES": {"other": {"concurrency": 1}}}):
-        with pytest.raises(UnknownQueueError, match='queue "tests-default", which is no longer in WEFT'):
-            weft.get_handle("rq-gone").retry()
+    gone = override_settings(WEFT={"QUEUES": {"other": {"concurrency": 1}}})
+    with gone, pytest.raises(UnknownQueueError, match='queue "tests-default", which is no longer in WEFT'):
+        weft.get_handle("rq-gone").retry()
     row = _row("rq-gone")
     assert (row["status"], row["admitted_at"] is not None, row["runnable"]) == ("failed", True, False)
