@@ -26,8 +26,8 @@ from typing import Any, TypeVar
 from django.db import DatabaseError, connections
 from django.db.models import QuerySet
 
-from . import events
-from .exceptions import WorkflowNotFoundError, WorkflowStateError, WorkflowTerminalError
+from . import conf, events
+from .exceptions import UnknownQueueError, WorkflowNotFoundError, WorkflowStateError, WorkflowTerminalError
 from .models import (
     AppliedUpdate,
     BufferedSignal,
@@ -61,7 +61,17 @@ T = TypeVar("T")
 MAX_ATTEMPTS = 5
 PURGE_BATCH_SIZE = 500
 _RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})  # deadlock_detected, serialization_failure
-_WORKFLOW_FIELDS = ("id", "run_id", "status", "workflow_type", "parent_id", "parent_run_id", "parent_seq", "error")
+_WORKFLOW_FIELDS = (
+    "id",
+    "run_id",
+    "status",
+    "workflow_type",
+    "parent_id",
+    "parent_run_id",
+    "parent_seq",
+    "error",
+    "queue",
+)
 # Rows that belong to a run and go with it (Workflow itself and its claim are handled separately).
 _RUN_TABLES = (
     Step,
@@ -271,8 +281,9 @@ def _set_running_status(
         if extra is not None:
             fields.update(extra(row, alias))
         Workflow.objects.using(alias).filter(pk=workflow_id).update(**fields)
-        # suspend: no engine may take it; resume and retry: claimable again at once.
-        epoch = rotate_epoch(workflow_id, alias, runnable=new_status == WorkflowStatus.RUNNING)
+        # suspend: no engine may take it; resume and retry: claimable again at once (a retry in a
+        # queue: pending, claimable once admitted).
+        epoch = rotate_epoch(workflow_id, alias, runnable=fields["status"] == WorkflowStatus.RUNNING)
         notify.send("w", workflow_id, alias)
         return epoch
 
@@ -314,10 +325,21 @@ def _failing_step_seq(row: dict[str, Any], using: str) -> int | None:
 
 
 def _retry_fields(row: dict[str, Any], using: str) -> dict[str, Any]:
+    queue = row["queue"]
+    if queue is not None and queue not in conf.queues():
+        known = ", ".join(sorted(conf.queues())) or "none"
+        raise UnknownQueueError(
+            f'Workflow "{row["id"]}" ran in queue "{queue}", which is no longer in WEFT["QUEUES"] (defined: '
+            f"{known}): a retried run waits there for its admission. Add the queue back, then retry it."
+        )
     seq = _failing_step_seq(row, using)
     if seq is not None:
         Step.objects.using(using).filter(run_id=row["run_id"], seq=seq).delete()
+    # A run in a queue re-enters it like a new start: pending until an engine admits it, which sets
+    # its execution deadline from its execution_timeout again (store/queues.py admit).
+    queued = {"status": WorkflowStatus.PENDING, "admitted_at": None, "started_at": None, "execution_deadline": None}
     return {
+        **(queued if queue is not None else {}),
         "error": None,
         "result": None,
         "finished_at": None,
@@ -329,7 +351,13 @@ def _retry_fields(row: dict[str, Any], using: str) -> dict[str, Any]:
 
 def retry(workflow_id: str, *, using: str | None = None) -> int:
     """failed -> running, same run_id: the failing step is removed so it runs again with a fresh
-    attempt count; signals and updates closed at the failure stay closed. Returns the new epoch."""
+    attempt count; signals and updates closed at the failure stay closed. A run in a queue goes back
+    to it: pending (same queue, priority and concurrency key) until an engine admits it within the
+    queue's limits. Returns the new epoch.
+
+    Raises:
+        UnknownQueueError: the run's queue is no longer in WEFT["QUEUES"] (nothing changed).
+    """
     return _set_running_status(
         workflow_id,
         action="retry",

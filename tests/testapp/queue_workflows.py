@@ -106,3 +106,19 @@ def queued_parent(ctx, child: str, count: int, queue: str | None = None):
     kwargs = {} if queue is None else {"queue": queue}
     starts = [ctx.start_child(child, args=[0.05] if child == "tests.queued" else [], **kwargs) for _ in range(count)]
     return len((yield ctx.all(starts)))
+
+
+@weft.workflow(name="tests.queued_fails_once", queue="tests-default")
+def queued_fails_once(ctx):
+    """Fails the first time it runs, completes when retried (retry() of a queued workflow's run)."""
+    done = yield ctx.run(fail_first_time)
+    return done
+
+
+@weft.activity(retry=weft.RetryPolicy(max_attempts=1))
+def fail_first_time() -> str:
+    workflow_id = weft.activity_info().workflow_id
+    if not ActivityCall.objects.filter(name="fail-once", key=workflow_id).exists():
+        ActivityCall.objects.create(name="fail-once", key=workflow_id)
+        raise RuntimeError("the first attempt fails")
+    return "done"

@@ -14,24 +14,30 @@ from typing import Any
 from .. import events, transitions
 from ..exceptions import WorkflowTerminalError
 from ..models import Schedule, Timer, Workflow
-from ..registry import WorkflowDefinition
+from ..queueing import queue_options
+from ..registry import WorkflowDefinition, registry
 from ..status import ACTIVE_STATUSES, OverlapPolicy, TimerKind, WorkflowStatus
-from ..store import notify, runs
+from ..store import notify, queues, runs
 from .fields import run_input
 from .timing import EXISTS, QUEUED, SKIPPED, STARTED
 
 
 def active_runs(schedule_id: str, using: str) -> list[dict[str, Any]]:
     """The schedule's runs that are still active (running, pending or suspended: a suspended run still
-    occupies the slot), oldest first, each with ``waiting``: queued by overlap="queue", not released."""
+    occupies the slot; so does one pending in its workflow's queue), oldest first, each with
+    ``waiting``: queued by overlap="queue", not released (no delayed-start timer, not in a queue)."""
     runs: list[dict[str, Any]] = [
         dict(run)
         for run in Workflow.objects.using(using)
         .filter(schedule_id=schedule_id, status__in=list(ACTIVE_STATUSES))
         .order_by("created_at", "pk")
-        .values("id", "run_id", "status", "start_at")
+        .values("id", "run_id", "status", "start_at", "queue", "workflow_type")
     ]
-    pending = [run["id"] for run in runs if run["status"] == WorkflowStatus.PENDING and run["start_at"] is None]
+    pending = [
+        run["id"]
+        for run in runs
+        if run["status"] == WorkflowStatus.PENDING and run["start_at"] is None and run["queue"] is None
+    ]
     released = set(
         Timer.objects.using(using)
         .filter(workflow_id__in=pending, kind=TimerKind.DELAYED_START)
@@ -44,26 +50,41 @@ def active_runs(schedule_id: str, using: str) -> list[dict[str, Any]]:
 
 def release_waiting(runs: list[dict[str, Any]], now: datetime, using: str) -> str | None:
     """When no run occupies the slot, release the oldest queued run: a delayed-start timer due now,
-    which any engine's delayed-start pass turns into a running run with its claim. Returns its id."""
+    which any engine's delayed-start pass turns into a running run with its claim; a queued workflow's
+    run (``@weft.workflow(queue=)``) enters its queue instead, where an engine admits it. Returns its id."""
     if any(not run["waiting"] for run in runs):
         return None
     waiting = [run for run in runs if run["waiting"]]
     if not waiting:
         return None
     run = waiting[0]
-    Timer(workflow_id=run["id"], run_id=run["run_id"], kind=TimerKind.DELAYED_START, fire_at=now).save(using=using)
+    definition = registry.latest.get(run["workflow_type"])
+    queue, priority, key = (None, 0, None) if definition is None else _queue_of(definition)
+    if queue is not None:
+        if not queues.enter_queue(run["id"], queue, priority, key, using):
+            return None  # its claim is locked elsewhere (a cancel): the next pass tries again
+    else:
+        Timer(workflow_id=run["id"], run_id=run["run_id"], kind=TimerKind.DELAYED_START, fire_at=now).save(using=using)
     run["waiting"] = False
     notify.send("w", run["id"], using)
     return str(run["id"])
 
 
+def _queue_of(definition: WorkflowDefinition) -> tuple[str | None, int, str | None]:
+    """The queue a schedule's run of ``definition`` waits in (its ``@weft.workflow(queue=)``), as a start's."""
+    return queue_options(definition, None, None, None, delayed=False)
+
+
 def _insert_run(
     row: Schedule, workflow_id: str, definition: WorkflowDefinition, now: datetime, using: str, *, queued: bool
 ) -> bool:
-    """Insert the run (running, or pending when queued) with an unheld claim (``store.runs.create_run``).
+    """Insert the run with an unheld claim (``store.runs.create_run``): running, or pending in the
+    workflow's queue (``@weft.workflow(queue=)``) until an engine admits it, or, when ``queued``
+    (overlap="queue"), pending outside any queue until ``release_waiting`` releases it.
     False if the id exists: that occurrence already has its run (use_existing)."""
     if Workflow.objects.using(using).filter(pk=workflow_id).exists():
         return False
+    queue, priority, key = (None, 0, None) if queued else _queue_of(definition)
     new = runs.NewRun(
         workflow_id=workflow_id,
         workflow_type=definition.name,
@@ -71,6 +92,9 @@ def _insert_run(
         input_text=run_input(row.args, row.kwargs),
         schedule_id=row.id,
         queued=queued,
+        queue=queue,
+        priority=priority,
+        concurrency_key=key,
     )
     run = runs.create_run(new, using, now=now, wake=not queued)
     if run is None:

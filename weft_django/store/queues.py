@@ -123,6 +123,25 @@ def _set_deadlines(timeouts: dict[str, timedelta | None], now: datetime, using: 
         Workflow.objects.using(using).filter(id__in=ids).update(execution_deadline=now + timeout)
 
 
+def enter_queue(workflow_id: str, queue: str, priority: int, concurrency_key: str | None, using: str) -> bool:
+    """A pending run waiting outside any queue (a schedule's overlap="queue" occurrence, released) enters
+    ``queue`` with ``priority`` and ``concurrency_key``, to wait for its admission like a new start; its
+    claim locked first (SKIP LOCKED: never waits), then no longer runnable until admitted. In the
+    caller's transaction. Returns whether it entered (False: its claim was locked elsewhere, try again
+    next pass, or a cancel ended it)."""
+    with fenced([workflow_id], using, wait=False) as fence:
+        if workflow_id not in fence.held:
+            return False
+        entered = (
+            Workflow.objects.using(using)
+            .filter(pk=workflow_id, status=WorkflowStatus.PENDING, admitted_at__isnull=True)
+            .update(queue=queue, priority=priority, concurrency_key=concurrency_key, execution_deadline=None)
+        )
+        if entered:
+            claims.rotate_epoch(workflow_id, using, runnable=False)
+        return bool(entered)
+
+
 def admissible(engine_id: str, queue: QueueConfig, using: str) -> bool:
     """Whether ``admit`` would let a run of ``queue`` in now (a plain read, no lock: a hint for idle checks)."""
     return _free_slots(engine_id, queue, 1, db_now(using), using) > 0 and bool(_choose(queue.name, 1, using))

@@ -71,7 +71,7 @@ def with_waiting_runs(limit: int, using: str) -> list[str]:
     return [
         str(schedule_id)
         for schedule_id in Workflow.objects.using(using)
-        .filter(status=WorkflowStatus.PENDING, schedule_id__isnull=False, start_at__isnull=True)
+        .filter(status=WorkflowStatus.PENDING, schedule_id__isnull=False, start_at__isnull=True, queue__isnull=True)
         .exclude(pk__in=released)
         .order_by()
         .values_list("schedule_id", flat=True)
