@@ -227,7 +227,9 @@ class WorkflowContext:
                 "request_cancel" or "abandon".
             queue, priority, concurrency_key: as for ``weft.start``: a child of a workflow declared
                 with ``@weft.workflow(queue=...)`` (or given ``queue=``) waits in that queue, pending
-                until an engine admits it under the queue's limits.
+                until an engine admits it under the queue's limits. The parent keeps its own slot while
+                it waits: give children a queue of their own (in the parent's queue they can wait
+                forever once parents fill it).
 
         Raises:
             WorkflowDefinitionError: a bad parent_close_policy.

@@ -158,3 +158,23 @@ def test_a_failing_periodic_chore_is_logged_and_the_others_still_run(caplog):
     handle.signal("go", "still driven")
     run_until_idle()
     assert handle.result(timeout=10) == "still driven"
+
+
+def test_the_late_carry_moves_one_of_two_old_runs_signals_with_the_same_id():
+    """Review defect: two late signals with one id, on two earlier runs of a chain, were both moved to
+    the current run in one UPDATE (IntegrityError on weft_signal_id_per_run, on every sweep)."""
+    handle = weft.start("tests.deploys.counter", args=[0, 0], id="cc-two-old")
+    for _ in range(2):
+        handle.signal("add", 1)
+        run_until_idle()
+    chain = list(ContinuedRun.objects.filter(workflow_id=handle.id).order_by("finished_at").values_list("run_id"))
+    assert len(chain) == 2
+    now = Workflow.objects.get(id=handle.id).updated_at
+    for (run_id,) in chain:  # the same signal id sent to each old run by senders that read it before
+        BufferedSignal.objects.create(
+            workflow_id=handle.id, run_id=run_id, name="add", signal_id="twice", payload="5", created_at=now
+        )
+    assert continuation.carry_late(database_alias()) == 1
+    assert mailbox.drop_late_signals(database_alias()) == 1  # the other is a duplicate of the carried id
+    run_until_idle()
+    assert handle.result(timeout=10) == {"runs": 3, "total": 7}

@@ -140,24 +140,42 @@ def carry_late(using: str) -> int:
         run_id=Subquery(current.values("run_id")[:1]),
         signal_id=OuterRef("signal_id"),
     )
+    # One id sent late to two earlier runs of the chain: only the first (lowest pk) is moved; the
+    # other stays and is dropped as a duplicate, so the UPDATE never makes two rows of one id.
+    earlier_with_same_id = BufferedSignal.objects.using(using).filter(
+        workflow_id=OuterRef("workflow_id"),
+        signal_id=OuterRef("signal_id"),
+        state=SignalState.BUFFERED,
+        run_id__in=continued,
+        pk__lt=OuterRef("pk"),
+    )
     signals = (
         BufferedSignal.objects.using(using)
         .filter(state=SignalState.BUFFERED, run_id__in=continued)
         .exclude(name__startswith=CHILD_MAILBOX_PREFIX)
-        .filter(~Exists(same_id_on_current))
+        .filter(~Exists(same_id_on_current), ~Exists(earlier_with_same_id))
     )
     same_key_on_current = PendingUpdate.objects.using(using).filter(
         workflow_id=OuterRef("workflow_id"),
         run_id=Subquery(current.values("run_id")[:1]),
         idempotency_key=OuterRef("idempotency_key"),
     )
-    updates = PendingUpdate.objects.using(using).filter(status=UpdateStatus.ADMITTED, run_id__in=continued)
+    earlier_with_same_key = PendingUpdate.objects.using(using).filter(
+        workflow_id=OuterRef("workflow_id"),
+        idempotency_key=OuterRef("idempotency_key"),
+        status=UpdateStatus.ADMITTED,
+        run_id__in=continued,
+        pk__lt=OuterRef("pk"),
+    )
+    updates = PendingUpdate.objects.using(using).filter(
+        ~Exists(earlier_with_same_key), status=UpdateStatus.ADMITTED, run_id__in=continued
+    )
     # Read first, write only what was found (on SQLite an UPDATE that matches nothing still locks).
     late_signals = dict(signals.filter(Exists(current)).values_list("pk", "workflow_id")[:1000])
     if late_signals:
         moved += (
             BufferedSignal.objects.using(using)
-            .filter(pk__in=list(late_signals), state=SignalState.BUFFERED)
+            .filter(Exists(current), pk__in=list(late_signals), state=SignalState.BUFFERED)
             .update(run_id=Subquery(current.values("run_id")[:1]))
         )
     late_updates = dict(
@@ -166,7 +184,7 @@ def carry_late(using: str) -> int:
     if late_updates:
         moved += (
             PendingUpdate.objects.using(using)
-            .filter(pk__in=list(late_updates), status=UpdateStatus.ADMITTED)
+            .filter(Exists(current), pk__in=list(late_updates), status=UpdateStatus.ADMITTED)
             .update(run_id=Subquery(current.values("run_id")[:1]))
         )
     send_many("w", sorted({*late_signals.values(), *late_updates.values()}), using)  # their holders look now
