@@ -133,59 +133,39 @@ def carry_late(using: str) -> int:
     idempotency key the current run already has stays too; the sweep fails it as an update of a run
     that ended (``WorkflowTerminalError``), never as an error of the sweep."""
     current = Workflow.objects.using(using).filter(pk=OuterRef("workflow_id"), status__in=list(ACTIVE_STATUSES))
+    signals = BufferedSignal.objects.using(using).exclude(name__startswith=CHILD_MAILBOX_PREFIX)
+    late_signals, moved_signals = _move_late(signals, "state", SignalState.BUFFERED, "signal_id", current, using)
+    updates = PendingUpdate.objects.using(using).all()
+    late_updates, moved_updates = _move_late(
+        updates, "status", UpdateStatus.ADMITTED, "idempotency_key", current, using
+    )
+    send_many("w", sorted({*late_signals, *late_updates}), using)  # their holders look now
+    return moved_signals + moved_updates
+
+
+def _move_late(rows: Any, state: str, waiting: str, key: str, current: Any, using: str) -> tuple[set[str], int]:
+    """Move the waiting rows (``state`` = ``waiting``) of continued runs to their workflow's current
+    run, at most 1,000. A row whose ``key`` the current run already has stays (a duplicate there), and
+    of several with one key on earlier runs only the lowest pk moves: the UPDATE never makes two rows
+    of one key on a run. Returns (the workflows moved to, how many rows)."""
     continued = ContinuedRun.objects.using(using).values("run_id")
-    moved = 0
-    same_id_on_current = BufferedSignal.objects.using(using).filter(
-        workflow_id=OuterRef("workflow_id"),
-        run_id=Subquery(current.values("run_id")[:1]),
-        signal_id=OuterRef("signal_id"),
+    same_on_current = rows.model.objects.using(using).filter(
+        workflow_id=OuterRef("workflow_id"), run_id=Subquery(current.values("run_id")[:1]), **{key: OuterRef(key)}
     )
-    # One id sent late to two earlier runs of the chain: only the first (lowest pk) is moved; the
-    # other stays and is dropped as a duplicate, so the UPDATE never makes two rows of one id.
-    earlier_with_same_id = BufferedSignal.objects.using(using).filter(
+    earlier_same = rows.model.objects.using(using).filter(
         workflow_id=OuterRef("workflow_id"),
-        signal_id=OuterRef("signal_id"),
-        state=SignalState.BUFFERED,
         run_id__in=continued,
         pk__lt=OuterRef("pk"),
+        **{key: OuterRef(key), state: waiting},
     )
-    signals = (
-        BufferedSignal.objects.using(using)
-        .filter(state=SignalState.BUFFERED, run_id__in=continued)
-        .exclude(name__startswith=CHILD_MAILBOX_PREFIX)
-        .filter(~Exists(same_id_on_current), ~Exists(earlier_with_same_id))
-    )
-    same_key_on_current = PendingUpdate.objects.using(using).filter(
-        workflow_id=OuterRef("workflow_id"),
-        run_id=Subquery(current.values("run_id")[:1]),
-        idempotency_key=OuterRef("idempotency_key"),
-    )
-    earlier_with_same_key = PendingUpdate.objects.using(using).filter(
-        workflow_id=OuterRef("workflow_id"),
-        idempotency_key=OuterRef("idempotency_key"),
-        status=UpdateStatus.ADMITTED,
-        run_id__in=continued,
-        pk__lt=OuterRef("pk"),
-    )
-    updates = PendingUpdate.objects.using(using).filter(
-        ~Exists(earlier_with_same_key), status=UpdateStatus.ADMITTED, run_id__in=continued
-    )
+    late = rows.filter(Exists(current), ~Exists(same_on_current), ~Exists(earlier_same), run_id__in=continued)
     # Read first, write only what was found (on SQLite an UPDATE that matches nothing still locks).
-    late_signals = dict(signals.filter(Exists(current)).values_list("pk", "workflow_id")[:1000])
-    if late_signals:
-        moved += (
-            BufferedSignal.objects.using(using)
-            .filter(Exists(current), pk__in=list(late_signals), state=SignalState.BUFFERED)
-            .update(run_id=Subquery(current.values("run_id")[:1]))
-        )
-    late_updates = dict(
-        updates.filter(Exists(current)).filter(~Exists(same_key_on_current)).values_list("pk", "workflow_id")[:1000]
+    found = dict(late.filter(**{state: waiting}).values_list("pk", "workflow_id")[:1000])
+    if not found:
+        return set(), 0
+    moved = (
+        rows.model.objects.using(using)
+        .filter(Exists(current), pk__in=list(found), **{state: waiting})  # still active at the write
+        .update(run_id=Subquery(current.values("run_id")[:1]))
     )
-    if late_updates:
-        moved += (
-            PendingUpdate.objects.using(using)
-            .filter(Exists(current), pk__in=list(late_updates), status=UpdateStatus.ADMITTED)
-            .update(run_id=Subquery(current.values("run_id")[:1]))
-        )
-    send_many("w", sorted({*late_signals.values(), *late_updates.values()}), using)  # their holders look now
-    return moved
+    return set(found.values()), moved
