@@ -84,33 +84,18 @@ def test_an_attempt_refused_for_a_held_activity_lock_waits_and_runs_once_it_is_f
     activity's lock is kept waiting in its engine (not failed, not dropped) and runs once it is free.
     (Not a fail-first test: the waiting version reached the same state after the engine session's
     lock_timeout; this one pins the retry of a "busy" refusal.)"""
-    import threading
-
-    from weft_django.engine.engine import Engine
-    from weft_django.testing import wait_for
+    from weft_django.testing import running_engine, wait_for
 
     holder = Holder(SLOT_LOCKS, "tests.testapp.queue_workflows.limited_work")
-    engine = Engine("lock-dispatch-engine")
-
-    def run() -> None:
-        try:
-            engine.run()
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run, daemon=True, name="engine-lock-dispatch")
-    thread.start()
     try:
-        handle = weft.start("tests.limited", args=[1, 0], id="lock-dispatch")
-        wait_for(lambda: engine.executor.limiter.waiting, timeout=30, message="the attempt to wait for its slot")
-        assert Workflow.objects.get(pk="lock-dispatch").status == "running"
-        assert not ActivitySlot.objects.exists()
-        holder.release()
-        assert len(handle.result(timeout=30)) == 1
-        assert ActivitySlot.objects.filter(workflow_id="lock-dispatch").count() == 1
+        with running_engine("lock-dispatch-engine") as engine:
+            handle = weft.start("tests.limited", args=[1, 0], id="lock-dispatch")
+            wait_for(lambda: engine.executor.limiter.waiting, timeout=30, message="the attempt to wait for its slot")
+            assert Workflow.objects.get(pk="lock-dispatch").status == "running"
+            assert not ActivitySlot.objects.exists()
+            holder.release()
+            assert len(handle.result(timeout=30)) == 1
+            assert ActivitySlot.objects.filter(workflow_id="lock-dispatch").count() == 1
     finally:
         if holder.connection.connection is not None:
             holder.release()
-        engine.request_stop()
-        thread.join(timeout=20)
-    assert not thread.is_alive()

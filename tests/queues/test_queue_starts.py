@@ -4,16 +4,12 @@ where an engine admits it. (Before, the three wrote the run ``running`` outside 
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from django.db import connections
 from django.test import override_settings
 
 import weft_django as weft
-from weft_django.engine.engine import Engine
 from weft_django.models import Workflow
-from weft_django.testing import run_until_idle
+from weft_django.testing import run_until_idle, running_engine
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,27 +33,13 @@ def test_start_or_signal_starts_a_queued_workflow_in_its_queue():
 
 @override_settings(WEFT=WEFT)
 def test_start_with_update_starts_a_queued_workflow_in_its_queue():
-    engine = Engine("swu-q-engine")
-
-    def run() -> None:
-        try:
-            engine.run()
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run, daemon=True, name="engine-swu-q")
-    thread.start()
-    try:
+    with running_engine("swu-q-engine"):
         handle, result = weft.start_with_update("tests.queued_counter", "add", 5, id="swu-q", timeout="20s")
         assert result == 5
         row = _row("swu-q")
         assert (row["status"], row["queue"], row["admitted_at"] is not None) == ("running", "tests-default", True)
         weft.signal("swu-q", "stop")
         assert handle.result(timeout=20) == 5
-    finally:
-        engine.request_stop()
-        thread.join(timeout=20)
-    assert not thread.is_alive()
 
 
 @override_settings(WEFT=WEFT)
