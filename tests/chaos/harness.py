@@ -206,6 +206,13 @@ class Run:
                 return
             time.sleep(0.1)
         sessions = _tolerant(lambda: session_states(engine.engine_id), [])
+        if engine.state == "frozen" and any(state == "idle in transaction" for state, *_ in sessions):
+            # Idle in a transaction far past the engine sessions' idle bound: only a transaction that
+            # runs workflow code (update handlers and validators, ADR 0009) has no bound, and a frozen
+            # engine caught inside one keeps that workflow's claim until it thaws, by design
+            # (store/sessions.py allow_user_code). The thaw that follows must be refused or finish.
+            self.notes["frozen_inside_user_code"] = self.notes.get("frozen_inside_user_code", 0) + 1
+            return
         self.liveness_violations.append(
             f"{engine.engine_id}: claims not taken over within TTL + grace + slack; its sessions: {sessions}"
         )
