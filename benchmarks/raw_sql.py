@@ -67,8 +67,8 @@ def run_group(conn: Any, ids: list[str], run_ids: list[uuid.UUID]) -> None:
         with conn.transaction():  # 1. starts
             cur.execute(
                 "INSERT INTO weft_django_workflow (id, run_id, workflow_type, version, status, input, "
-                "parent_close_policy, depth, current_step, stuck_attempts, created_at, updated_at) "
-                "SELECT i, r, 'bench.three_noop', '1', 'running', %s, 'terminate', 0, '', 0, now(), now() "
+                "parent_close_policy, depth, current_step, stuck_attempts, priority, created_at, updated_at) "
+                "SELECT i, r, 'bench.three_noop', '1', 'running', %s, 'terminate', 0, '', 0, 0, now(), now() "
                 "FROM unnest(%s::varchar[], %s::uuid[]) AS t(i, r)",
                 ['{"args":[0],"kwargs":{}}', ids, run_ids],
             )

@@ -87,28 +87,28 @@ def _unfenced_update_reads(queries: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def test_a_claimed_batch_loads_in_one_round_trip_and_runs_as_before(monkeypatch):
+def test_a_claimed_batch_is_taken_and_loaded_in_one_round_trip_and_runs_as_before(monkeypatch):
     ids = _parked_batch()
-    loads: list[tuple[list[str], list[dict[str, Any]]]] = []
+    loads: list[list[str]] = []
     real_load = loader_module.load
 
     def counting_load(workflow_ids: list[str], using: str) -> histories.Loaded:
-        with CaptureQueriesContext(connections[using]) as captured:
-            loaded = real_load(workflow_ids, using)
-        loads.append((list(workflow_ids), captured.captured_queries))
-        return loaded
+        loads.append(list(workflow_ids))
+        return real_load(workflow_ids, using)
 
     monkeypatch.setattr(loader_module, "load", counting_load)
     engine = _started("load-rt-second")
     try:
-        engine.tick()  # claims the batch and loads it
-        assert len(loads) == 1
-        claimed, queries = loads[0]
-        assert sorted(claimed) == ids
-        assert len(queries) == 1, [q["sql"] for q in queries]  # ONE round trip for the whole batch
-        sql = queries[0]["sql"]
+        with CaptureQueriesContext(connections[engine.using]) as captured:
+            engine.tick()  # claims the batch and loads it
+        assert loads == []  # nothing left to load after the claim statement (store/claims/taking.py)
+        reads = [q["sql"] for q in captured.captured_queries if "FROM weft_django_step " in q["sql"]]
+        assert len(reads) == 1, reads  # ONE round trip: the claim and the whole batch's load
+        sql = reads[0]
+        assert "UPDATE weft_django_workflowclaim" in sql
         for table in ("workflow", "step", "appliedupdate", "timer", "pendingupdate"):
             assert f"FROM weft_django_{table} " in sql
+        assert sorted(engine.owned) == ids
         for wid in ids:
             owned = engine.owned[wid]
             assert owned.run.frontier is not None and owned.run.frontier.seq == 2  # replayed past both steps

@@ -187,6 +187,17 @@ class ThreadExecutor:
         with self._lock:
             return list(self._running.values())
 
+    @property
+    def concurrency(self) -> int:
+        """How many attempts run at once (threads)."""
+        return self._concurrency
+
+    @property
+    def waiting(self) -> int:
+        """Attempts handed over and not started yet: every thread is busy."""
+        with self._lock:
+            return max(0, len(self._running) - self._concurrency)
+
     def poll(self, notified: set[str]) -> None:
         """Outcomes arrive on the queue as threads finish: nothing to look up."""
 

@@ -18,9 +18,20 @@ from ..flow import QueueConfig
 from ..status import OwnershipMode
 from ..store import engines, queues, runs
 from ..store.clock import db_now
+from ..store.histories import Loaded
 from . import ownership
 
 logger = logging.getLogger("weft_django.engine.engine")
+
+
+class Claimed(dict[str, int]):
+    """The workflows one pass claimed (id: epoch), and ``loaded``: the rows read for some of them by
+    the claim statement itself (``ownership.acquire_and_load``; None: none read), for the loader."""
+
+    loaded: Loaded | None = None
+    loaded_for: frozenset[str] = frozenset()
+
+
 # The takeover scan reads every held claim once per this many renew intervals; in between only the
 # claims of silent engines (a heartbeat older than the claim TTL, or stopped): a dead engine's claims
 # are found as soon as the grace allows, and a claim that lapsed under a live engine within this many
@@ -38,6 +49,10 @@ class Claimer:
         on_taken_over: called for each workflow taken over from another engine (workflow id, epoch,
             previous holder).
         served: the queues of WEFT["QUEUES"] it admits from (None: all of them).
+        saturated: whether the engine's activity threads already have as much work waiting as they
+            run: then no new workflow is acquired or admitted (they would only wait, and another
+            engine may have room), and the scan runs again on the pass after capacity frees.
+            Takeovers are not bounded.
     """
 
     def __init__(
@@ -47,8 +62,10 @@ class Claimer:
         using: str,
         on_taken_over: Callable[[str, int, str | None], None],
         served: list[str] | None = None,
+        saturated: Callable[[], bool] = lambda: False,
     ) -> None:
         self.engine_id = engine_id
+        self.saturated = saturated
         self.settings = settings
         self.using = using
         self.mode = settings.ownership
@@ -98,8 +115,9 @@ class Claimer:
         )
         return clock - self.last_takeover_scan >= every
 
-    def claim(self, *, force: bool, scan: bool) -> dict[str, int]:
-        """Claim what is due this pass. Returns the claimed workflows (id: epoch).
+    def claim(self, *, force: bool, scan: bool) -> Claimed:
+        """Claim what is due this pass. Returns the claimed workflows (id: epoch), with what was read
+        for some of them in the same round trip (``Claimed.loaded``).
 
         Args:
             force: a wake-up named a workflow this engine does not hold (acquire now).
@@ -107,23 +125,26 @@ class Claimer:
         """
         poll = self.settings.poll_interval.total_seconds()
         clock = time.monotonic()
-        claimed: dict[str, int] = {}
+        claimed = Claimed()
         requested = self.last_claim_scan == 0.0  # a full batch or new children: look again now
         scan_due = requested or (scan and clock - self.last_claim_scan >= poll)
-        if force or scan_due:
+        if (force or scan_due) and self.saturated():
+            self.last_claim_scan = 0.0  # a backlog of attempts: claim more once capacity frees
+        elif force or scan_due:
             self.last_claim_scan = clock
-            got = self._acquire(takeover=False)
+            got = self._acquire_free(claimed)
             events.claims_acquired(self.engine_id, got, self.using)
             claimed.update({wid: epoch for wid, (epoch, _) in got.items()})
             if len(got) >= self.capacity:
                 self.last_claim_scan = 0.0  # a full batch: more may be waiting, scan again next tick
             claimed.update(self._admit())
-            if scan_due:  # delayed starts send no wake-up: found by the scan alone
-                claimed.update(
-                    ownership.fire_delayed_starts(
-                        self.engine_id, limit=self.capacity, ttl=self.settings.workflow_claim_ttl, using=self.using
-                    )
+        if scan:  # delayed starts send no wake-up: found by the maintenance scan alone (once per poll,
+            # not on the rescans a full batch asks for: with a backlog that was every pass)
+            claimed.update(
+                ownership.fire_delayed_starts(
+                    self.engine_id, limit=self.capacity, ttl=self.settings.workflow_claim_ttl, using=self.using
                 )
+            )
         if self.take_over_now or (self.mode == OwnershipMode.LEASE and clock - self.last_takeover_scan >= poll):
             got = ownership.take_over_from_others(
                 self.engine_id, limit=self.capacity, ttl=self.settings.workflow_claim_ttl, using=self.using
@@ -181,6 +202,22 @@ class Claimer:
                 self.last_claim_scan = 0.0  # a full batch: more may be waiting
             admitted.update(got)
         return admitted
+
+    def _acquire_free(self, into: Claimed) -> dict[str, tuple[int, str | None]]:
+        """Unheld runnable workflows, with their load in the same round trip where the database allows
+        (kept in ``into.loaded`` for the loader)."""
+        both = ownership.acquire_and_load(
+            self.engine_id,
+            limit=self.capacity,
+            ttl=self.settings.workflow_claim_ttl,
+            using=self.using,
+            served=self.served,
+        )
+        if both is None:
+            return self._acquire(takeover=False)
+        got, into.loaded = both
+        into.loaded_for = frozenset(got) if into.loaded is not None else frozenset()
+        return got
 
     def _acquire(self, *, takeover: bool, holders: list[str] | None = None) -> dict[str, tuple[int, str | None]]:
         return ownership.acquire(

@@ -44,7 +44,7 @@ from .executors import ActivityExecutors
 from .fencing import fenced_commit
 from .loader import Loader
 from .messages import _state as mailbox_state
-from .messages import deliver_messages, prefetch_admitted
+from .messages import deliver_messages, mailbox_sweep_due, prefetch_admitted
 from .owned import Owned, collect_recorded, mark_stuck, note_children
 from .passclock import PassClock
 from .periodic import builtin_tasks
@@ -102,7 +102,9 @@ class Engine:
         self.wake = Wake(self.engine_id)
         self.lease = StoreLease(self.engine_id, self.settings, self.using)
         taken_over = functools.partial(events.claim_taken_over, self)
-        self.claimer = Claimer(self.engine_id, self.settings, self.using, taken_over, served=queues)
+        self.claimer = Claimer(
+            self.engine_id, self.settings, self.using, taken_over, served=queues, saturated=self._saturated
+        )
         self._session_limit = sessions.session_limit(self.settings)  # a frozen engine's locks end then
         renewal_failed = functools.partial(events.renewal_failed, self)
         self.renewal = Renewal(
@@ -119,7 +121,7 @@ class Engine:
         # transaction around cancel()): they open the next pass's writes, never overtaken by them.
         self._carried: dict[str, WorkflowWrites] = {}
         self._carry_retry_at = 0.0
-        self._last_maintenance = self._last_mailbox_sweep = 0.0  # time.monotonic() when they last ran
+        self._last_maintenance = 0.0  # time.monotonic() when the maintenance scans last ran
         self.clock = PassClock(self.using)
         commit_atomic = store_sessions.bounded_commit(
             functools.partial(commit_atomic_attempt, self.engine_id, self.using), self.using, self._session_limit
@@ -317,7 +319,7 @@ class Engine:
         poll_due = since >= poll and (not (notified or busy) or overdue)
         if poll_due:
             self._last_maintenance = time.monotonic()
-        sweep = poll_due and self._mailbox_sweep_due()
+        sweep = poll_due and mailbox_sweep_due(self)
         # Only a sweep or a rescan looks at every held workflow; a wake-up pass costs what it names.
         signal_check = set(self.owned) if sweep or rescan else {wid for wid in notified if wid in self.owned}
         if signal_check:
@@ -367,20 +369,6 @@ class Engine:
         """Workflow time for this pass: a database clock reading serves CLOCK_REUSE seconds."""
         return self.clock.now(fresh=fresh, reuse=CLOCK_REUSE)
 
-    def _mailbox_sweep_due(self) -> bool:
-        """Whether this maintenance pass reads the signals and updates of EVERY owned workflow. Without
-        LISTEN (SQLite) that is how they are found: every POLL_INTERVAL. With LISTEN every signal and
-        update comes with a wake-up naming its workflow, and a lost listener connection triggers a full
-        rescan, so the sweep is only a safety net: once per renew interval, not per POLL_INTERVAL (with
-        10,000 parked workflows the per-poll sweep was most of an idle engine's CPU)."""
-        clock = time.monotonic()
-        if backend(self.using).listens:
-            every = max(self.settings.poll_interval, self.settings.workflow_claim_renew_interval).total_seconds()
-            if clock - self._last_mailbox_sweep < every:
-                return False
-        self._last_mailbox_sweep = clock
-        return True
-
     def _quiet(self, claim: bool) -> bool:
         """Whether a pass with no wake-up would find nothing to do: no outcome, no scan due, no timer
         or attempt deadline near, no mailbox to look at. Such a pass (as after every commit) skips
@@ -420,6 +408,10 @@ class Engine:
         return True
 
     # -- claiming ------------------------------------------------------------------------------
+    def _saturated(self) -> bool:
+        """Whether the activity threads have as many attempts waiting as they run (claim no more)."""
+        return self.executor.saturated
+
     def _claim(
         self, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str], force: bool, scan: bool = True
     ) -> bool:
@@ -430,9 +422,9 @@ class Engine:
         claimed.update({wid: epoch for wid, epoch in reload.items() if wid not in claimed})
         if not claimed:
             return False
-        # Runs, steps, applied updates, timers (and on PostgreSQL the admitted updates, for the first
-        # mailbox look): one round trip per chunk of ids on PostgreSQL (store/histories.py).
-        self.loader.load(claimed, now, writes, changed)
+        # Runs, steps, applied updates, timers, admitted updates: on PostgreSQL read by the acquire itself
+        # (store/claims/taking.py) or in one round trip per chunk of ids (store/histories.py).
+        self.loader.load(claimed, now, writes, changed, preloaded=claimed.loaded, preloaded_for=claimed.loaded_for)
         self._publish_epochs()
         return True
 

@@ -119,6 +119,12 @@ class ActivityExecutors:
         return bool(self.running) or self.limiter.busy
 
     @property
+    def saturated(self) -> bool:
+        """Whether the engine's own threads have as many attempts waiting as they run: workflows claimed
+        now would only wait behind them (remote executors keep their own queues and do not count)."""
+        return self.threads.waiting >= self.threads.concurrency
+
+    @property
     def running(self) -> list[AttemptTask]:
         """Attempts handed to an executor and not finished (not those waiting for a slot)."""
         remote = self._celery.running if self._celery is not None else []

@@ -6,7 +6,7 @@ whose start raises, gets stuck; a run that ended meanwhile has its claim release
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import datetime
 
 from django.db import DatabaseError
@@ -16,7 +16,7 @@ from ..models import Timer
 from ..registry import registry
 from ..status import WorkflowStatus
 from ..store.commit import WorkflowWrites
-from ..store.histories import AdmittedRow, RunRow, load
+from ..store.histories import AdmittedRow, Loaded, RunRow, load, merge_loaded
 from . import ownership
 from .containment import internal_error, load_each
 from .driver import AppliedRecord, StepRecord
@@ -53,17 +53,31 @@ class Loader:
         self.on_started = on_started
 
     def load(
-        self, claimed: dict[str, int], now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]
+        self,
+        claimed: dict[str, int],
+        now: datetime,
+        writes: dict[str, WorkflowWrites],
+        changed: set[str],
+        preloaded: Loaded | None = None,
+        preloaded_for: Collection[str] = (),
     ) -> None:
         """Start driving these claimed workflows (id: epoch); release the claims of those whose run
         is not running any more. The started ones are added to ``changed``.
+
+        Args:
+            preloaded: what was already read for some of them (the claim statement's own load).
+            preloaded_for: the workflows ``preloaded`` was read for: they are not read again.
 
         Raises:
             DatabaseError: the database failed (the loop reloads).
         """
         unreadable: set[str] = set()  # made stuck in ``writes``: that commit releases their claims
         try:
-            loaded = load(list(claimed), self.using)
+            rest = [wid for wid in claimed if preloaded is None or wid not in preloaded_for]
+            loaded = load(rest, self.using) if rest or preloaded is None else None
+            if preloaded is not None:
+                loaded = preloaded if loaded is None else merge_loaded(preloaded, loaded)
+            assert loaded is not None
         except DatabaseError:
             raise
         except Exception as exc:  # a row the loader cannot convert: only its workflow is left out

@@ -48,6 +48,7 @@ from ..exceptions import QueryNotFoundError, WeftError
 from ..operations import WaitForUpdate
 from ..status import QueryStatus, UpdateStatus
 from ..store import claims, continuation, mailbox
+from ..store.backend import backend
 from ..store.commit import UpdateDone, UpdateRaceLost, WorkflowWrites, fenced_messages
 from ..store.histories import AdmittedRow
 from ..store.notify import send_many
@@ -71,6 +72,7 @@ class _MailboxState:
     # The admitted updates read with a context's load (PostgreSQL), used instead of a query by the
     # first look at that context unless a wake-up (or a sweep) names it first; consumed by any look.
     prefetched: dict[str, tuple[Owned, list[AdmittedRow]]] = dataclasses.field(default_factory=dict)
+    last_sweep: float = 0.0  # time.monotonic() of the last sweep (mailbox_sweep_due)
 
 
 _states: weakref.WeakKeyDictionary[EngineHost, _MailboxState] = weakref.WeakKeyDictionary()
@@ -81,6 +83,21 @@ def _state(engine: EngineHost) -> _MailboxState:
     if state is None:
         state = _states[engine] = _MailboxState()
     return state
+
+
+def mailbox_sweep_due(engine: EngineHost) -> bool:
+    """Whether this maintenance pass reads the signals and updates of EVERY owned workflow. Without
+    LISTEN (SQLite) that is how they are found: every POLL_INTERVAL. With LISTEN every signal and
+    update comes with a wake-up naming its workflow, and a lost listener connection triggers a full
+    rescan, so the sweep is only a safety net: once per renew interval, not per POLL_INTERVAL (with
+    10,000 parked workflows the per-poll sweep was most of an idle engine's CPU)."""
+    state, clock = _state(engine), time.monotonic()
+    if backend(engine.using).listens:
+        every = max(engine.settings.poll_interval, engine.settings.workflow_claim_renew_interval).total_seconds()
+        if clock - state.last_sweep < every:
+            return False
+    state.last_sweep = clock
+    return True
 
 
 def prefetch_admitted(engine: EngineHost, owned: Owned, rows: list[AdmittedRow]) -> None:

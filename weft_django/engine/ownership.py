@@ -21,7 +21,9 @@ from .. import events
 from ..conf import WeftSettings
 from ..exceptions import OwnershipModeMismatchError
 from ..store import claims, engines
+from ..store.claims import taking
 from ..store.clock import db_now
+from ..store.histories import Loaded
 from ..store.notify import send
 
 logger = logging.getLogger(__name__)
@@ -56,6 +58,21 @@ def acquire(
     return claims.acquire(
         engine_id, limit=limit, ttl=ttl, using=using, grace=grace, holders=holders, served=None if takeover else served
     )
+
+
+def acquire_and_load(
+    engine_id: str, *, limit: int, ttl: timedelta, using: str, served: list[str] | None = None
+) -> tuple[dict[str, tuple[int, str | None]], Loaded | None] | None:
+    """``acquire`` of unheld workflows with their load in the same round trip where the database
+    allows it (``store/claims/taking.py``); None where it does not (acquire, then load, as before).
+
+    Returns:
+        ({workflow_id: (new epoch, previous holder)}, what was read for them, or None if a row could
+        not be converted and the caller must load them itself), or None.
+    """
+    if not taking.available(using):
+        return None
+    return taking.acquire_and_load(engine_id, limit=limit, ttl=ttl, using=using, served=served)
 
 
 def renew(engine_id: str, owned: dict[str, int], ttl: timedelta, using: str) -> set[str]:

@@ -129,26 +129,30 @@ _ADMITTED_COLUMNS = "id, workflow_id, run_id, name"
 _Aware = Callable[[Any], "datetime | None"]
 
 
-def _runs_sql(marks: str) -> str:
-    return f"SELECT {_RUN_COLUMNS}, {_CONTINUED_SQL} FROM {Workflow._meta.db_table} WHERE id IN ({marks})"
+# The builders below take what follows the id (or run id) column in their WHERE clause: ``IN (%s, %s)``
+# (a chunk's placeholders), ``IN (<a subquery>)`` or ``= ANY(<an array>)``.
+
+
+def _runs_sql(ids: str) -> str:
+    return f"SELECT {_RUN_COLUMNS}, {_CONTINUED_SQL} FROM {Workflow._meta.db_table} WHERE id {ids}"
 
 
 def _steps_sql(runs: str) -> str:
-    return f"SELECT {_STEP_COLUMNS} FROM {Step._meta.db_table} WHERE run_id IN ({runs})"
+    return f"SELECT {_STEP_COLUMNS} FROM {Step._meta.db_table} WHERE run_id {runs}"
 
 
 def _applied_sql(runs: str) -> str:
-    return f"SELECT {_APPLIED_COLUMNS} FROM {AppliedUpdate._meta.db_table} WHERE run_id IN ({runs}) ORDER BY seq, n"
+    return f"SELECT {_APPLIED_COLUMNS} FROM {AppliedUpdate._meta.db_table} WHERE run_id {runs} ORDER BY seq, n"
 
 
-def _timers_sql(marks: str) -> str:
-    return f"SELECT {_TIMER_COLUMNS} FROM {Timer._meta.db_table} WHERE workflow_id IN ({marks})"
+def _timers_sql(ids: str) -> str:
+    return f"SELECT {_TIMER_COLUMNS} FROM {Timer._meta.db_table} WHERE workflow_id {ids}"
 
 
-def _admitted_sql(marks: str) -> str:
+def _admitted_sql(ids: str) -> str:
     return (
         f"SELECT {_ADMITTED_COLUMNS} FROM {PendingUpdate._meta.db_table} "
-        f"WHERE workflow_id IN ({marks}) AND status = %s ORDER BY created_at, id"
+        f"WHERE workflow_id {ids} AND status = %s ORDER BY created_at, id"
     )
 
 
@@ -301,36 +305,81 @@ def _client_binding(cursor: Any) -> bool:
     return isinstance(getattr(cursor, "cursor", None), psycopg.ClientCursor)
 
 
+def load_statements(ids: str) -> list[str]:
+    """The five statements of PostgreSQL's load (runs, steps, applied updates, timers, admitted
+    updates) for the workflows ``ids`` names: ``IN (%s, %s)`` or ``= ANY(<an array>)``
+    (``store/claims/taking.py``: the ids its claim statement just took). The admitted statement takes
+    one parameter, the admitted status, after the ids."""
+    table = Workflow._meta.db_table
+    of_runs = f"IN (SELECT run_id FROM {table} WHERE id {ids})"
+    return [_runs_sql(ids), _steps_sql(of_runs), _applied_sql(of_runs), _timers_sql(ids), _admitted_sql(ids)]
+
+
+ADMITTED_PARAM = UpdateStatus.ADMITTED.value  # the parameter load_statements' last statement takes
+
+
+def read_loaded(cursor: Any, using: str, into: Loaded) -> None:
+    """Decode the five result sets of ``load_statements`` (the cursor at the first of them) into ``into``.
+
+    Raises:
+        DatabaseError: fewer result sets than statements; any other exception: a row could not be
+            converted.
+    """
+    assert into.admitted is not None
+    aware = backend(using).datetime_reader()
+    runs: dict[str, RunRow] = {}
+    _decode_runs(cursor.fetchall(), aware, runs)
+    into.runs.update(runs)
+    steps: dict[str, dict[int, StepRecord]] = {row.run_id: {} for row in runs.values()}
+    _next_result(cursor)
+    _decode_steps(cursor.fetchall(), aware, steps)
+    into.steps.update(steps)
+    applied: dict[str, list[AppliedRecord]] = {}
+    _next_result(cursor)
+    _decode_applied(cursor.fetchall(), applied)
+    into.applied.update((run_id, records) for run_id, records in applied.items() if run_id in steps)
+    _next_result(cursor)
+    _decode_timers(cursor.fetchall(), aware, using, into.timers)
+    _next_result(cursor)
+    _decode_admitted(cursor.fetchall(), into.admitted)
+
+
+def empty_loaded() -> Loaded:
+    """A Loaded with nothing in it (admitted read: PostgreSQL's batch form)."""
+    return Loaded({}, {}, {}, {}, {})
+
+
+def merge_loaded(first: Loaded, second: Loaded) -> Loaded:
+    """Both loads' rows in one (admitted updates read only when both read them)."""
+    admitted = None if first.admitted is None or second.admitted is None else {**first.admitted, **second.admitted}
+    return Loaded(
+        {**first.runs, **second.runs},
+        {**first.steps, **second.steps},
+        {**first.applied, **second.applied},
+        {**first.timers, **second.timers},
+        admitted,
+    )
+
+
+def client_binding(using: str) -> bool:
+    """Whether the backend batches statements and this connection's cursors take several statements
+    in one execute (``_client_binding``): the form PostgreSQL's one-round-trip load needs."""
+    if not backend(using).batches_statements:
+        return False
+    with connections[using].cursor() as cursor:
+        return _client_binding(cursor)
+
+
 def _load_batched(cursor: Any, workflow_ids: list[str], using: str) -> Loaded:
     """The PostgreSQL load: five statements in one query string per chunk of ids. Steps and applied
     updates are keyed by the runs through a subquery on the same ids. Each statement reads its own
     snapshot (READ COMMITTED), as the separate queries did; rows of a run that began after the runs
     statement are dropped (the claim's epoch fences whatever the engine does with the older run)."""
-    admitted: dict[str, list[AdmittedRow]] = {}
-    loaded = Loaded({}, {}, {}, {}, admitted)
-    table = Workflow._meta.db_table
-    aware = backend(using).datetime_reader()
+    loaded = empty_loaded()
     for chunk in _chunks(workflow_ids):
-        marks = ", ".join(["%s"] * len(chunk))
-        of_runs = f"SELECT run_id FROM {table} WHERE id IN ({marks})"
-        statements = [_runs_sql(marks), _steps_sql(of_runs), _applied_sql(of_runs), _timers_sql(marks)]
-        statements.append(_admitted_sql(marks))
-        cursor.execute(";\n".join(statements), [*chunk * 5, UpdateStatus.ADMITTED.value])
-        runs: dict[str, RunRow] = {}
-        _decode_runs(cursor.fetchall(), aware, runs)
-        loaded.runs.update(runs)
-        steps: dict[str, dict[int, StepRecord]] = {row.run_id: {} for row in runs.values()}
-        _next_result(cursor)
-        _decode_steps(cursor.fetchall(), aware, steps)
-        loaded.steps.update(steps)
-        applied: dict[str, list[AppliedRecord]] = {}
-        _next_result(cursor)
-        _decode_applied(cursor.fetchall(), applied)
-        loaded.applied.update((run_id, records) for run_id, records in applied.items() if run_id in steps)
-        _next_result(cursor)
-        _decode_timers(cursor.fetchall(), aware, using, loaded.timers)
-        _next_result(cursor)
-        _decode_admitted(cursor.fetchall(), admitted)
+        statements = load_statements(f"IN ({', '.join(['%s'] * len(chunk))})")
+        cursor.execute(";\n".join(statements), [*chunk * 5, ADMITTED_PARAM])
+        read_loaded(cursor, using, loaded)
     return loaded
 
 
@@ -348,7 +397,7 @@ def _read_chunked(
         return
     with connections[using].cursor() as cursor:
         for chunk in _chunks(keys):
-            cursor.execute(build_sql(", ".join(["%s"] * len(chunk))), chunk)
+            cursor.execute(build_sql(f"IN ({', '.join(['%s'] * len(chunk))})"), chunk)
             decode(cursor.fetchall())
 
 

@@ -89,22 +89,32 @@ _OTHERS_PG = _held_pg(_HELD_BY_OTHERS)
 _EXPIRED_OF_PG = _held_pg("c.engine_id = ANY(%s) AND c.expires_at + %s * interval '1 millisecond' < clock_timestamp()")
 
 
+# Give the rows of the CTE ``candidates`` this holder and a fresh epoch (parameters: the engine id twice,
+# the TTL in ms); returns (workflow id, new epoch, previous holder). Shared by the plain acquire and the
+# acquire that loads in the same round trip (store/claims/taking.py).
+CLAIM_CANDIDATES = f"""
+    UPDATE {CLAIM_TABLE} AS claim
+    SET epoch = {next_epoch_sql("postgresql")}, engine_id = %s, last_engine_id = %s,
+        claimed_at = clock_timestamp(), expires_at = clock_timestamp() + %s * interval '1 millisecond'
+    FROM candidates
+    WHERE claim.workflow_id = candidates.workflow_id AND claim.epoch = candidates.epoch
+      AND claim.engine_id IS NOT DISTINCT FROM candidates.engine_id
+    RETURNING claim.workflow_id, claim.epoch, candidates.engine_id"""
+
+
+def free_candidates(served: bool) -> str:
+    """The candidates of a plain acquire (PostgreSQL): unheld runnable claims, oldest first, SKIP
+    LOCKED; parameters: (the served queues when ``served``,) the limit."""
+    return _FREE_SERVED_PG if served else _FREE_PG
+
+
 def _claim_pg(
     candidates: str, params: list[Any], engine_id: str, ttl: timedelta, using: str
 ) -> dict[str, tuple[int, str | None]]:
     """Lock the candidates (SKIP LOCKED) and give each a fresh epoch and this holder (also recorded as
     the claim's last holder), only if it still has the holder and epoch seen: one row back means it is
     ours. One statement: in autocommit it is its own transaction (no BEGIN/COMMIT round trips)."""
-    sql = f"""
-        WITH candidates AS ({candidates})
-        UPDATE {CLAIM_TABLE} AS claim
-        SET epoch = {next_epoch_sql("postgresql")}, engine_id = %s, last_engine_id = %s,
-            claimed_at = clock_timestamp(), expires_at = clock_timestamp() + %s * interval '1 millisecond'
-        FROM candidates
-        WHERE claim.workflow_id = candidates.workflow_id AND claim.epoch = candidates.epoch
-          AND claim.engine_id IS NOT DISTINCT FROM candidates.engine_id
-        RETURNING claim.workflow_id, claim.epoch, candidates.engine_id
-    """
+    sql = f"WITH candidates AS ({candidates}) {CLAIM_CANDIDATES}"
     with backend(using).connection.cursor() as cursor:
         cursor.execute(sql, [*params, engine_id, engine_id, _ms(ttl)])
         return {wid: (epoch, previous) for wid, epoch, previous in cursor.fetchall()}

@@ -1,0 +1,82 @@
+"""The acquire that loads what it took in the same round trip (store/claims/taking.py, PostgreSQL):
+it claims what a plain acquire claims and reads what a separate load reads, whatever the ids hold; a
+call that takes nothing reads nothing (not the ids an earlier call noted); a row that cannot be
+converted leaves the claims held and the load to the loader, which isolates the row."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connections, transaction
+from django.test.utils import CaptureQueriesContext
+
+import weft_django as weft
+from tests.engine.test_load_round_trips import _assert_same_as_orm, _orm_state, _parked_batch
+from weft_django.engine import ownership
+from weft_django.models import Step, WorkflowClaim
+from weft_django.store import histories
+from weft_django.store.claims import taking
+from weft_django.testing import running_engine, wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
+
+TTL = timedelta(seconds=30)
+
+
+def test_it_claims_and_reads_what_acquire_then_load_would():
+    ids = _parked_batch()
+    orm = _orm_state(ids)
+    assert taking.available("default")
+    with CaptureQueriesContext(connections["default"]) as captured:
+        claimed, loaded = taking.acquire_and_load("al-1", limit=10, ttl=TTL, using="default")
+    assert len(captured.captured_queries) == 1
+    assert sorted(claimed) == ids
+    held = dict(WorkflowClaim.objects.filter(workflow_id__in=ids).values_list("workflow_id", "epoch"))
+    assert {wid: epoch for wid, (epoch, _) in claimed.items()} == held
+    assert set(WorkflowClaim.objects.filter(workflow_id__in=ids).values_list("engine_id", flat=True)) == {"al-1"}
+    assert loaded is not None
+    _assert_same_as_orm(loaded, orm, admitted=True)
+
+
+def test_a_call_that_takes_nothing_reads_nothing():
+    ids = _parked_batch()
+    first, loaded = taking.acquire_and_load("al-1", limit=10, ttl=TTL, using="default")
+    assert sorted(first) == ids and loaded is not None and sorted(loaded.runs) == ids
+    again, nothing = taking.acquire_and_load("al-1", limit=10, ttl=TTL, using="default")
+    assert again == {}
+    assert nothing is not None and (nothing.runs, nothing.steps, nothing.timers, nothing.admitted) == ({}, {}, {}, {})
+    assert taking.acquire_and_load("al-1", limit=0, ttl=TTL, using="default") == ({}, None)
+
+
+@pytest.mark.parametrize("wid", ["comma,id", 'quote"id', "{brace}", "back\\slash", "space id", "NULL", "ünï"])
+def test_ids_that_need_quoting_in_an_array_round_trip(wid):
+    with running_engine("al-start"):
+        handle = weft.start("tests.load_round_trips", args=[wid], id=wid)
+        wait_for(lambda: Step.objects.filter(workflow_id=handle.id).exists(), timeout=20, message="a step")
+    claimed, loaded = taking.acquire_and_load("al-1", limit=10, ttl=TTL, using="default")
+    assert list(claimed) == [wid]
+    assert loaded is not None and list(loaded.runs) == [wid]
+    assert loaded.runs[wid].run_id in loaded.steps and loaded.steps[loaded.runs[wid].run_id]
+
+
+def test_an_unconvertible_row_leaves_the_claims_held_and_the_load_to_the_loader(monkeypatch):
+    ids = _parked_batch()
+
+    def broken(*args: Any) -> None:
+        raise ValueError("a row the decoder cannot convert")
+
+    monkeypatch.setattr(histories, "_decode_steps", broken)
+    claimed, loaded = taking.acquire_and_load("al-1", limit=10, ttl=TTL, using="default")
+    assert sorted(claimed) == ids and loaded is None
+    assert set(WorkflowClaim.objects.filter(workflow_id__in=ids).values_list("engine_id", flat=True)) == {"al-1"}
+    with connections["default"].cursor() as cursor:  # the connection is usable: no result set left over
+        cursor.execute("SELECT 1")
+        assert cursor.fetchone() == (1,)
+
+
+def test_inside_a_transaction_the_engine_acquires_then_loads():
+    with transaction.atomic():
+        assert not taking.available("default")
+        assert ownership.acquire_and_load("al-1", limit=10, ttl=TTL, using="default") is None

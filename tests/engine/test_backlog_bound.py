@@ -1,0 +1,77 @@
+"""An engine does not claim a backlog it cannot run: once its activity threads have as many attempts
+waiting as they run, it acquires no new workflow (another engine may have room) and looks again as
+soon as capacity frees. Takeovers are not bounded (tests/ownership)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.test import override_settings
+
+import weft_django as weft
+from weft_django.engine.engine import Engine
+from weft_django.models import Workflow, WorkflowClaim
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+GATE = threading.Event()
+
+
+@weft.activity
+def backlog_held() -> str:
+    GATE.wait(30)
+    return "done"
+
+
+@weft.workflow(name="tests.backlog_one_step")
+def one_step(ctx: Any) -> Any:
+    return (yield ctx.run(backlog_held))
+
+
+@pytest.fixture(autouse=True)
+def _gate() -> Iterator[None]:
+    GATE.clear()
+    yield
+    GATE.set()
+
+
+def _held_by(engine_id: str) -> int:
+    return WorkflowClaim.objects.filter(engine_id=engine_id).count()
+
+
+def _ticks(engine: Engine, n: int) -> None:
+    for _ in range(n):
+        engine.tick()
+        time.sleep(0.02)
+
+
+@override_settings(WEFT={"CLAIM_BATCH_SIZE": 2, "POLL_INTERVAL": "50ms"})
+def test_a_saturated_engine_leaves_the_backlog_to_others_and_claims_again_when_it_frees():
+    for i in range(8):
+        weft.start(one_step, id=f"backlog-{i}")
+    first = Engine("backlog-a", concurrency=1)
+    second = Engine("backlog-b", concurrency=1)
+    first.start()
+    second.start()
+    try:
+        _ticks(first, 10)  # one batch of 2: one attempt runs, one waits -> saturated
+        assert len(first.owned) == 2 and _held_by("backlog-a") == 2
+        assert first.executor.saturated
+        _ticks(second, 10)  # the other engine finds the rest unclaimed
+        assert _held_by("backlog-b") == 2
+        assert WorkflowClaim.objects.filter(engine_id__isnull=True, workflow_id__startswith="backlog-").count() == 4
+        GATE.set()  # capacity frees: both engines claim and finish the rest
+        deadline = time.monotonic() + 30
+        while Workflow.objects.filter(pk__startswith="backlog-", status="completed").count() < 8:
+            assert time.monotonic() < deadline, "the backlog did not drain"
+            first.tick()
+            second.tick()
+            time.sleep(0.01)
+    finally:
+        first.shutdown()
+        second.shutdown()
+    assert set(Workflow.objects.filter(pk__startswith="backlog-").values_list("result", flat=True)) == {'"done"'}

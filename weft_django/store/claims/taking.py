@@ -1,0 +1,84 @@
+"""The acquire that loads what it took in the same round trip (PostgreSQL).
+
+A plain acquire (``holding.acquire``) is one statement and the engine's load of the workflows it took
+(``store/histories.py``) is a second round trip. On the path of a freshly started workflow that is two
+hops before its first commit, so here both go in ONE query string: the claim statement first, then the
+load's five statements, which find the ids the claim statement took in a transaction-local setting
+(``weft.claimed``) it writes. A query string of several statements runs as one transaction in
+PostgreSQL's simple query protocol: the claims and the reads commit together, and each read sees the
+claim it follows. Nothing else changes: the same candidates (unheld, runnable, oldest first, SKIP
+LOCKED), the same fresh epochs from the sequence, the same rows read as a separate load would read.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.db import connections
+
+from ..backend import backend
+from ..histories import ADMITTED_PARAM, Loaded, client_binding, empty_loaded, load_statements, read_loaded
+from .holding import CLAIM_CANDIDATES, _ms, free_candidates
+
+# The ids the claim statement took, for the reads after it in the same transaction ('{}': none).
+SETTING = "weft.claimed"
+_TAKEN_IDS = f"= ANY(coalesce(nullif(current_setting('{SETTING}', true), ''), '{{}}')::varchar[])"
+
+
+def _claim_and_note(served: bool) -> str:
+    """The claim statement, noting the ids it took; one row even when it took none (NULL ids)."""
+    return f"""
+        WITH candidates AS ({free_candidates(served)}), got AS ({CLAIM_CANDIDATES}),
+        noted AS (SELECT set_config('{SETTING}', coalesce(array_agg(got.workflow_id)::text, '{{}}'), true) AS ids
+                  FROM got)
+        SELECT got.workflow_id, got.epoch, got.engine_id FROM noted LEFT JOIN got ON true"""
+
+
+_SQL = {served: ";\n".join([_claim_and_note(served), *load_statements(_TAKEN_IDS)]) for served in (False, True)}
+
+
+def available(using: str) -> bool:
+    """Whether this connection can acquire and load in one round trip (PostgreSQL with psycopg 3's
+    client-side binding, Django's default, outside a transaction)."""
+    return backend(using).skips_locked and not connections[using].in_atomic_block and client_binding(using)
+
+
+def acquire_and_load(
+    engine_id: str, *, limit: int, ttl: timedelta, using: str, served: list[str] | None = None
+) -> tuple[dict[str, tuple[int, str | None]], Loaded | None]:
+    """Claim up to ``limit`` unheld runnable workflows (as ``holding.acquire`` without a grace) and
+    read what the engine needs to drive them, in one round trip. Call only when ``available(using)``.
+
+    Args:
+        engine_id: the new holder.
+        limit: at most this many claims (``<= 0``: none, nothing is sent).
+        ttl: the claims' time to live.
+        using: the connection alias.
+        served: the queues this engine serves (None: all): unheld runs of other queues are not claimed.
+
+    Returns:
+        ({workflow_id: (new epoch, previous holder)}, what was read for them). The second is None if a
+        row could not be converted: the claims are held all the same, and the caller loads them again
+        (the loader isolates the bad row).
+
+    Raises:
+        django.db.DatabaseError: a statement failed (nothing was claimed).
+    """
+    if limit <= 0:
+        return {}, None
+    params: list[Any] = [list(served), limit] if served is not None else [limit]
+    params += [engine_id, engine_id, _ms(ttl), ADMITTED_PARAM]
+    with connections[using].cursor() as cursor:
+        cursor.execute(_SQL[served is not None], params)
+        claimed = {wid: (epoch, previous) for wid, epoch, previous in cursor.fetchall() if wid is not None}
+        loaded = empty_loaded()
+        try:
+            if not cursor.nextset():
+                raise RuntimeError("the acquire-and-load batch returned only the claims")
+            read_loaded(cursor, using, loaded)
+        except Exception:  # a row that cannot be converted: the caller's load finds and isolates it
+            while cursor.nextset():
+                pass
+            return claimed, None
+    return claimed, loaded
