@@ -80,3 +80,18 @@ def test_inside_a_transaction_the_engine_acquires_then_loads():
     with transaction.atomic():
         assert not taking.available("default")
         assert ownership.acquire_and_load("al-1", limit=10, ttl=TTL, using="default") is None
+
+
+def test_the_claim_statement_reads_the_free_index_in_order_whatever_the_statistics():
+    """Statistics taken while no claim was free make the planner expect a handful: without the
+    statement's own setting it may read every free claim (a bitmap scan and a sort) before the LIMIT."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute("ANALYZE weft_django_workflowclaim")  # no claim is free now
+    weft.start_many([weft.StartRequest("tests.load_round_trips", args=[f"k{i}"]) for i in range(300)])
+    claim_sql = taking._claim_and_note(False)
+    params = [10, "al-1", "al-1", 30000]
+    with transaction.atomic(), connections["default"].cursor() as cursor:
+        cursor.execute(taking._PLAN_IN_ORDER)
+        cursor.execute("EXPLAIN " + claim_sql, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "Index Scan using weft_claim_free" in plan and "Bitmap" not in plan, plan
