@@ -78,19 +78,25 @@ def summarise_profile(path: Path, top: int = 14) -> list[str]:
     return [f"{n * 100 / total:5.1f}%  {frame[:110]}" for frame, n in where.most_common(top)] if total else []
 
 
-def weft_many(n: int, stamp: str, profile: bool = False, concurrency: int = 8, loop: bool = False) -> dict[str, Any]:
+def weft_many(
+    n: int, stamp: str, profile: bool = False, concurrency: int = 8, loop: bool = False, engines: int = 1
+) -> dict[str, Any]:
     import weft_django as weft
     from benchmarks.benchapp.workflows import three_noop
     from benchmarks.peer_apps.weft_bench import Engine, _completed, settle
 
-    label = "loop" if loop else "many"
+    label = "loop" if loop else f"many{engines}"
+    logs = {k: RESULTS / f"{stamp}-bulk-engine-{label}-{k}.log" for k in range(2, engines + 1)}
+    others = [Engine(f"bulk-{k}", concurrency, log) for k, log in logs.items()]
     engine = Engine("bulk-1", concurrency, RESULTS / f"{stamp}-bulk-engine-{label}.log")
     try:
+        for other in others:
+            other.wait_ready()
         engine.wait_ready()
         weft.start_many([weft.StartRequest(three_noop, args=[i]) for i in range(20)])  # warm-up
         common.wait_until(lambda: _completed() >= 20, 60, what="warm-up")
         settle()
-        before, cpu0 = common.db_counters(common.DATABASES["weft"]), engine.cpu()
+        before, cpu0 = common.db_counters(common.DATABASES["weft"]), _cpu([engine, *others])
         base = _completed()
         sampler = Sampler(clients_only=False)
         sampler.start()
@@ -108,7 +114,7 @@ def weft_many(n: int, stamp: str, profile: bool = False, concurrency: int = 8, l
                 raise TimeoutError("weft: not all completed within 600 s")
             time.sleep(0.02)
         t_end = time.perf_counter()
-        cpu1 = engine.cpu()
+        cpu1 = _cpu([engine, *others])
         sampler.stop.set()
         sampler.join()
         if spy is not None:
@@ -116,8 +122,10 @@ def weft_many(n: int, stamp: str, profile: bool = False, concurrency: int = 8, l
         settle()
         d = common.delta(before, common.db_counters(common.DATABASES["weft"]))
     finally:
-        engine.stop()
-    out = common.throughput_summary(n, t_started - t0, t_end - t0)
+        for running in (engine, *others):
+            running.stop()
+    out: dict[str, Any] = dict(common.throughput_summary(n, t_started - t0, t_end - t0))
+    out["engines"] = engines
     out["engine_cpu_ms_per_workflow"] = ((cpu1 or 0) - (cpu0 or 0)) * 1000 / n
     out["db_commits_per_workflow"] = d["xact_commit"] / n
     out["engine_log"] = str(engine.log_path)
@@ -125,6 +133,11 @@ def weft_many(n: int, stamp: str, profile: bool = False, concurrency: int = 8, l
     if profile:
         out["engine_profile"] = summarise_profile(RESULTS / f"{stamp}-bulk-engine.pyspy")
     return out
+
+
+def _cpu(engines: list[Any]) -> float | None:
+    seconds = [engine.cpu() for engine in engines]
+    return None if any(second is None for second in seconds) else sum(seconds)
 
 
 def _subprocess(command: list[str], out: Path) -> dict[str, Any]:
@@ -147,9 +160,25 @@ def raw_many(n: int, stamp: str) -> dict[str, Any]:
     return _subprocess([*command, "--json", str(out)], out)
 
 
-def report_many(n: int, weft: dict[str, Any], dbos: dict[str, Any], raw: dict[str, Any], loop: dict[str, Any]) -> str:
+def report_many(
+    n: int,
+    weft: dict[str, Any],
+    dbos: dict[str, Any],
+    raw: dict[str, Any],
+    loop: dict[str, Any],
+    two: dict[str, Any] | None = None,
+) -> str:
     w = weft.get("workflows_per_s")
     rows = [["weft_django start_many, one engine", _fmt(w), _fmt(weft.get("starts_per_s"), 0), "1.00x"]]
+    if two:
+        rows.append(
+            [
+                "weft_django start_many, two engines",
+                _fmt(two["workflows_per_s"]),
+                _fmt(two["starts_per_s"], 0),
+                _ratio(two["workflows_per_s"], w),
+            ]
+        )
     if loop:
         rows.append(
             [
@@ -339,7 +368,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workflows", type=int, default=10_000)
     parser.add_argument("--parts", default="many,concurrent")
-    parser.add_argument("--systems", default="weft,loop,dbos,raw", help="many: which (loop: weft start() loop)")
+    parser.add_argument(
+        "--systems", default="weft,loop,dbos,raw", help="many: which (loop: weft start() loop; weft2: two engines)"
+    )
     parser.add_argument("--per-client", type=int, default=400, help="concurrent: starts per client")
     parser.add_argument("--rounds", type=int, default=2, help="concurrent: rounds (before/after alternate)")
     parser.add_argument("--engine-concurrency", type=int, default=8, help="many: weft_engine --concurrency")
@@ -363,17 +394,18 @@ def main(argv: list[str] | None = None) -> None:
         runners = {
             "weft": lambda: weft_many(n, stamp, options.profile, options.engine_concurrency),
             "weft_loop": lambda: weft_many(n, stamp, concurrency=options.engine_concurrency, loop=True),
+            "weft2": lambda: weft_many(n, stamp, concurrency=options.engine_concurrency, engines=2),
             "raw": lambda: raw_many(n, stamp),
             "dbos": lambda: dbos_many(n, stamp),
         }
         for name, runner in runners.items():
             found[name] = {}
-            if (name if name != "weft_loop" else "loop") in systems:
+            if {"weft_loop": "loop"}.get(name, name) in systems:
                 load[name] = os.getloadavg()[0]
                 found[name] = runner()
                 print(name, found[name], flush=True)
         found["load_before"] = load
-        lines += ["", report_many(n, found["weft"], found["dbos"], found["raw"], found["weft_loop"])]
+        lines += ["", report_many(n, found["weft"], found["dbos"], found["raw"], found["weft_loop"], found["weft2"])]
         lines.append("load average (1 min) before each: " + ", ".join(f"{k} {v:.1f}" for k, v in load.items()))
     if "concurrent" in parts:
         found["concurrent"] = concurrent(options.per_client, options.rounds)
