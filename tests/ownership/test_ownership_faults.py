@@ -99,6 +99,38 @@ def test_renewal_reports_a_claim_taken_by_another_epoch():
     assert ownership.renew("engine-a", {"fence-4": epoch}, _td(30), "default") == {"fence-4"}
 
 
+def test_renewal_runs_in_chunks_and_reports_what_each_lost(monkeypatch):
+    """On PostgreSQL one statement per RENEW_CHUNK claims, each its own transaction (one statement
+    over every held claim kept them all locked while it ran: 4 s at 500,000, and every commit for
+    those workflows deferred meanwhile)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the chunks are PostgreSQL's form; SQLite renews in one transaction")
+    from django.db import connections
+    from django.test.utils import CaptureQueriesContext
+
+    from weft_django.store.claims import holding
+
+    monkeypatch.setattr(holding, "RENEW_CHUNK", 2)
+    ids = [f"chunk-{i}" for i in range(5)]
+    for wid in ids:
+        weft.start("tests.sum", args=[1, 2], id=wid)
+    got = ownership.acquire("engine-a", limit=10, ttl=_td(30), renew_interval=_td(5), using="default")
+    epochs = {wid: got[wid][0] for wid in ids}
+    _expire("chunk-3")
+    ownership.acquire("engine-b", limit=10, ttl=_td(30), renew_interval=_td(5), using="default", takeover=True)
+    _expire("chunk-0")  # still ours: renewed again
+    with CaptureQueriesContext(connections["default"]) as captured:
+        lost = ownership.renew("engine-a", epochs, _td(30), "default")
+    assert lost == {"chunk-3"}
+    updates = [q for q in captured.captured_queries if "UPDATE weft_django_workflowclaim" in q["sql"]]
+    assert len(updates) == 3  # 2 + 2 + 1
+    from weft_django.store.clock import db_now
+
+    mine = WorkflowClaim.objects.filter(engine_id="engine-a")
+    assert sorted(mine.values_list("workflow_id", flat=True)) == ["chunk-0", "chunk-1", "chunk-2", "chunk-4"]
+    assert all(claim.expires_at > db_now() for claim in mine)
+
+
 @pytest.mark.subprocess
 def test_frozen_engine_is_taken_over_and_its_late_result_is_refused(weft_engines):
     handle = weft.start("tests.slow", args=["frozen", 2, 2.5], id="frozen")

@@ -227,6 +227,26 @@ def _acquire_one_writer(
     return claimed
 
 
+# Claims one renewal statement extends (PostgreSQL). Each statement locks its rows until it ends, and
+# a commit meeting such a row defers (SKIP LOCKED): one statement over 500,000 claims held them ~4 s.
+RENEW_CHUNK = 5000
+
+
+def _renew_pg(cursor: Any, ids: list[str], epochs: list[int], engine_id: str, ttl: timedelta) -> set[str]:
+    cursor.execute(
+        f"""WITH mine AS (
+                SELECT c.workflow_id FROM {CLAIM_TABLE} c
+                JOIN unnest(%s::text[], %s::bigint[]) AS o(workflow_id, epoch)
+                  ON o.workflow_id = c.workflow_id AND o.epoch = c.epoch
+                WHERE c.engine_id = %s
+                ORDER BY c.workflow_id FOR NO KEY UPDATE OF c SKIP LOCKED)
+            UPDATE {CLAIM_TABLE} AS claim SET expires_at = clock_timestamp() + %s * interval '1 millisecond'
+            FROM mine WHERE claim.workflow_id = mine.workflow_id RETURNING claim.workflow_id""",
+        [ids, epochs, engine_id, _ms(ttl)],
+    )
+    return {row[0] for row in cursor.fetchall()}
+
+
 def renew(engine_id: str, owned: dict[str, int], ttl: timedelta, using: str) -> set[str]:
     """Extend every claim still held at its epoch, skipping rows a commit holds.
 
@@ -243,19 +263,10 @@ def renew(engine_id: str, owned: dict[str, int], ttl: timedelta, using: str) -> 
     ids = sorted(owned)
     epochs = [owned[i] for i in ids]
     with found.connection.cursor() as cursor:
-        if found.skips_locked:
-            cursor.execute(
-                f"""WITH mine AS (
-                        SELECT c.workflow_id FROM {CLAIM_TABLE} c
-                        JOIN unnest(%s::text[], %s::bigint[]) AS o(workflow_id, epoch)
-                          ON o.workflow_id = c.workflow_id AND o.epoch = c.epoch
-                        WHERE c.engine_id = %s
-                        ORDER BY c.workflow_id FOR NO KEY UPDATE OF c SKIP LOCKED)
-                    UPDATE {CLAIM_TABLE} AS claim SET expires_at = clock_timestamp() + %s * interval '1 millisecond'
-                    FROM mine WHERE claim.workflow_id = mine.workflow_id RETURNING claim.workflow_id""",
-                [ids, epochs, engine_id, _ms(ttl)],
-            )
-            renewed = {row[0] for row in cursor.fetchall()}
+        if found.skips_locked:  # one autocommit statement per chunk: each holds its rows' locks briefly
+            renewed = set()
+            for at in range(0, len(ids), RENEW_CHUNK):
+                renewed |= _renew_pg(cursor, ids[at : at + RENEW_CHUNK], epochs[at : at + RENEW_CHUNK], engine_id, ttl)
         else:
             with transaction.atomic(using=using):
                 now = _python_now()
