@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 import weft_django as weft
 from tests.testapp.models import ActivityCall, Reservation
+from weft_django.engine.engine import Engine
 from weft_django.models import Step, Workflow, WorkflowClaim
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -157,3 +160,15 @@ def test_a_timed_out_atomic_attempt_never_commits_its_writes(weft_run_until_idle
     assert list(Reservation.objects.values_list("order_id", flat=True)) == [52]
     step = Step.objects.get(workflow_id=handle.id, seq=0)
     assert step.status == "completed" and step.attempts == 2
+
+
+def test_renewal_reads_the_loops_live_claims_without_a_publish_per_pass():
+    """The engine publishes its own dicts once; renewal copies them at each pass (engine/renewal.py)."""
+    engine = Engine("renew-live")
+    engine._publish_epochs()
+    assert engine.renewal.epochs() == {}
+    engine.residency.evicted["parked-1"] = 7
+    engine.owned["live-1"] = types.SimpleNamespace(epoch=3)  # type: ignore[assignment]
+    assert engine.renewal.epochs() == {"parked-1": 7, "live-1": 3}
+    del engine.owned["live-1"]
+    assert engine.renewal.epochs() == {"parked-1": 7}

@@ -588,4 +588,4 @@ class Engine:
         return self.progress.answer_query(workflow_id, name, *args)
 
     def _publish_epochs(self) -> None:
-        self.renewal.publish({wid: o.epoch for wid, o in self.owned.items()}, self.residency.evicted)
+        self.renewal.publish(self.owned, self.residency.evicted)  # the live dicts: no copy per pass

@@ -7,8 +7,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
+from typing import Protocol
 
 from django.db import DatabaseError, close_old_connections, connections
 
@@ -20,6 +21,12 @@ from . import ownership
 from .wake import Wake
 
 logger = logging.getLogger("weft_django.engine.engine")
+
+
+class Held(Protocol):
+    """A live context as renewal reads it: its claim's epoch (engine/owned.py's Owned)."""
+
+    epoch: int
 
 
 class StoreLease:
@@ -133,16 +140,24 @@ class Renewal:
         self.wake = wake
         self.lease = lease
         self.on_failure = on_failure
-        self._epochs: dict[str, int] = {}  # what the loop holds, as of its last publish()
+        self._held: Mapping[str, Held] = {}  # the loop's live contexts (the same dict object)
         self._evicted: dict[str, int] = {}  # the loop's evicted claims (the same dict object)
 
-    def publish(self, epochs: dict[str, int], evicted: dict[str, int] | None = None) -> None:
-        """The claims the loop holds now (by workflow id: epoch), for the next renewal; ``evicted``:
-        the loop's dict of claims held without a resident generator (engine/residency.py), read at
-        each renewal (copied in one step under the GIL: the loop mutates it)."""
+    def publish(self, held: Mapping[str, Held], evicted: dict[str, int] | None = None) -> None:
+        """The loop's dicts of the claims it holds, read at each renewal: ``held``, its live contexts
+        by workflow id (each with its claim's ``epoch``), and ``evicted``, the claims it holds without
+        a resident generator (engine/residency.py), by workflow id: epoch. Both are the loop's own
+        objects, copied in one step under the GIL at each renewal (the loop mutates them), so a pass
+        publishes nothing per workflow; call again only when the loop replaces one of them."""
         with self.wake.lock:
-            self._epochs = epochs
+            self._held = held
             self._evicted = evicted if evicted is not None else {}
+
+    def epochs(self) -> dict[str, int]:
+        """What the next renewal extends: every claim the loop holds, by workflow id: epoch."""
+        with self.wake.lock:
+            held, evicted = list(self._held.items()), dict(self._evicted)  # each one C-level copy
+        return {**evicted, **{wid: context.epoch for wid, context in held}}
 
     def thread(self, stop: threading.Event) -> threading.Thread:
         """The renewal thread (not started), running until ``stop`` is set."""
@@ -153,8 +168,7 @@ class Renewal:
         store_sessions.bind(self.using, self.session_limit)
         try:
             while not stop.wait(interval):
-                with self.wake.lock:
-                    epochs = {**self._evicted, **self._epochs}
+                epochs = self.epochs()
                 try:
                     if not self.lease.renew():
                         self.wake.up()
