@@ -24,10 +24,13 @@ class PeriodicTask:
     name: str
     interval_seconds: Callable[[EngineHost], float]
     run: Callable[[EngineHost, datetime], bool]  # returns whether it did anything
-    last_run: float = 0.0
+    last_run: float | None = None  # time.monotonic() of its last run; None: never (due at once)
 
     def due(self, engine: EngineHost) -> bool:
-        return time.monotonic() - self.last_run >= self.interval_seconds(engine)
+        """Whether it runs on this pass: never run yet, or its interval has passed since it last ran
+        (``time.monotonic()`` counts from the machine's boot: a chore of an hour must not wait for
+        the first hour of uptime)."""
+        return self.last_run is None or time.monotonic() - self.last_run >= self.interval_seconds(engine)
 
     def run_contained(self, engine: EngineHost, now: datetime) -> bool:
         """Run the chore once; a chore that fails is logged with its exception and counts as having
