@@ -305,21 +305,21 @@ def _client_binding(cursor: Any) -> bool:
     return isinstance(getattr(cursor, "cursor", None), psycopg.ClientCursor)
 
 
-def load_statements(ids: str) -> list[str]:
-    """The five statements of PostgreSQL's load (runs, steps, applied updates, timers, admitted
-    updates) for the workflows ``ids`` names: ``IN (%s, %s)`` or ``= ANY(<an array>)``
-    (``store/claims/taking.py``: the ids its claim statement just took). The admitted statement takes
-    one parameter, the admitted status, after the ids."""
-    table = Workflow._meta.db_table
-    of_runs = f"IN (SELECT run_id FROM {table} WHERE id {ids})"
-    return [_runs_sql(ids), _steps_sql(of_runs), _applied_sql(of_runs), _timers_sql(ids), _admitted_sql(ids)]
+def load_sql(ids: str) -> str:
+    """The five statements of PostgreSQL's load in one query string (runs, steps, applied updates,
+    timers, admitted updates) for the workflows ``ids`` names: ``IN (%s, %s)`` or ``= ANY(<an
+    array>)`` (``store/claims/taking.py``: the ids its claim statement just took). Parameters: the ids
+    once per statement where ``ids`` has placeholders, then the admitted status."""
+    of_runs = f"IN (SELECT run_id FROM {Workflow._meta.db_table} WHERE id {ids})"
+    statements = [_runs_sql(ids), _steps_sql(of_runs), _applied_sql(of_runs), _timers_sql(ids), _admitted_sql(ids)]
+    return ";\n".join(statements)
 
 
-ADMITTED_PARAM = UpdateStatus.ADMITTED.value  # the parameter load_statements' last statement takes
+ADMITTED_PARAM = UpdateStatus.ADMITTED.value  # the parameter load_sql's last statement takes
 
 
 def read_loaded(cursor: Any, using: str, into: Loaded) -> None:
-    """Decode the five result sets of ``load_statements`` (the cursor at the first of them) into ``into``.
+    """Decode the five result sets of ``load_sql`` (the cursor at the first of them) into ``into``.
 
     Raises:
         DatabaseError: fewer result sets than statements; any other exception: a row could not be
@@ -377,8 +377,8 @@ def _load_batched(cursor: Any, workflow_ids: list[str], using: str) -> Loaded:
     statement are dropped (the claim's epoch fences whatever the engine does with the older run)."""
     loaded = empty_loaded()
     for chunk in _chunks(workflow_ids):
-        statements = load_statements(f"IN ({', '.join(['%s'] * len(chunk))})")
-        cursor.execute(";\n".join(statements), [*chunk * 5, ADMITTED_PARAM])
+        marks = ", ".join(["%s"] * len(chunk))
+        cursor.execute(load_sql(f"IN ({marks})"), [*chunk * 5, ADMITTED_PARAM])
         read_loaded(cursor, using, loaded)
     return loaded
 

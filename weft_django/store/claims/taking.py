@@ -18,7 +18,7 @@ from typing import Any
 from django.db import DatabaseError, connections
 
 from ..backend import backend
-from ..histories import ADMITTED_PARAM, Loaded, client_binding, empty_loaded, load_statements, read_loaded
+from ..histories import ADMITTED_PARAM, Loaded, client_binding, empty_loaded, load_sql, read_loaded
 from .holding import CLAIM_CANDIDATES, _ms, free_candidates
 
 # The ids the claim statement took, for the reads after it in the same transaction ('{}': none).
@@ -43,10 +43,8 @@ def _claim_and_note(served: bool) -> str:
 # the statistics; the reads after it plan as configured.
 _PLAN_IN_ORDER = "SET LOCAL enable_sort = off"
 _PLAN_AS_CONFIGURED = "SET LOCAL enable_sort TO DEFAULT"
-_SQL = {
-    served: ";\n".join([_PLAN_IN_ORDER, _claim_and_note(served), _PLAN_AS_CONFIGURED, *load_statements(_TAKEN_IDS)])
-    for served in (False, True)
-}
+_SQL_ALL = ";\n".join([_PLAN_IN_ORDER, _claim_and_note(False), _PLAN_AS_CONFIGURED, load_sql(_TAKEN_IDS)])
+_SQL_SERVED = ";\n".join([_PLAN_IN_ORDER, _claim_and_note(True), _PLAN_AS_CONFIGURED, load_sql(_TAKEN_IDS)])
 
 
 def available(using: str) -> bool:
@@ -81,7 +79,7 @@ def acquire_and_load(
     params: list[Any] = [list(served), limit] if served is not None else [limit]
     params += [engine_id, engine_id, _ms(ttl), ADMITTED_PARAM]
     with connections[using].cursor() as cursor:
-        cursor.execute(_SQL[served is not None], params)
+        cursor.execute(_SQL_SERVED if served is not None else _SQL_ALL, params)
         if not cursor.nextset():  # past the SET: the claim statement's rows
             raise DatabaseError("the acquire-and-load batch returned no claims")
         claimed = {wid: (epoch, previous) for wid, epoch, previous in cursor.fetchall() if wid is not None}
