@@ -157,3 +157,41 @@ def test_a_big_batch_takes_the_general_path():
     assert result.committed == set(runs) and result.lost == {}
     assert [q["sql"].split()[0] for q in queries] == ["BEGIN", "SELECT", "WITH", "COMMIT"]  # lock, then writes
     assert Step.objects.filter(workflow_id__in=list(runs)).count() == 17
+
+
+def test_the_parent_lookup_only_for_runs_that_may_have_children(monkeypatch):
+    """The one statement looks for active children only of finishing runs that started one
+    (WorkflowWrites.started_children, as the general path reads it): a childless run's terminal
+    commit has no parent_id scan; a run with an active child is still left to the general path."""
+    from weft_django.store import prepared
+
+    runs = _claimed("lone", "dad")
+    weft.start("tests.signals", id="dad-kid")
+    Workflow.objects.filter(pk="dad-kid").update(parent_id="dad", parent_run_id=runs["dad"][0], parent_seq=1)
+    seen: list[str] = []
+    execute = prepared.execute
+
+    def spy(cursor, conn, sql, params):  # type: ignore[no-untyped-def]
+        seen.append(sql)
+        execute(cursor, conn, sql, params)
+
+    monkeypatch.setattr(prepared, "execute", spy)
+
+    def ending(wid: str, *, children: bool) -> store_commit.WorkflowWrites:
+        run_id, epoch = runs[wid]
+        step = StepRecord(0, "activity", "add", "completed", "3", attempts=1)
+        finish = store_commit.Finish("completed", result="3")
+        return store_commit.WorkflowWrites(wid, run_id, epoch, steps=[step], finish=finish, started_children=children)
+
+    result = fencing.fenced_commit(ENGINE, [ending("lone", children=False)], db_now(), "default")
+    assert result.committed == {"lone"}
+    assert len(seen) == 1 and "ended AS" in seen[0] and "parent_id" not in seen[0]
+    assert Workflow.objects.get(pk="lone").status == "completed"
+    assert WorkflowClaim.objects.get(pk="lone").engine_id is None
+
+    seen.clear()
+    result = fencing.fenced_commit(ENGINE, [ending("dad", children=True)], db_now(), "default")
+    assert result.committed == {"dad"}
+    assert "parent_id" in seen[0]  # found the active child: the general path closed the family
+    assert Workflow.objects.get(pk="dad").status == "completed"
+    assert Workflow.objects.get(pk="dad-kid").status not in ("pending", "running", "suspended")

@@ -336,9 +336,15 @@ def release_locked_claims(engine_id: str, workflow_ids: list[str], using: str, *
 # The claim parts of the one-statement commit (store/commit_statement.py composes them into its
 # statement). The fence ``f``: our claims at the epochs of the document ``raw``'s ``f`` list, locked in
 # workflow_id order, skipping rows another transaction holds.
+# The rows are found by primary key (the ``ANY`` of the listed ids); the holder is compared with IS
+# NOT DISTINCT FROM (the same test for a non-null engine id) so that the plan never walks every claim
+# the engine holds through weft_claim_holder (the generic plan chose it: 0.2-0.3 ms per statement
+# for an engine holding 1,000 claims, on every fenced commit).
 FENCE_CTE = (
-    f"f AS MATERIALIZED (SELECT c.workflow_id FROM {CLAIM_TABLE} c WHERE c.engine_id = %s AND "
-    "(c.workflow_id, c.epoch) IN (SELECT x->>0, (x->>1)::bigint FROM raw, jsonb_array_elements(raw.j->'f') x) "
+    f"f AS MATERIALIZED (SELECT c.workflow_id FROM {CLAIM_TABLE} c WHERE "
+    "c.workflow_id = ANY(ARRAY(SELECT x->>0 FROM raw, jsonb_array_elements(raw.j->'f') x)) "
+    "AND c.engine_id IS NOT DISTINCT FROM %s "
+    "AND (c.workflow_id, c.epoch) IN (SELECT x->>0, (x->>1)::bigint FROM raw, jsonb_array_elements(raw.j->'f') x) "
     "ORDER BY c.workflow_id FOR NO KEY UPDATE SKIP LOCKED)"
 )
 
@@ -346,10 +352,10 @@ FENCE_CTE = (
 def release_cte_sql(ids: str, runnable: str) -> str:
     """The release CTE of the one-statement commit: clear the holder (epoch kept) of our claims among
     the SQL array ``ids``, which the statement's fence locked; ``runnable``: the SQL of the new runnable
-    flag. Takes one parameter, the engine id."""
+    flag. Takes one parameter, the engine id (never null). Found by primary key, as ``FENCE_CTE``."""
     return (
         f"released AS (UPDATE {CLAIM_TABLE} SET engine_id = NULL, claimed_at = NULL, expires_at = NULL, "
-        f"runnable = {runnable} WHERE engine_id = %s AND workflow_id = ANY({ids}))"
+        f"runnable = {runnable} WHERE workflow_id = ANY({ids}) AND engine_id IS NOT DISTINCT FROM %s)"
     )
 
 
