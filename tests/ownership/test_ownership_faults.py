@@ -108,9 +108,9 @@ def test_renewal_runs_in_chunks_and_reports_what_each_lost(monkeypatch):
     from django.db import connections
     from django.test.utils import CaptureQueriesContext
 
-    from weft_django.store.claims import holding
+    from weft_django.store.claims import renewal
 
-    monkeypatch.setattr(holding, "RENEW_CHUNK", 2)
+    monkeypatch.setattr(renewal, "RENEW_CHUNK", 2)
     ids = [f"chunk-{i}" for i in range(5)]
     for wid in ids:
         weft.start("tests.sum", args=[1, 2], id=wid)

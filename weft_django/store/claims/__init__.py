@@ -2,6 +2,7 @@
 checks it).
 
 - ``holding``: acquire, renew, release, take over, and the fence locks of an engine's commits;
+- ``renewal``: extending the claims an engine holds, in chunks, and the lost ones it finds;
 - ``admission``: the claims of runs a queue admitted (the admitting engine holds them);
 - ``lifecycle``: the unheld claim of a new run (start, children, schedules), epoch rotation by the
   transitions, cancel's family lock, the test kit's claim edits.
@@ -31,7 +32,6 @@ from .holding import (
     release_claims,
     release_cte_sql,
     release_locked_claims,
-    renew,
     start_delayed,
     take_over,
     why_lost,
@@ -47,6 +47,7 @@ from .lifecycle import (
     unheld_claim_sql,
     write_claim,
 )
+from .renewal import renew
 
 __all__ = [
     "CHUNK",
