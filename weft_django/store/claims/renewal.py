@@ -15,6 +15,10 @@ from .holding import CHUNK, CLAIM_TABLE, _chunks, _ms
 
 # Claims one renewal statement extends (PostgreSQL). Each statement locks its rows until it ends, and
 # a commit meeting such a row defers (SKIP LOCKED): one statement over 500,000 claims held them ~4 s.
+# Each chunk's rows are found by primary key from its ids: the holder is compared with IS NOT DISTINCT
+# FROM (the same test for a non-null engine id), or the planner walks every claim the engine holds
+# through weft_claim_holder for each chunk (measured at 507,000 held: 200 ms per chunk of 5,000, 28 ms
+# by key).
 RENEW_CHUNK = 5000
 
 
@@ -24,7 +28,7 @@ def _renew_pg(cursor: Any, ids: list[str], epochs: list[int], engine_id: str, tt
                 SELECT c.workflow_id FROM {CLAIM_TABLE} c
                 JOIN unnest(%s::text[], %s::bigint[]) AS o(workflow_id, epoch)
                   ON o.workflow_id = c.workflow_id AND o.epoch = c.epoch
-                WHERE c.engine_id = %s
+                WHERE c.engine_id IS NOT DISTINCT FROM %s
                 ORDER BY c.workflow_id FOR NO KEY UPDATE OF c SKIP LOCKED)
             UPDATE {CLAIM_TABLE} AS claim SET expires_at = clock_timestamp() + %s * interval '1 millisecond'
             FROM mine WHERE claim.workflow_id = mine.workflow_id RETURNING claim.workflow_id""",
