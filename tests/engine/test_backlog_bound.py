@@ -1,6 +1,7 @@
-"""An engine does not claim a backlog it cannot run: once its activity threads have as many attempts
-waiting as they run, it acquires no new workflow (another engine may have room) and looks again as
-soon as capacity frees. Takeovers are not bounded (tests/ownership)."""
+"""An engine does not claim a backlog it cannot run while another engine may have room: once its
+activity threads have as many attempts waiting as they run, and another engine is live, it acquires
+no new workflow and looks again as soon as capacity frees. A single engine claims as before (a
+workflow that needs no thread still starts at once). Takeovers are not bounded (tests/ownership)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,12 @@ def backlog_held() -> str:
 @weft.workflow(name="tests.backlog_one_step")
 def one_step(ctx: Any) -> Any:
     return (yield ctx.run(backlog_held))
+
+
+@weft.workflow(name="tests.backlog_no_activity")
+def no_activity(ctx: Any) -> Any:
+    yield ctx.sleep("1ms")
+    return "slept"
 
 
 @pytest.fixture(autouse=True)
@@ -75,3 +82,23 @@ def test_a_saturated_engine_leaves_the_backlog_to_others_and_claims_again_when_i
         first.shutdown()
         second.shutdown()
     assert set(Workflow.objects.filter(pk__startswith="backlog-").values_list("result", flat=True)) == {'"done"'}
+
+
+@override_settings(WEFT={"CLAIM_BATCH_SIZE": 2, "POLL_INTERVAL": "50ms"})
+def test_a_single_saturated_engine_still_starts_work_that_needs_no_thread():
+    for i in range(4):
+        weft.start(one_step, id=f"backlog-{i}")
+    alone = Engine("backlog-alone", concurrency=1)
+    alone.start()
+    try:
+        _ticks(alone, 6)
+        assert alone.executor.saturated
+        weft.start(no_activity, id="backlog-sleeper")
+        deadline = time.monotonic() + 20
+        while Workflow.objects.get(pk="backlog-sleeper").status != "completed":
+            assert time.monotonic() < deadline, "a workflow without activities waited for the backlog"
+            alone.tick()
+            time.sleep(0.01)
+    finally:
+        GATE.set()
+        alone.shutdown()

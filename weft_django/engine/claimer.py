@@ -50,8 +50,10 @@ class Claimer:
             previous holder).
         served: the queues of WEFT["QUEUES"] it admits from (None: all of them).
         saturated: whether the engine's activity threads already have as much work waiting as they
-            run: then no new workflow is acquired or admitted (they would only wait, and another
-            engine may have room), and the scan runs again on the pass after capacity frees.
+            run: then, while another engine is live (looked up once per renew interval), no new
+            workflow is acquired or admitted (they would only wait here, and another engine may have
+            room), and the scan runs again on the pass after capacity frees. A single engine claims
+            as before (nobody else would: a workflow that needs no thread still starts at once).
             Takeovers are not bounded.
     """
 
@@ -66,6 +68,7 @@ class Claimer:
     ) -> None:
         self.engine_id = engine_id
         self.saturated = saturated
+        self._peers: tuple[float, bool] | None = None  # (time.monotonic() of the look, another engine is live)
         self.settings = settings
         self.using = using
         self.mode = settings.ownership
@@ -128,7 +131,7 @@ class Claimer:
         claimed = Claimed()
         requested = self.last_claim_scan == 0.0  # a full batch or new children: look again now
         scan_due = requested or (scan and clock - self.last_claim_scan >= poll)
-        if (force or scan_due) and self.saturated():
+        if (force or scan_due) and self.saturated() and self._others_live(clock):
             self.last_claim_scan = 0.0  # a backlog of attempts: claim more once capacity frees
         elif force or scan_due:
             self.last_claim_scan = clock
@@ -174,6 +177,17 @@ class Claimer:
             if len(got) >= self.capacity:
                 self.last_takeover_scan = 0.0  # a full pass: start the next one at once
         return claimed
+
+    def _others_live(self, clock: float) -> bool:
+        """Whether another engine is live (a heartbeat within the claim TTL), looked up at most once
+        per renew interval."""
+        every = self.settings.workflow_claim_renew_interval.total_seconds()
+        if self._peers is None or clock - self._peers[0] >= every:
+            others = engines.other_live_engines(
+                self.engine_id, within=self.settings.workflow_claim_ttl, using=self.using
+            )
+            self._peers = (clock, bool(others))
+        return self._peers[1]
 
     def _take_lapsed(self, clock: float) -> dict[str, tuple[int, str | None]]:
         """The takeover scan: every held claim once per FULL_TAKEOVER_EVERY renew intervals, else
