@@ -1,0 +1,96 @@
+"""Where one engine's passes go with a backlog: N three-step workflows started by one ``start_many``,
+drained by an engine in THIS process, pass by pass; prints the passes, the workflows per fenced
+commit, and the loop thread's time per statement shape.
+
+    PYTHONPATH=$PWD /work/venv-bench/bin/python -m benchmarks.pass_profile [--workflows 10000] [--concurrency 8]
+
+Database ``<WEFT_BENCH_PG_NAME or weft_pass_profile>`` (dropped and re-created). The engine is the
+library's ``Engine`` ticked in a loop (no subprocess), so the figures include this process's own
+polling (a COUNT every idle pass). Used for docs/benchmarks.md's "where the time goes"; the headline
+throughput comes from ``benchmarks.bulk_starts`` (a real ``weft_engine`` subprocess).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import threading
+import time
+from typing import Any
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--workflows", type=int, default=10_000)
+    parser.add_argument("--concurrency", type=int, default=8)
+    options = parser.parse_args()
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+    name = os.environ.setdefault("WEFT_BENCH_PG_NAME", "weft_pass_profile")
+    import psycopg
+
+    with psycopg.connect("host=127.0.0.1 user=postgres dbname=postgres", autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.execute(f"CREATE DATABASE {name}")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection
+
+    import weft_django as weft
+    from benchmarks.benchapp.workflows import three_noop
+    from weft_django.engine.engine import Engine
+    from weft_django.models import Workflow
+
+    call_command("migrate", verbosity=0)
+    seconds: collections.Counter[str] = collections.Counter()
+    calls: collections.Counter[str] = collections.Counter()
+
+    def timed(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            if threading.current_thread() is threading.main_thread():
+                shape = re.sub(r"\s+", " ", sql)[:70]
+                seconds[shape] += time.perf_counter() - started
+                calls[shape] += 1
+
+    engine = Engine("pass-profile", concurrency=options.concurrency)
+    batches: list[int] = []
+    commit = engine._commit
+
+    def counting_commit(batch: list[Any], now: Any) -> set[str]:
+        batches.append(len(batch))
+        return commit(batch, now)
+
+    engine._commit = counting_commit  # type: ignore[method-assign]
+    engine.start()
+    n = options.workflows
+    weft.start_many([weft.StartRequest(three_noop, args=[i]) for i in range(n)])
+    connection.execute_wrappers.append(timed)  # the engine's statements from here on (the loop runs here)
+    started, passes, most = time.perf_counter(), 0, 0
+    while True:
+        busy = engine.tick()
+        passes += 1
+        most = max(most, len(engine.owned))
+        if not busy:
+            if Workflow.objects.filter(status="completed").count() >= n:
+                break
+            engine._wait(0.01)
+    elapsed = time.perf_counter() - started
+    engine.shutdown()
+    print(f"{n:,} workflows in {elapsed:.2f} s ({n / elapsed:,.0f} wf/s), concurrency {options.concurrency}")
+    print(
+        f"passes {passes:,}; fenced commits {len(batches):,}, workflows per commit: mean "
+        f"{sum(batches) / max(1, len(batches)):.1f}, max {max(batches, default=0)}; most held at once {most:,}"
+    )
+    print(f"the loop thread's statements: {sum(seconds.values()):.2f} s of {elapsed:.2f} s")
+    for shape, spent in seconds.most_common(12):
+        print(f"{spent:7.2f} s {calls[shape]:7,}  {shape}")
+
+
+if __name__ == "__main__":
+    main()
