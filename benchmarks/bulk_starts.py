@@ -170,24 +170,10 @@ def report_many(
 ) -> str:
     w = weft.get("workflows_per_s")
     rows = [["weft_django start_many, one engine", _fmt(w), _fmt(weft.get("starts_per_s"), 0), "1.00x"]]
-    if two:
-        rows.append(
-            [
-                "weft_django start_many, two engines",
-                _fmt(two["workflows_per_s"]),
-                _fmt(two["starts_per_s"], 0),
-                _ratio(two["workflows_per_s"], w),
-            ]
-        )
-    if loop:
-        rows.append(
-            [
-                "weft_django start() loop, one engine",
-                _fmt(loop["workflows_per_s"]),
-                _fmt(loop["starts_per_s"], 0),
-                _ratio(loop["workflows_per_s"], w),
-            ]
-        )
+    for label, other in (("weft_django start_many, two engines", two), ("weft_django start() loop, one engine", loop)):
+        if other:
+            rate = other["workflows_per_s"]
+            rows.append([label, _fmt(rate), _fmt(other["starts_per_s"], 0), _ratio(rate, w)])
     best = None
     for part, label in (("a", "DBOS start_workflow loop"), ("a_queue", "DBOS queue.enqueue loop")):
         a = dbos.get(part)

@@ -11,7 +11,7 @@ from django.db import transaction
 
 from ..backend import backend
 from ..clock import _python_now
-from .holding import CHUNK, CLAIM_TABLE, _chunks, _ms
+from .holding import CHUNK, CLAIM_TABLE, _chunks, _ms, lock_claims
 
 # Claims one renewal statement extends (PostgreSQL). Each statement locks its rows until it ends, and
 # a commit meeting such a row defers (SKIP LOCKED): one statement over 500,000 claims held them ~4 s.
@@ -58,17 +58,11 @@ def renew(engine_id: str, owned: dict[str, int], ttl: timedelta, using: str) -> 
             for at in range(0, len(ids), RENEW_CHUNK):
                 renewed |= _renew_pg(cursor, ids[at : at + RENEW_CHUNK], epochs[at : at + RENEW_CHUNK], engine_id, ttl)
         else:
-            with transaction.atomic(using=using):
+            with transaction.atomic(using=using):  # SQLite: one writer at a time, no row locks
                 now = _python_now()
                 renewed = set()
                 for part in _chunks(ids, CHUNK):
-                    marks = ", ".join(["%s"] * len(part))
-                    cursor.execute(
-                        f"SELECT workflow_id, epoch FROM {CLAIM_TABLE} "
-                        f"WHERE engine_id = %s AND workflow_id IN ({marks})",
-                        [engine_id, *part],
-                    )
-                    mine = [wid for wid, epoch in cursor.fetchall() if owned[wid] == epoch]
+                    mine = sorted(lock_claims(engine_id, {wid: owned[wid] for wid in part}, using))
                     if mine:
                         marks = ", ".join(["%s"] * len(mine))
                         cursor.execute(
