@@ -56,7 +56,7 @@ def _ticks(engine: Engine, n: int) -> None:
         time.sleep(0.02)
 
 
-@override_settings(WEFT={"CLAIM_BATCH_SIZE": 2, "POLL_INTERVAL": "50ms"})
+@override_settings(WEFT={"CLAIM_BATCH_SIZE": 2, "POLL_INTERVAL": "10s"})
 def test_a_saturated_engine_leaves_the_backlog_to_others_and_claims_again_when_it_frees():
     for i in range(8):
         weft.start(one_step, id=f"backlog-{i}")
@@ -65,14 +65,15 @@ def test_a_saturated_engine_leaves_the_backlog_to_others_and_claims_again_when_i
     first.start()
     second.start()
     try:
-        _ticks(first, 10)  # one batch of 2: one attempt runs, one waits -> saturated
+        _ticks(first, 10)  # one batch of 2: one attempt runs, one waits -> saturated (no maintenance
+        # pass for 10 s: none of its wake-up passes acquires while the other engine is live)
         assert len(first.owned) == 2 and _held_by("backlog-a") == 2
         assert first.executor.saturated
         _ticks(second, 10)  # the other engine finds the rest unclaimed
         assert _held_by("backlog-b") == 2
         assert WorkflowClaim.objects.filter(engine_id__isnull=True, workflow_id__startswith="backlog-").count() == 4
-        GATE.set()  # capacity frees: both engines claim and finish the rest
-        deadline = time.monotonic() + 30
+        GATE.set()  # capacity frees: both engines claim the rest at once (not at the next poll)
+        deadline = time.monotonic() + 8  # well inside the 10 s POLL_INTERVAL
         while Workflow.objects.filter(pk__startswith="backlog-", status="completed").count() < 8:
             assert time.monotonic() < deadline, "the backlog did not drain"
             first.tick()
@@ -102,3 +103,28 @@ def test_a_single_saturated_engine_still_starts_work_that_needs_no_thread():
     finally:
         GATE.set()
         alone.shutdown()
+
+
+@override_settings(WEFT={"CLAIM_BATCH_SIZE": 2, "POLL_INTERVAL": "100ms"})
+def test_with_every_engine_saturated_new_work_still_starts_at_a_maintenance_pass():
+    for i in range(4):
+        weft.start(one_step, id=f"backlog-{i}")
+    first = Engine("backlog-a", concurrency=1)
+    second = Engine("backlog-b", concurrency=1)
+    first.start()
+    second.start()
+    try:
+        _ticks(first, 5)
+        _ticks(second, 5)
+        assert first.executor.saturated and second.executor.saturated
+        weft.start(no_activity, id="backlog-sleeper")
+        deadline = time.monotonic() + 20
+        while Workflow.objects.get(pk="backlog-sleeper").status != "completed":
+            assert time.monotonic() < deadline, "new work waited for a thread to free"
+            first.tick()
+            second.tick()
+            time.sleep(0.01)
+    finally:
+        GATE.set()
+        first.shutdown()
+        second.shutdown()

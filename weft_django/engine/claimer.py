@@ -49,12 +49,13 @@ class Claimer:
         on_taken_over: called for each workflow taken over from another engine (workflow id, epoch,
             previous holder).
         served: the queues of WEFT["QUEUES"] it admits from (None: all of them).
-        saturated: whether the engine's activity threads already have as much work waiting as they
-            run: then, while another engine is live (looked up once per renew interval), no new
-            workflow is acquired or admitted (they would only wait here, and another engine may have
-            room), and the scan runs again on the pass after capacity frees. A single engine claims
-            as before (nobody else would: a workflow that needs no thread still starts at once).
-            Takeovers are not bounded.
+        saturated: whether the engine's activity threads already have as many attempts waiting as
+            they run: then, in "workflow-lease" mode while another engine is live (looked up once per
+            renew interval), new unheld workflows are acquired only on maintenance passes, one batch
+            each (about once per POLL_INTERVAL), not on every wake-up and full-batch rescan: a backlog
+            is left to engines with room, and a workflow that needs no thread still starts within a
+            poll or so. A single engine, "lease" and "none" claim as before; queue admission (bound by
+            the queues' own limits) and takeovers are not throttled.
     """
 
     def __init__(
@@ -68,6 +69,8 @@ class Claimer:
     ) -> None:
         self.engine_id = engine_id
         self.saturated = saturated
+        self._held_back = False  # the throttle skipped or cut an acquire: scan again once it ends
+        self._more_delayed = False  # the last delayed-start pass was full: fire again on the next pass
         self._peers: tuple[float, bool] | None = None  # (time.monotonic() of the look, another engine is live)
         self.settings = settings
         self.using = using
@@ -129,25 +132,28 @@ class Claimer:
         poll = self.settings.poll_interval.total_seconds()
         clock = time.monotonic()
         claimed = Claimed()
-        requested = self.last_claim_scan == 0.0  # a full batch or new children: look again now
+        throttled = self._throttled(clock)
+        # A full batch or new children: look again now; so too once a throttle that held work back ends.
+        requested = self.last_claim_scan == 0.0 or (self._held_back and not throttled)
         scan_due = requested or (scan and clock - self.last_claim_scan >= poll)
-        if (force or scan_due) and self.saturated() and self._others_live(clock):
-            self.last_claim_scan = 0.0  # a backlog of attempts: claim more once capacity frees
-        elif force or scan_due:
+        if force or scan_due:
             self.last_claim_scan = clock
-            got = self._acquire_free(claimed)
-            events.claims_acquired(self.engine_id, got, self.using)
-            claimed.update({wid: epoch for wid, (epoch, _) in got.items()})
-            if len(got) >= self.capacity:
-                self.last_claim_scan = 0.0  # a full batch: more may be waiting, scan again next tick
-            claimed.update(self._admit())
-        if scan:  # delayed starts send no wake-up: found by the maintenance scan alone (once per poll,
-            # not on the rescans a full batch asks for: with a backlog that was every pass)
-            claimed.update(
-                ownership.fire_delayed_starts(
-                    self.engine_id, limit=self.capacity, ttl=self.settings.workflow_claim_ttl, using=self.using
-                )
+            self._held_back = throttled and not scan
+            if not self._held_back:  # a backlog of attempts: one batch per maintenance pass only
+                got = self._acquire_free(claimed)
+                events.claims_acquired(self.engine_id, got, self.using)
+                claimed.update({wid: epoch for wid, (epoch, _) in got.items()})
+                if len(got) >= self.capacity:  # a full batch: more may be waiting, scan again next tick
+                    self._held_back = throttled
+                    self.last_claim_scan = clock if throttled else 0.0
+            claimed.update(self._admit())  # queues bound themselves (their limits, per_engine)
+        if scan or self._more_delayed:  # delayed starts send no wake-up: the maintenance scan finds them
+            # (once per poll, not on every rescan a full batch asks for), and a full batch looks again
+            fired = ownership.fire_delayed_starts(
+                self.engine_id, limit=self.capacity, ttl=self.settings.workflow_claim_ttl, using=self.using
             )
+            self._more_delayed = len(fired) >= self.capacity
+            claimed.update(fired)
         if self.take_over_now or (self.mode == OwnershipMode.LEASE and clock - self.last_takeover_scan >= poll):
             got = ownership.take_over_from_others(
                 self.engine_id, limit=self.capacity, ttl=self.settings.workflow_claim_ttl, using=self.using
@@ -177,6 +183,13 @@ class Claimer:
             if len(got) >= self.capacity:
                 self.last_takeover_scan = 0.0  # a full pass: start the next one at once
         return claimed
+
+    def _throttled(self, clock: float) -> bool:
+        """Whether new unheld workflows are acquired only once per maintenance pass (about once per
+        POLL_INTERVAL) instead of on every wake-up and full-batch rescan: the activity threads have as
+        many attempts waiting as they run, and another "workflow-lease" engine is live to take them.
+        Never under "lease" / "none" (one engine drives every workflow)."""
+        return self.mode == OwnershipMode.WORKFLOW_LEASE and self.saturated() and self._others_live(clock)
 
     def _others_live(self, clock: float) -> bool:
         """Whether another engine is live (a heartbeat within the claim TTL), looked up at most once
@@ -220,13 +233,18 @@ class Claimer:
     def _acquire_free(self, into: Claimed) -> dict[str, tuple[int, str | None]]:
         """Unheld runnable workflows, with their load in the same round trip where the database allows
         (kept in ``into.loaded`` for the loader)."""
-        both = ownership.acquire_and_load(
-            self.engine_id,
-            limit=self.capacity,
-            ttl=self.settings.workflow_claim_ttl,
-            using=self.using,
-            served=self.served,
-        )
+        try:
+            both = ownership.acquire_and_load(
+                self.engine_id,
+                limit=self.capacity,
+                ttl=self.settings.workflow_claim_ttl,
+                using=self.using,
+                served=self.served,
+            )
+        except DatabaseError as exc:  # nothing was claimed (one transaction): a load that keeps failing
+            # must not keep the oldest batch from every engine, so this pass claims first, then loads
+            logger.warning("acquire-and-load failed engine=%s error=%s; acquiring alone", self.engine_id, exc)
+            both = None
         if both is None:
             return self._acquire(takeover=False)
         got, into.loaded = both

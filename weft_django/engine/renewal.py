@@ -156,8 +156,11 @@ class Renewal:
     def epochs(self) -> dict[str, int]:
         """What the next renewal extends: every claim the loop holds, by workflow id: epoch."""
         with self.wake.lock:
-            held, evicted = list(self._held.items()), dict(self._evicted)  # each one C-level copy
-        return {**evicted, **{wid: context.epoch for wid, context in held}}
+            # dict(d) of an exact dict copies in C without running Python code; list(d.items()) makes
+            # a tuple per entry, which can start a garbage collection whose finalizers let the loop
+            # thread change the dict mid-copy ("dictionary changed size during iteration").
+            held, evicted = dict(self._held), dict(self._evicted)
+        return {**evicted, **{wid: context.epoch for wid, context in held.items()}}
 
     def thread(self, stop: threading.Event) -> threading.Thread:
         """The renewal thread (not started), running until ``stop`` is set."""
@@ -168,8 +171,8 @@ class Renewal:
         store_sessions.bind(self.using, self.session_limit)
         try:
             while not stop.wait(interval):
-                epochs = self.epochs()
                 try:
+                    epochs = self.epochs()
                     if not self.lease.renew():
                         self.wake.up()
                     lost = ownership.renew(self.engine_id, epochs, self.settings.workflow_claim_ttl, self.using)
@@ -178,6 +181,9 @@ class Renewal:
                     self.on_failure(exc)
                     logger.warning("claim renewal failed engine=%s error=%s", self.engine_id, exc)
                     close_old_connections()
+                    continue
+                except Exception:  # a bug must not end the thread: every claim would lapse
+                    logger.exception("claim renewal pass failed engine=%s; trying again", self.engine_id)
                     continue
                 if lost:
                     self.wake.report_lost(lost)

@@ -50,7 +50,13 @@ _SQL_SERVED = ";\n".join([_PLAN_IN_ORDER, _claim_and_note(True), _PLAN_AS_CONFIG
 def available(using: str) -> bool:
     """Whether this connection can acquire and load in one round trip (PostgreSQL with psycopg 3's
     client-side binding, Django's default, outside a transaction)."""
-    return backend(using).skips_locked and not connections[using].in_atomic_block and client_binding(using)
+    connection = connections[using]
+    return (
+        backend(using).skips_locked
+        and connection.get_autocommit()
+        and not connection.in_atomic_block
+        and client_binding(using)
+    )
 
 
 def acquire_and_load(

@@ -1,0 +1,33 @@
+"""The backlog bound (engine/claimer.py) holds back new claims only where another engine would take
+them. Under OWNERSHIP="lease" one engine (the store-lease holder) drives every workflow: the others
+are standbys that heartbeat (renewal thread) but never claim, so for the bound they must not count as
+"another engine is live" -- otherwise the one driving engine, once its threads have a backlog, starts
+nothing new (not even a workflow that needs no thread) until a thread frees, unlike a single engine."""
+
+from __future__ import annotations
+
+from django.test import override_settings
+
+from weft_django.conf import get_settings
+from weft_django.engine import claimer as claimer_module
+from weft_django.engine import ownership
+from weft_django.engine.claimer import Claimed, Claimer
+
+
+@override_settings(WEFT={"OWNERSHIP": "lease"})
+def test_under_the_store_lease_a_standby_does_not_hold_back_the_holders_claims(monkeypatch):
+    acquired: list[bool] = []
+
+    def acquire_free(self: Claimer, into: Claimed) -> dict[str, tuple[int, str | None]]:
+        acquired.append(True)
+        return {}
+
+    monkeypatch.setattr(Claimer, "_acquire_free", acquire_free)
+    monkeypatch.setattr(Claimer, "_admit", lambda self: {})
+    monkeypatch.setattr(Claimer, "_detect_second_instance", lambda self: None)
+    monkeypatch.setattr(Claimer, "_take_lapsed", lambda self, clock: {})
+    monkeypatch.setattr(ownership, "take_over_from_others", lambda *a, **k: {})
+    monkeypatch.setattr(claimer_module.engines, "other_live_engines", lambda *a, **k: ["standby"])
+    holder = Claimer("holder", get_settings(), "default", lambda *a: None, saturated=lambda: True)
+    holder.claim(force=True, scan=False)  # a wake-up named a new workflow
+    assert acquired, "the lease holder claimed nothing: a heartbeating standby counted as an engine with room"
