@@ -95,3 +95,25 @@ def test_the_claim_statement_reads_the_free_index_in_order_whatever_the_statisti
         cursor.execute("EXPLAIN " + claim_sql, params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "Index Scan using weft_claim_free" in plan and "Bitmap" not in plan, plan
+
+
+def test_an_acquire_and_load_that_fails_falls_back_to_acquire_then_load(monkeypatch):
+    """One transaction: a load that keeps failing would roll back the claim every pass and keep the
+    oldest batch from every engine; the pass then claims first and loads after."""
+    from django.db import DatabaseError
+
+    from weft_django.engine.engine import Engine
+
+    ids = _parked_batch()
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        raise DatabaseError("canceling statement due to statement timeout")
+
+    monkeypatch.setattr(taking, "acquire_and_load", failing)
+    engine = Engine("al-fallback")
+    engine.start()
+    try:
+        engine.tick()
+        assert sorted(engine.owned) == ids
+    finally:
+        engine.shutdown()
