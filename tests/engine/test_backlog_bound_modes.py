@@ -31,3 +31,28 @@ def test_under_the_store_lease_a_standby_does_not_hold_back_the_holders_claims(m
     holder = Claimer("holder", get_settings(), "default", lambda *a: None, saturated=lambda: True)
     holder.claim(force=True, scan=False)  # a wake-up named a new workflow
     assert acquired, "the lease holder claimed nothing: a heartbeating standby counted as an engine with room"
+
+
+def test_a_throttled_engine_acquires_at_the_next_maintenance_pass_whatever_wake_ups_came_between(monkeypatch):
+    """A wake-up pass the throttle holds back must not count as the acquire scan, or a stream of
+    wake-ups would keep every maintenance pass from acquiring."""
+    import time
+
+    acquired: list[bool] = []
+
+    def acquire_free(self: Claimer, into: Claimed) -> dict[str, tuple[int, str | None]]:
+        acquired.append(True)
+        return {}
+
+    monkeypatch.setattr(Claimer, "_acquire_free", acquire_free)
+    monkeypatch.setattr(Claimer, "_admit", lambda self: {})
+    monkeypatch.setattr(Claimer, "_detect_second_instance", lambda self: None)
+    monkeypatch.setattr(Claimer, "_take_lapsed", lambda self, clock: {})
+    monkeypatch.setattr(ownership, "fire_delayed_starts", lambda *a, **k: {})
+    monkeypatch.setattr(claimer_module.engines, "other_live_engines", lambda *a, **k: ["peer"])
+    claimer = Claimer("busy", get_settings(), "default", lambda *a: None, saturated=lambda: True)
+    claimer.last_claim_scan = time.monotonic() - 60  # the last acquire scan was long ago
+    claimer.claim(force=True, scan=False)  # a wake-up: held back
+    assert acquired == []
+    claimer.claim(force=False, scan=True)  # the maintenance pass right after
+    assert acquired == [True]

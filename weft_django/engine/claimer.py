@@ -137,9 +137,10 @@ class Claimer:
         requested = self.last_claim_scan == 0.0 or (self._held_back and not throttled)
         scan_due = requested or (scan and clock - self.last_claim_scan >= poll)
         if force or scan_due:
-            self.last_claim_scan = clock
             self._held_back = throttled and not scan
             if not self._held_back:  # a backlog of attempts: one batch per maintenance pass only
+                # (a pass held back leaves last_claim_scan alone: the next maintenance pass is due)
+                self.last_claim_scan = clock
                 got = self._acquire_free(claimed)
                 events.claims_acquired(self.engine_id, got, self.using)
                 claimed.update({wid: epoch for wid, (epoch, _) in got.items()})
