@@ -107,15 +107,15 @@ def test_a_single_saturated_engine_still_starts_work_that_needs_no_thread():
 
 @override_settings(WEFT={"CLAIM_BATCH_SIZE": 2, "POLL_INTERVAL": "100ms"})
 def test_with_every_engine_saturated_new_work_still_starts_at_a_maintenance_pass():
-    for i in range(4):
-        weft.start(one_step, id=f"backlog-{i}")
     first = Engine("backlog-a", concurrency=1)
     second = Engine("backlog-b", concurrency=1)
     first.start()
     second.start()
     try:
-        _ticks(first, 5)
-        _ticks(second, 5)
+        for engine, ids in ((first, (0, 1)), (second, (2, 3))):  # two each: one runs, one waits
+            for i in ids:
+                weft.start(one_step, id=f"backlog-{i}")
+            _ticks(engine, 5)
         assert first.executor.saturated and second.executor.saturated
         weft.start(no_activity, id="backlog-sleeper")
         deadline = time.monotonic() + 20
