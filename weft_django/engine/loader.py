@@ -73,11 +73,11 @@ class Loader:
         """
         unreadable: set[str] = set()  # made stuck in ``writes``: that commit releases their claims
         try:
-            rest = [wid for wid in claimed if preloaded is None or wid not in preloaded_for]
-            loaded = load(rest, self.using) if rest or preloaded is None else None
-            if preloaded is not None:
-                loaded = preloaded if loaded is None else merge_loaded(preloaded, loaded)
-            assert loaded is not None
+            if preloaded is None:
+                loaded = load(list(claimed), self.using)
+            else:
+                rest = [wid for wid in claimed if wid not in preloaded_for]
+                loaded = merge_loaded(preloaded, load(rest, self.using)) if rest else preloaded
         except DatabaseError:
             raise
         except Exception as exc:  # a row the loader cannot convert: only its workflow is left out
