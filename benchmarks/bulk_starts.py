@@ -17,9 +17,10 @@ concurrent: ``weft.start(three_noop)`` from 1, 4 and 16 client threads of this p
     client processes, each client ``--per-client`` starts back to back, no engine running (the start
     path alone); starts/s over the wall time and p50/p99 of one start's latency. Each configuration
     runs with the start's NOTIFY inside its transaction (``before``: how start() sent it up to issue
-    16) and after its commit (``after``: the shipped path, store/runs.py), alternating, in the same
-    run. A sampler reads pg_stat_activity every 5 ms: the wait events of the clients' backends show
-    what serialises them.
+    16), after its commit in a second round trip (``after``: session 8's path), and after its commit in
+    the same round trip (``pipelined``: the shipped path, store/runs.py ``NOTIFY_PIPELINED``), rotating
+    the order each round, in the same run. A sampler reads pg_stat_activity every 5 ms: the wait
+    events of the clients' backends show what serialises them.
 """
 
 from __future__ import annotations
@@ -208,7 +209,8 @@ def report_many(
 def _set_mode(mode: str) -> None:
     from weft_django.store import runs
 
-    runs.NOTIFY_AFTER_COMMIT = mode == "after"
+    runs.NOTIFY_AFTER_COMMIT = mode in ("after", "pipelined")
+    runs.NOTIFY_PIPELINED = mode == "pipelined"
 
 
 def _client(count: int, mode: str, barrier: Any, times: list[float]) -> None:
@@ -318,7 +320,8 @@ def concurrent(per_client: int, rounds: int) -> list[dict[str, Any]]:
     results = []
     for clients, processes in ((1, False), (4, False), (16, False), (4, True)):
         for r in range(rounds):
-            for mode in ("before", "after") if r % 2 == 0 else ("after", "before"):
+            modes = ("before", "after", "pipelined")
+            for mode in modes[r % 3 :] + modes[: r % 3]:
                 result = concurrent_config(clients, processes, per_client, mode)
                 print(result, flush=True)
                 results.append(result)
@@ -358,7 +361,7 @@ def main(argv: list[str] | None = None) -> None:
         "--systems", default="weft,loop,dbos,raw", help="many: which (loop: weft start() loop; weft2: two engines)"
     )
     parser.add_argument("--per-client", type=int, default=400, help="concurrent: starts per client")
-    parser.add_argument("--rounds", type=int, default=2, help="concurrent: rounds (before/after alternate)")
+    parser.add_argument("--rounds", type=int, default=2, help="concurrent: rounds (the three modes rotate)")
     parser.add_argument("--engine-concurrency", type=int, default=8, help="many: weft_engine --concurrency")
     parser.add_argument("--profile", action="store_true", help="many: py-spy the engine for 15 s")
     parser.add_argument("--json", help="write the results here")

@@ -12,7 +12,7 @@ from decimal import Decimal
 import pytest
 from asgiref.sync import sync_to_async
 from django.apps import apps
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 
 import weft_django as weft
 from weft_django import client, codec, transitions, waits
@@ -315,23 +315,77 @@ def test_start_query_count(django_assert_num_queries):
 def test_start_in_autocommit_is_one_statement_then_its_wakeup():
     from django.test.utils import CaptureQueriesContext
 
-    with CaptureQueriesContext(connection) as queries:
-        weft.start(simple, args=[1], id="autocommit-first")
-    # The statement is prepared once per connection (weft_django/prepared.py), then one round trip; the
-    # NOTIFY follows the commit in a transaction of its own (store.runs.NOTIFY_AFTER_COMMIT).
-    assert [q["sql"].split(" ", 1)[0] for q in queries] == ["PREPARE", "EXECUTE", "SELECT"]
-    assert "pg_notify" in queries[2]["sql"] and "pg_notify" not in queries[1]["sql"]
-    with CaptureQueriesContext(connection) as queries:
-        handle = weft.start(simple, args=[1], id="autocommit")
-    assert len(queries) == 2 and queries[0]["sql"].startswith("EXECUTE weft_") and "pg_notify" in queries[1]["sql"]
-    row = Workflow.objects.get(pk=handle.id)
-    assert row.status == "running" and row.created_at == row.started_at
-    assert claim(handle.id).engine_id is None
-    counts, epoch = row_counts(), claim(handle.id).epoch
-    with CaptureQueriesContext(connection) as queries, pytest.raises(WorkflowAlreadyExistsError):
-        weft.start(simple, id="autocommit")
-    assert not any("pg_notify" in q["sql"] for q in queries)  # nothing inserted: no wake-up
-    assert row_counts() == counts and claim(handle.id).epoch == epoch
+    from weft_django.store import notify
+
+    listener = notify.connect("default")
+    notify.listen(listener)
+
+    def received() -> list[str]:
+        listener.execute("SELECT 1")  # notifications arrive with the next round trip
+        return [n.payload for n in listener.notifies(timeout=0.2, stop_after=100)]
+
+    try:
+        with CaptureQueriesContext(connection) as queries:
+            weft.start(simple, args=[1], id="autocommit-first")
+        # The statement is prepared once per connection (weft_django/prepared.py); then the start, its
+        # commit and its wake-up in a transaction of its own go in ONE round trip
+        # (store.runs.NOTIFY_PIPELINED).
+        assert [q["sql"].split(" ", 1)[0] for q in queries] == ["PREPARE", "BEGIN;"]
+        sql = queries[1]["sql"]
+        assert sql.index("EXECUTE weft_") < sql.index("COMMIT;") < sql.index("pg_notify")
+        assert received() == ["w:autocommit-first"]
+        with CaptureQueriesContext(connection) as queries:
+            handle = weft.start(simple, args=[1], id="autocommit")
+        assert len(queries) == 1 and queries[0]["sql"].startswith("BEGIN; EXECUTE weft_")
+        assert received() == ["w:autocommit"]
+        row = Workflow.objects.get(pk=handle.id)
+        assert row.status == "running" and row.created_at == row.started_at
+        assert claim(handle.id).engine_id is None
+        counts, epoch = row_counts(), claim(handle.id).epoch
+        with pytest.raises(WorkflowAlreadyExistsError):
+            weft.start(simple, id="autocommit")
+        assert received() == []  # nothing inserted: no wake-up
+        assert row_counts() == counts and claim(handle.id).epoch == epoch
+    finally:
+        listener.close()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres
+def test_a_pipelined_start_whose_wake_up_fails_after_the_commit_returns_its_handle(monkeypatch, caplog):
+    """The start commits before its wake-up runs: a wake-up that fails then (a full notification
+    queue) is logged, the handle returned, the session left usable; a start that itself fails raises."""
+    from weft_django.store import runs
+
+    # What a failing NOTIFY looks like from here: the statement after the COMMIT raises.
+    monkeypatch.setattr(runs, "_PIPELINED_WAKE", "SELECT 1 / 0 WHERE %s <> %s OR %s IS NOT NULL")
+    handle = weft.start(simple, args=[1], id="wake-fails")
+    assert Workflow.objects.filter(pk="wake-fails").count() == 1 and claim(handle.id).engine_id is None
+    assert "wake-up not sent" in caplog.text
+    monkeypatch.undo()
+    with pytest.raises(WorkflowAlreadyExistsError):  # the connection is usable: nothing left open
+        weft.start(simple, id="wake-fails")
+    # A start that fails before its commit (here: inside the BEGIN) raises, and writes nothing.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE OR REPLACE FUNCTION weft_test_refuse() RETURNS trigger AS "
+            "$$ BEGIN RAISE EXCEPTION 'weft test: start refused'; END $$ LANGUAGE plpgsql"
+        )
+        cursor.execute(
+            "CREATE TRIGGER weft_test_refuse BEFORE INSERT ON weft_django_workflow "
+            "FOR EACH ROW EXECUTE FUNCTION weft_test_refuse()"
+        )
+    try:
+        counts = row_counts()
+        with pytest.raises(DatabaseError, match="start refused"):
+            weft.start(simple, id="start-fails")
+        assert row_counts() == counts
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER weft_test_refuse ON weft_django_workflow")
+            cursor.execute("DROP FUNCTION weft_test_refuse()")
+    weft.start(simple, id="start-after")  # the session is outside any transaction again
+    assert Workflow.objects.filter(pk="start-after").count() == 1
 
 
 @pytest.mark.django_db(transaction=True)

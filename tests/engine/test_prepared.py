@@ -32,6 +32,11 @@ def verbs(queries) -> list[str]:
     return [q["sql"].split(" ", 1)[0] for q in queries]
 
 
+def executed(sql: str) -> str:
+    """The name of the prepared statement an EXECUTE (alone, or pipelined: BEGIN; EXECUTE ...) runs."""
+    return sql.split("EXECUTE ", 1)[1].split("(", 1)[0]
+
+
 def on_server() -> set[str]:
     with connection.cursor() as cursor:
         cursor.execute("SELECT name FROM pg_prepared_statements WHERE name LIKE 'weft\\_%%'")
@@ -61,9 +66,9 @@ def test_autocommit_prepares_once_then_executes():
         weft.start(waits, id="p-1")
     with CaptureQueriesContext(connection) as second:
         weft.start(waits, id="p-2")
-    # Each start: its statement, then its wake-up after the commit (store.runs.NOTIFY_AFTER_COMMIT).
-    assert verbs(first) == ["PREPARE", "EXECUTE", "SELECT"] and verbs(second) == ["EXECUTE", "SELECT"]
-    name = second[0]["sql"].split(" ", 2)[1].split("(", 1)[0]
+    # Each start: BEGIN, its statement, COMMIT, its wake-up, in one round trip (store.runs.NOTIFY_PIPELINED).
+    assert verbs(first) == ["PREPARE", "BEGIN;"] and verbs(second) == ["BEGIN;"]
+    name = executed(second[0]["sql"])
     assert name in on_server()
     assert set(Workflow.objects.values_list("id", flat=True)) == {"p-1", "p-2"}
 
@@ -84,10 +89,11 @@ def test_a_statement_gone_from_the_server_runs_plainly_and_is_prepared_again():
         cursor.execute("DEALLOCATE ALL")  # what a pooler's other server connection, or DISCARD ALL, looks like
     with CaptureQueriesContext(connection) as missed:
         weft.start(waits, id="p-b")
-    assert verbs(missed)[0] == "EXECUTE" and missed[-2]["sql"].startswith("WITH ")  # failed, then plain
+    # failed (the session's failed block rolled back), then prepared again, run and its wake-up sent
+    assert verbs(missed) == ["BEGIN;", "ROLLBACK", "PREPARE", "EXECUTE", "SELECT"]
     with CaptureQueriesContext(connection) as again:
         weft.start(waits, id="p-c")
-    assert verbs(again) == ["PREPARE", "EXECUTE", "SELECT"]
+    assert verbs(again) == ["BEGIN;"]
     assert Workflow.objects.filter(id__in=["p-a", "p-b", "p-c"]).count() == 3  # each written once
 
 
@@ -98,7 +104,8 @@ def test_a_connection_that_keeps_missing_stops_preparing():
             cursor.execute("DEALLOCATE ALL")
         with CaptureQueriesContext(connection) as missed:
             weft.start(waits, id=f"missed-{i}")
-        assert verbs(missed) == ["EXECUTE", "WITH", "SELECT"]
+        last = i == prepared.MAX_MISSES - 1  # the last miss stops preparing: the plain statement
+        assert verbs(missed) == ["BEGIN;", "ROLLBACK", *(["WITH"] if last else ["PREPARE", "EXECUTE"]), "SELECT"]
     with CaptureQueriesContext(connection) as queries:
         weft.start(waits, id="after")
     assert verbs(queries) == ["WITH", "SELECT"]  # no PREPARE any more on this connection

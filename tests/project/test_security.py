@@ -517,6 +517,15 @@ REVIEWED = {
         "runs the backend's constant read_only_sql statements (SET TRANSACTION READ ONLY, PRAGMA query_only "
         "ON/OFF: class attributes of store/backend.py, no value in them)"
     ),
+    "weft_django/store/prepared.py:_prepare": (
+        "PREPARE of its caller's statement (moved out of prepared.execute): the name is a hex digest of "
+        "that text, the text is the caller's with its placeholders renumbered $1..$n; no value in it"
+    ),
+    "weft_django/store/prepared.py:execute_committed_then": (
+        "BEGIN; EXECUTE <digest name>(%s, ...); COMMIT; <the caller's statement>: EXECUTE's arguments and "
+        "the caller's statement's are %s placeholders (checked at its call site, store/runs.py), every "
+        "value a parameter"
+    ),
     "weft_django/store/prepared.py:numbered": (
         "rewrites its caller's statement text: each %s / %(name)s placeholder becomes $n and %% becomes %; no "
         "value is put into the text (the values are returned, in $n order, for EXECUTE's placeholders)"

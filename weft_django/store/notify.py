@@ -1,6 +1,7 @@
 """Wake-ups. On PostgreSQL a NOTIFY sent inside a transaction is delivered when it commits (and not at
 all if it rolls back), so a wake-up can never overtake the row it announces. Elsewhere engines poll.
-Starts send theirs after their commit instead (``send_after_commit``; ``store.runs.NOTIFY_AFTER_COMMIT``).
+Starts send theirs after their commit instead (``send_after_commit``; ``store.runs.NOTIFY_AFTER_COMMIT``;
+in autocommit in the same round trip as the start, ``store.runs.NOTIFY_PIPELINED``).
 
 Payloads: ``w:<workflow_id>`` (a workflow needs attention: new, signalled, updated, transitioned),
 ``q:<engine_id>`` (a query waits for that engine), ``r:<workflow_id>`` (a run or update finished:

@@ -123,14 +123,34 @@ def execute(cursor: Any, connection: Any, sql: str, params: Sequence[Any] | Mapp
 
     ``cursor`` is a Django cursor of ``connection`` (its wrapper). The results are read from
     ``cursor`` as after a plain execute."""
-    if not _usable(cursor, connection):
+    found = _prepare(cursor, connection, sql, params)
+    if found is None:
         cursor.execute(sql, params)
         return
+    state, name, ordered = found
+    try:
+        cursor.execute(_call(name, ordered), ordered)
+    except DatabaseError as error:
+        if not _forget_if_missing(cursor, state, name, error):
+            raise
+        cursor.execute(sql, params)
+
+
+def _call(name: str, ordered: list[Any]) -> str:
+    return f"EXECUTE {name}({', '.join(['%s'] * len(ordered))})" if ordered else f"EXECUTE {name}"
+
+
+def _prepare(
+    cursor: Any, connection: Any, sql: str, params: Sequence[Any] | Mapping[str, Any]
+) -> tuple[_ConnectionState, str, list[Any]] | None:
+    """(connection state, name, parameters in order) with the statement prepared on this connection,
+    or None where it is not used here (see ``_usable``) or could not be prepared."""
+    if not _usable(cursor, connection):
+        return None
     state = _state(connection.connection)
     name = statement_name(sql)
     if state.disabled or name in state.unpreparable:
-        cursor.execute(sql, params)
-        return
+        return None
     text, ordered = numbered(sql, params)
     if name not in state.names:
         try:
@@ -138,22 +158,83 @@ def execute(cursor: Any, connection: Any, sql: str, params: Sequence[Any] | Mapp
         except DatabaseError as error:
             if _sqlstate(error) != ALREADY_PREPARED:
                 state.unpreparable.add(name)
-                cursor.execute(sql, params)
-                return
+                return None
         state.names.add(name)
-    call = f"EXECUTE {name}({', '.join(['%s'] * len(ordered))})" if ordered else f"EXECUTE {name}"
+    return state, name, ordered
+
+
+def _forget_if_missing(cursor: Any, state: _ConnectionState, name: str, error: DatabaseError) -> bool:
+    """After a failed EXECUTE: whether it failed because the server connection lacks the statement
+    or holds a stale plan of it (nothing ran; it is forgotten, to be prepared again)."""
+    code = _sqlstate(error)
+    if code == STALE_PLAN:
+        state.names.discard(name)
+        cursor.execute(f"DEALLOCATE {name}")
+    elif code == UNKNOWN_STATEMENT:
+        # Not on this server connection (a pooler moved us, or DISCARD ALL ran): run it plainly.
+        state.names.discard(name)
+        state.misses += 1
+        state.disabled = state.misses >= MAX_MISSES
+    else:
+        return False
+    return True
+
+
+def execute_committed_then(
+    cursor: Any,
+    connection: Any,
+    sql: str,
+    params: Sequence[Any] | Mapping[str, Any],
+    then_sql: str,
+    then_params: Sequence[Any],
+) -> list[tuple[Any, ...]] | None:
+    """Run ``sql`` (prepared) as a transaction of its own and, once it has committed, ``then_sql``
+    (positional ``%s`` placeholders) as another, in ONE round trip: ``BEGIN; EXECUTE ...; COMMIT;
+    then_sql`` in one simple-protocol query string, where the server commits (and flushes) the first
+    before it runs the second. ``then_sql`` is meant for what must follow a durable commit without
+    holding anything during its flush (a NOTIFY: ``store.runs.NOTIFY_PIPELINED``).
+
+    Args:
+        cursor: a Django cursor of ``connection``.
+        connection: the Django connection (in autocommit, outside ``atomic()``, else None is returned).
+        sql: the statement, Django placeholders (``%s`` or ``%(name)s``), returning rows.
+        params: its parameters.
+        then_sql, then_params: the statement run after the commit, and its parameters.
+
+    Returns:
+        ``sql``'s rows, or None where this form is not used (not in autocommit, prepared statements
+        off or behind a pooler, a statement the server would not prepare or no longer had): nothing
+        was written then, and the caller runs the two statements itself.
+
+    Raises:
+        django.db.DatabaseError: a statement failed. The session is left outside any transaction.
+            Whether ``sql`` committed is not known (it did if ``then_sql`` failed): the caller finds out.
+    """
+    found = _prepare(cursor, connection, sql, params)
+    if found is None:
+        return None
+    state, name, ordered = found
     try:
-        cursor.execute(call, ordered)
+        cursor.execute(f"BEGIN; {_call(name, ordered)}; COMMIT; {then_sql}", [*ordered, *then_params])
     except DatabaseError as error:
-        code = _sqlstate(error)
-        if code == STALE_PLAN:
-            state.names.discard(name)
-            cursor.execute(f"DEALLOCATE {name}")
-        elif code == UNKNOWN_STATEMENT:
-            # Not on this server connection (a pooler moved us, or DISCARD ALL ran): run it plainly.
-            state.names.discard(name)
-            state.misses += 1
-            state.disabled = state.misses >= MAX_MISSES
-        else:
-            raise
-        cursor.execute(sql, params)
+        _end_failed_block(cursor, connection)
+        if _forget_if_missing(cursor, state, name, error):
+            return None
+        raise
+    if not cursor.nextset():  # past the BEGIN: the statement's rows
+        raise DatabaseError("the pipelined statement returned no result")
+    rows: list[tuple[Any, ...]] = cursor.fetchall()
+    while cursor.nextset():  # the COMMIT and the statement after it
+        pass
+    return rows
+
+
+def _end_failed_block(cursor: Any, connection: Any) -> None:
+    """A statement failed inside the BEGIN of ``execute_committed_then``: the server session waits
+    in a failed transaction block for a ROLLBACK (an autocommit connection would fail every later
+    statement). Sent only in that state: a failure after the COMMIT leaves nothing open."""
+    import psycopg
+
+    raw = connection.connection
+    if raw is not None and raw.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+        cursor.execute("ROLLBACK")
