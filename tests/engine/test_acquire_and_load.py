@@ -16,7 +16,7 @@ import weft_django as weft
 from tests.engine.test_load_round_trips import _assert_same_as_orm, _orm_state, _parked_batch
 from weft_django.engine import ownership
 from weft_django.models import Step, WorkflowClaim
-from weft_django.store import histories
+from weft_django.store import histories, prepared
 from weft_django.store.claims import taking
 from weft_django.testing import running_engine, wait_for
 
@@ -31,13 +31,61 @@ def test_it_claims_and_reads_what_acquire_then_load_would():
     assert taking.available("default")
     with CaptureQueriesContext(connections["default"]) as captured:
         claimed, loaded = taking.acquire_and_load("al-1", limit=10, ttl=TTL, using="default")
-    assert len(captured.captured_queries) == 1
+    # One round trip (after the six statements are prepared on a connection that had not yet done so).
+    sent = [q["sql"] for q in captured.captured_queries if not q["sql"].startswith("PREPARE ")]
+    assert len(sent) == 1
     assert sorted(claimed) == ids
     held = dict(WorkflowClaim.objects.filter(workflow_id__in=ids).values_list("workflow_id", "epoch"))
     assert {wid: epoch for wid, (epoch, _) in claimed.items()} == held
     assert set(WorkflowClaim.objects.filter(workflow_id__in=ids).values_list("engine_id", flat=True)) == {"al-1"}
     assert loaded is not None
     _assert_same_as_orm(loaded, orm, admitted=True)
+
+
+def test_the_claim_and_the_reads_are_prepared_once_per_connection_then_one_round_trip():
+    connections["default"].close()  # prepared statements live as long as their connection
+    ids = _parked_batch()
+    with CaptureQueriesContext(connections["default"]) as first:
+        taking.acquire_and_load("al-1", limit=2, ttl=TTL, using="default")
+    assert [q["sql"].split(" ", 1)[0] for q in first.captured_queries] == ["PREPARE"] * 6 + ["SET"]
+    with CaptureQueriesContext(connections["default"]) as second:
+        claimed, loaded = taking.acquire_and_load("al-1", limit=10, ttl=TTL, using="default")
+    [batch] = [q["sql"] for q in second.captured_queries]
+    assert batch.count("EXECUTE weft_") == 6 and "WITH candidates" not in batch
+    assert sorted(claimed) == ids[2:] and loaded is not None and sorted(loaded.runs) == ids[2:]
+
+
+def test_statements_gone_from_the_server_run_plainly_with_the_same_rows():
+    ids = _parked_batch()
+    taking.acquire_and_load("al-1", limit=1, ttl=TTL, using="default")  # prepares them
+    with connections["default"].cursor() as cursor:
+        cursor.execute("DEALLOCATE ALL")  # a pooler's other server connection, or DISCARD ALL
+    orm = _orm_state(ids[1:])
+    with CaptureQueriesContext(connections["default"]) as missed:
+        claimed, loaded = taking.acquire_and_load("al-1", limit=10, ttl=TTL, using="default")
+    sent = [q["sql"] for q in missed.captured_queries]
+    assert "EXECUTE weft_" in sent[0] and "WITH candidates" in sent[-1]  # failed (nothing kept), then plain
+    assert sorted(claimed) == ids[1:] and loaded is not None
+    _assert_same_as_orm(loaded, orm, admitted=True)
+    held = WorkflowClaim.objects.filter(workflow_id__in=ids, engine_id="al-1").count()
+    assert held == len(ids)  # each claimed once
+
+
+def test_the_prepared_claims_generic_plan_reads_the_free_index_in_order_too():
+    """After a few executions PostgreSQL may plan a prepared statement once for any parameters: that
+    plan too must read the free claims' index in order, stopped at the LIMIT."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute("ANALYZE weft_django_workflowclaim")  # no claim is free now
+    weft.start_many([weft.StartRequest("tests.load_round_trips", args=[f"g{i}"]) for i in range(300)])
+    for _ in range(7):
+        taking.acquire_and_load("al-1", limit=1, ttl=TTL, using="default")
+    name = prepared.statement_name(taking._CLAIM_ALL)
+    with transaction.atomic(), connections["default"].cursor() as cursor:
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        cursor.execute(taking._PLAN_IN_ORDER)
+        cursor.execute(f"EXPLAIN EXECUTE {name}(10, 'al-1', 'al-1', 30000)")
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "Index Scan using weft_claim_free" in plan and "Bitmap" not in plan, plan
 
 
 def test_a_call_that_takes_nothing_reads_nothing():

@@ -526,6 +526,17 @@ REVIEWED = {
         "the caller's statement's are %s placeholders (checked at its call site, store/runs.py), every "
         "value a parameter"
     ),
+    "weft_django/store/prepared.py:_forget_if_missing": (
+        "DEALLOCATE <name>: each name a hex digest of a statement's text (statement_name), no value"
+    ),
+    "weft_django/store/prepared.py:execute_statements": (
+        "joins its caller's statements (checked at the call site, store/claims/taking.py) with EXECUTE "
+        "<digest name>(%s, ...) in place of those prepared: every value is still a %s parameter"
+    ),
+    "weft_django/store/histories.py:load_sql": (
+        "joins load_statements' five constant statements (table names from Model._meta, the ids clause "
+        "its callers pass: placeholders or the constant transaction-setting array); values are parameters"
+    ),
     "weft_django/store/prepared.py:numbered": (
         "rewrites its caller's statement text: each %s / %(name)s placeholder becomes $n and %% becomes %; no "
         "value is put into the text (the values are returned, in $n order, for EXECUTE's placeholders)"

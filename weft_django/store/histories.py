@@ -310,9 +310,13 @@ def load_sql(ids: str) -> str:
     timers, admitted updates) for the workflows ``ids`` names: ``IN (%s, %s)`` or ``= ANY(<an
     array>)`` (``store/claims/taking.py``: the ids its claim statement just took). Parameters: the ids
     once per statement where ``ids`` has placeholders, then the admitted status."""
+    return ";\n".join(load_statements(ids))
+
+
+def load_statements(ids: str) -> list[str]:
+    """``load_sql``'s five statements, one string each (``store/claims/taking.py`` prepares them)."""
     of_runs = f"IN (SELECT run_id FROM {Workflow._meta.db_table} WHERE id {ids})"
-    statements = [_runs_sql(ids), _steps_sql(of_runs), _applied_sql(of_runs), _timers_sql(ids), _admitted_sql(ids)]
-    return ";\n".join(statements)
+    return [_runs_sql(ids), _steps_sql(of_runs), _applied_sql(of_runs), _timers_sql(ids), _admitted_sql(ids)]
 
 
 ADMITTED_PARAM = UpdateStatus.ADMITTED.value  # the parameter load_sql's last statement takes

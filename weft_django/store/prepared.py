@@ -20,6 +20,7 @@ it off.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -131,7 +132,7 @@ def execute(cursor: Any, connection: Any, sql: str, params: Sequence[Any] | Mapp
     try:
         cursor.execute(_call(name, ordered), ordered)
     except DatabaseError as error:
-        if not _forget_if_missing(cursor, state, name, error):
+        if not _forget_if_missing(cursor, state, [name], error):
             raise
         cursor.execute(sql, params)
 
@@ -163,20 +164,22 @@ def _prepare(
     return state, name, ordered
 
 
-def _forget_if_missing(cursor: Any, state: _ConnectionState, name: str, error: DatabaseError) -> bool:
-    """After a failed EXECUTE: whether it failed because the server connection lacks the statement
-    or holds a stale plan of it (nothing ran; it is forgotten, to be prepared again)."""
+def _forget_if_missing(cursor: Any, state: _ConnectionState, names: list[str], error: DatabaseError) -> bool:
+    """After a failed EXECUTE of one of ``names``: whether it failed because the server connection
+    lacks the statement or holds a stale plan of it (nothing ran). Then they are forgotten, to be
+    prepared again, and a stale one is deallocated."""
     code = _sqlstate(error)
-    if code == STALE_PLAN:
-        state.names.discard(name)
-        cursor.execute(f"DEALLOCATE {name}")
-    elif code == UNKNOWN_STATEMENT:
+    if code not in (STALE_PLAN, UNKNOWN_STATEMENT):
+        return False
+    state.names.difference_update(names)
+    if code == UNKNOWN_STATEMENT:
         # Not on this server connection (a pooler moved us, or DISCARD ALL ran): run it plainly.
-        state.names.discard(name)
         state.misses += 1
         state.disabled = state.misses >= MAX_MISSES
-    else:
-        return False
+        return True
+    for name in names:  # which one's plan went stale is not said: each is prepared afresh
+        with contextlib.suppress(DatabaseError):  # not there (autocommit: nothing else is affected)
+            cursor.execute(f"DEALLOCATE {name}")
     return True
 
 
@@ -218,7 +221,7 @@ def execute_committed_then(
         cursor.execute(f"BEGIN; {_call(name, ordered)}; COMMIT; {then_sql}", [*ordered, *then_params])
     except DatabaseError as error:
         _end_failed_block(cursor, connection)
-        if _forget_if_missing(cursor, state, name, error):
+        if _forget_if_missing(cursor, state, [name], error):
             return None
         raise
     if not cursor.nextset():  # past the BEGIN: the statement's rows
@@ -227,6 +230,45 @@ def execute_committed_then(
     while cursor.nextset():  # the COMMIT and the statement after it
         pass
     return rows
+
+
+def execute_statements(cursor: Any, connection: Any, statements: Sequence[tuple[str, Sequence[Any] | None]]) -> None:
+    """Run ``statements`` as ONE query string (one round trip; in autocommit, one transaction), each
+    one with parameters as a named prepared statement where ``execute`` would prepare it. The result
+    sets are read from ``cursor`` (``nextset()``) as after a plain execute of the joined text.
+
+    Args:
+        cursor: a Django cursor of ``connection``.
+        connection: the Django connection.
+        statements: (sql with ``%s`` placeholders, its parameters) in order; parameters None: sent as
+            it is, never prepared (``SET LOCAL ...``: PREPARE takes only queries and DML).
+
+    Raises:
+        django.db.DatabaseError: a statement failed (in autocommit nothing of the batch was kept).
+    """
+    usable = _usable(cursor, connection)
+    state = _state(connection.connection) if usable else None
+    texts: list[str] = []
+    values: list[Any] = []
+    names: list[str] = []
+    for sql, params in statements:
+        found = _prepare(cursor, connection, sql, params) if usable and params is not None else None
+        if found is None:
+            texts.append(sql)
+            values.extend(params or ())
+        else:
+            _, name, ordered = found
+            texts.append(_call(name, ordered))
+            values.extend(ordered)
+            names.append(name)
+    try:
+        cursor.execute(";\n".join(texts), values)
+    except DatabaseError as error:
+        # In autocommit the batch's implicit transaction is rolled back: nothing ran, run it plainly.
+        if state is None or not names or not _forget_if_missing(cursor, state, names, error):
+            raise
+        plain = [(sql, params or ()) for sql, params in statements]
+        cursor.execute(";\n".join(sql for sql, _ in plain), [v for _, params in plain for v in params])
 
 
 def _end_failed_block(cursor: Any, connection: Any) -> None:

@@ -17,8 +17,9 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
+from .. import prepared
 from ..backend import backend
-from ..histories import ADMITTED_PARAM, Loaded, client_binding, empty_loaded, load_sql, read_loaded
+from ..histories import ADMITTED_PARAM, Loaded, client_binding, empty_loaded, load_statements, read_loaded
 from .holding import CLAIM_CANDIDATES, _ms, free_candidates
 
 # The ids the claim statement took, for the reads after it in the same transaction ('{}': none).
@@ -43,8 +44,23 @@ def _claim_and_note(served: bool) -> str:
 # the statistics; the reads after it plan as configured.
 _PLAN_IN_ORDER = "SET LOCAL enable_sort = off"
 _PLAN_AS_CONFIGURED = "SET LOCAL enable_sort TO DEFAULT"
-_SQL_ALL = ";\n".join([_PLAN_IN_ORDER, _claim_and_note(False), _PLAN_AS_CONFIGURED, load_sql(_TAKEN_IDS)])
-_SQL_SERVED = ";\n".join([_PLAN_IN_ORDER, _claim_and_note(True), _PLAN_AS_CONFIGURED, load_sql(_TAKEN_IDS)])
+_LOADS = load_statements(_TAKEN_IDS)  # the last one (admitted updates) takes ADMITTED_PARAM
+_CLAIM_ALL = _claim_and_note(False)
+_CLAIM_SERVED = _claim_and_note(True)
+
+
+def _statements(claim_sql: str, claim_params: list[Any]) -> list[tuple[str, list[Any] | None]]:
+    """The batch, each statement with its parameters (None: a SET, never prepared). The claim and the
+    five reads are prepared once per connection (prepared.execute_statements): planning them cost
+    about as much as running them (0.8 ms of the 1.7 ms of a one-workflow batch, EXPLAIN ANALYZE)."""
+    loads: list[tuple[str, list[Any] | None]] = [(sql, []) for sql in _LOADS[:-1]]
+    return [
+        (_PLAN_IN_ORDER, None),
+        (claim_sql, claim_params),
+        (_PLAN_AS_CONFIGURED, None),
+        *loads,
+        (_LOADS[-1], [ADMITTED_PARAM]),
+    ]
 
 
 def available(using: str) -> bool:
@@ -83,9 +99,12 @@ def acquire_and_load(
     if limit <= 0:
         return {}, None
     params: list[Any] = [list(served), limit] if served is not None else [limit]
-    params += [engine_id, engine_id, _ms(ttl), ADMITTED_PARAM]
-    with connections[using].cursor() as cursor:
-        cursor.execute(_SQL_SERVED if served is not None else _SQL_ALL, params)
+    params += [engine_id, engine_id, _ms(ttl)]
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        prepared.execute_statements(
+            cursor, connection, _statements(_CLAIM_SERVED if served is not None else _CLAIM_ALL, params)
+        )
         if not cursor.nextset():  # past the SET: the claim statement's rows
             raise DatabaseError("the acquire-and-load batch returned no claims")
         claimed = {wid: (epoch, previous) for wid, epoch, previous in cursor.fetchall() if wid is not None}
