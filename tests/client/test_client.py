@@ -390,6 +390,104 @@ def test_a_pipelined_start_whose_wake_up_fails_after_the_commit_returns_its_hand
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.postgres
+def test_a_pipelined_start_whose_wake_up_fails_with_a_missing_statement_code_is_not_run_again(monkeypatch):
+    """0A000 or 26000 from the statement AFTER the commit says nothing about the prepared start (which
+    committed): it must not be taken for a statement gone from the server and run again (it would find
+    its own row and report the id taken). Review of session 10; before the fix:
+    WorkflowAlreadyExistsError."""
+    from weft_django.store import runs
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE OR REPLACE FUNCTION weft_test_0a000(a text, b text, c uuid) RETURNS int AS "
+            "$$ BEGIN RAISE EXCEPTION 'not supported' USING ERRCODE = '0A000'; END $$ LANGUAGE plpgsql"
+        )
+    try:
+        monkeypatch.setattr(runs, "_PIPELINED_WAKE", "SELECT weft_test_0a000(%s, %s, %s)")
+        handle = weft.start(simple, id="wake-0a000")
+        assert handle.id == "wake-0a000" and Workflow.objects.filter(pk="wake-0a000").count() == 1
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP FUNCTION weft_test_0a000(text, text, uuid)")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres
+def test_an_interrupted_pipelined_start_leaves_the_connection_usable():
+    """A KeyboardInterrupt while the start runs inside its BEGIN: psycopg cancels the statement, which
+    leaves the server session in a failed transaction block; it is rolled back, so the connection stays
+    usable. Review of session 10; before the fix the status was INERROR and every later statement failed."""
+    import signal as signals
+
+    import psycopg
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE OR REPLACE FUNCTION weft_test_slow() RETURNS trigger AS "
+            "$$ BEGIN PERFORM pg_sleep(2); RETURN NEW; END $$ LANGUAGE plpgsql"
+        )
+    weft.start(simple, id="interrupt-warm")  # prepared, so the next start is the pipelined form
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE TRIGGER weft_test_slow BEFORE INSERT ON weft_django_workflow "
+            "FOR EACH ROW EXECUTE FUNCTION weft_test_slow()"
+        )
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signals.signal(signals.SIGALRM, interrupt)
+    signals.setitimer(signals.ITIMER_REAL, 0.5)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            weft.start(simple, id="interrupted")
+    finally:
+        signals.setitimer(signals.ITIMER_REAL, 0)
+        signals.signal(signals.SIGALRM, previous)
+        status = connection.connection.info.transaction_status
+        if status != psycopg.pq.TransactionStatus.IDLE:
+            connection.connection.rollback()
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER weft_test_slow ON weft_django_workflow")
+            cursor.execute("DROP FUNCTION weft_test_slow()")
+    assert status == psycopg.pq.TransactionStatus.IDLE
+    assert not Workflow.objects.filter(pk="interrupted").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres
+def test_a_connection_lost_after_the_pipelined_commit_still_returns_the_handle(monkeypatch):
+    """The connection dies after the start's COMMIT, during its wake-up: the start committed, so it
+    returns its handle; whether it landed is read on a connection of its own."""
+    import threading
+
+    import psycopg
+
+    from weft_django.store import runs
+
+    weft.start(simple, id="lost-warm")
+    pid = connection.connection.info.backend_pid
+    slow = runs._PIPELINED_WAKE.replace("SELECT pg_notify", "SELECT pg_sleep(2), pg_notify")
+    monkeypatch.setattr(runs, "_PIPELINED_WAKE", slow)
+    params = {k: v for k, v in connection.get_connection_params().items() if k in ("host", "port", "user", "dbname")}
+
+    def terminate() -> None:
+        time.sleep(0.5)
+        with psycopg.connect(**params, autocommit=True) as other:
+            other.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+    killer = threading.Thread(target=terminate)
+    killer.start()
+    try:
+        handle = weft.start(simple, id="lost-after-commit")
+    finally:
+        killer.join()
+        connection.close()
+    assert handle.id == "lost-after-commit" and Workflow.objects.filter(pk="lost-after-commit").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres
 def test_a_start_wakes_listeners_after_its_commit_and_never_after_a_rollback():
     """The wake-up of start() and start_many() is sent once the caller's transaction commits (its own
     transaction, after the commit), and not at all when it rolls back."""

@@ -88,6 +88,32 @@ def test_the_prepared_claims_generic_plan_reads_the_free_index_in_order_too():
     assert "Index Scan using weft_claim_free" in plan and "Bitmap" not in plan, plan
 
 
+def test_the_reads_plan_does_not_depend_on_how_many_ids_the_first_batch_took():
+    """The five reads are prepared without parameters: PostgreSQL plans them once per connection. If
+    the planner could see the ids (a plain current_setting() is folded into its estimate), a first
+    batch of thousands would fix a sequential scan of the steps for every later batch of one, until
+    the next ANALYZE. Review of session 10; before the fix: Seq Scan on weft_django_step."""
+    connections["default"].close()  # a connection on which nothing is prepared yet
+    weft.start_many([weft.StartRequest("tests.load_round_trips", args=[f"p{i}"]) for i in range(6000)])
+    step = Step._meta.db_table
+    with connections["default"].cursor() as cursor:
+        cursor.execute(  # five steps per run: a table a sequential scan reads all of
+            f"INSERT INTO {step} (workflow_id, run_id, seq, kind, name, status, attempts, epoch, started_at) "
+            "SELECT w.id, w.run_id, k, 'activity', 'x', 'completed', 1, 1, now() "
+            "FROM weft_django_workflow w, generate_series(0, 4) k"
+        )
+        cursor.execute(f"ANALYZE {step}")
+        cursor.execute("ANALYZE weft_django_workflow")
+    claimed, _ = taking.acquire_and_load("al-1", limit=5000, ttl=TTL, using="default")
+    assert len(claimed) == 5000  # the first EXECUTE of the reads: 5,000 ids
+    name = prepared.statement_name(taking._LOADS[1])  # the steps read
+    with transaction.atomic(), connections["default"].cursor() as cursor:
+        cursor.execute("SELECT set_config(%s, %s, true)", [taking.SETTING, "{p-none}"])
+        cursor.execute(f"EXPLAIN EXECUTE {name}")
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert f"Seq Scan on {step}" not in plan, plan
+
+
 def test_a_call_that_takes_nothing_reads_nothing():
     ids = _parked_batch()
     first, loaded = taking.acquire_and_load("al-1", limit=10, ttl=TTL, using="default")

@@ -5,6 +5,7 @@ loaded state is the one the separate ORM queries read."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any
 
@@ -102,12 +103,18 @@ def test_a_claimed_batch_is_taken_and_loaded_in_one_round_trip_and_runs_as_befor
         with CaptureQueriesContext(connections[engine.using]) as captured:
             engine.tick()  # claims the batch and loads it
         assert loads == []  # nothing left to load after the claim statement (store/claims/taking.py)
-        reads = [q["sql"] for q in captured.captured_queries if "FROM weft_django_step " in q["sql"]]
-        assert len(reads) == 1, reads  # ONE round trip: the claim and the whole batch's load
-        sql = reads[0]
-        assert "UPDATE weft_django_workflowclaim" in sql
-        for table in ("workflow", "step", "appliedupdate", "timer", "pendingupdate"):
-            assert f"FROM weft_django_{table} " in sql
+        # The claim and the five reads are prepared once per connection (ADR 0012), then ONE round trip
+        # runs them all: the claim statement and the whole batch's load.
+        sent = [q["sql"] for q in captured.captured_queries]
+        prepares = {q.split(" ", 2)[1]: q for q in sent if q.startswith("PREPARE ")}
+        batches = [q for q in sent if "SET LOCAL enable_sort = off" in q]
+        assert len(batches) == 1, sent
+        called = [prepares[name] for name in re.findall(r"EXECUTE (weft_\w+)", batches[0])]
+        assert len(called) == 6 and "UPDATE weft_django_workflowclaim" in called[0]
+        for table, read in zip(
+            ("workflow", "step", "appliedupdate", "timer", "pendingupdate"), called[1:], strict=True
+        ):
+            assert f"FROM weft_django_{table} " in read
         assert sorted(engine.owned) == ids
         for wid in ids:
             owned = engine.owned[wid]

@@ -210,8 +210,10 @@ def execute_committed_then(
         was written then, and the caller runs the two statements itself.
 
     Raises:
-        django.db.DatabaseError: a statement failed. The session is left outside any transaction.
-            Whether ``sql`` committed is not known (it did if ``then_sql`` failed): the caller finds out.
+        django.db.DatabaseError: a statement failed. The session is left outside any transaction
+            (also after an interrupt). Whether ``sql`` committed is not known (it did if ``then_sql``
+            failed): the caller finds out. With ``synchronous_commit`` on, ``then_sql`` runs only
+            after the commit's WAL flush (and its standby's, where one is configured).
     """
     found = _prepare(cursor, connection, sql, params)
     if found is None:
@@ -220,9 +222,14 @@ def execute_committed_then(
     try:
         cursor.execute(f"BEGIN; {_call(name, ordered)}; COMMIT; {then_sql}", [*ordered, *then_params])
     except DatabaseError as error:
-        _end_failed_block(cursor, connection)
-        if _forget_if_missing(cursor, state, [name], error):
+        # Only a failure inside the BEGIN (the session left in a failed block) means nothing ran: the
+        # same codes from the statement after the COMMIT must not re-run a start that committed.
+        if _end_failed_block(cursor, connection) and _forget_if_missing(cursor, state, [name], error):
             return None
+        raise
+    except BaseException:  # KeyboardInterrupt: psycopg cancels the EXECUTE, leaving the failed block
+        with contextlib.suppress(Exception):
+            _end_failed_block(cursor, connection)
         raise
     if not cursor.nextset():  # past the BEGIN: the statement's rows
         raise DatabaseError("the pipelined statement returned no result")
@@ -271,12 +278,14 @@ def execute_statements(cursor: Any, connection: Any, statements: Sequence[tuple[
         cursor.execute(";\n".join(sql for sql, _ in plain), [v for _, params in plain for v in params])
 
 
-def _end_failed_block(cursor: Any, connection: Any) -> None:
-    """A statement failed inside the BEGIN of ``execute_committed_then``: the server session waits
-    in a failed transaction block for a ROLLBACK (an autocommit connection would fail every later
-    statement). Sent only in that state: a failure after the COMMIT leaves nothing open."""
+def _end_failed_block(cursor: Any, connection: Any) -> bool:
+    """After a failure in ``execute_committed_then``: whether it was inside the BEGIN, where the
+    server session waits in a failed transaction block for a ROLLBACK (an autocommit connection would
+    fail every later statement), which is then sent. A failure after the COMMIT leaves nothing open."""
     import psycopg
 
     raw = connection.connection
     if raw is not None and raw.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
         cursor.execute("ROLLBACK")
+        return True
+    return False

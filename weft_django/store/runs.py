@@ -360,12 +360,13 @@ def _insert_run_sql(new: NewRun, using: str) -> bool:
         params["payload"] = payload
     connection = connections[using]
     with connection.cursor() as cursor:
-        if after_commit and NOTIFY_PIPELINED and backend(using).listens:
+        # Only with a fresh run_id: _landed then tells this call's row from any other.
+        if after_commit and NOTIFY_PIPELINED and new.run_id is None and backend(using).listens:
             wake = [payload, new.workflow_id, params["run_id"]]
             try:
                 rows = prepared.execute_committed_then(cursor, connection, sql, params, _PIPELINED_WAKE, wake)
             except DatabaseError:
-                if not _landed(cursor, new.workflow_id, params["run_id"]):
+                if not _landed(using, new.workflow_id, params["run_id"]):
                     raise
                 # The start committed and its wake-up failed (a full notification queue): as for
                 # send_after_commit, logged; the engines' poll finds the run.
@@ -380,11 +381,21 @@ def _insert_run_sql(new: NewRun, using: str) -> bool:
     return inserted
 
 
-def _landed(cursor: Any, workflow_id: str, run_id: Any) -> bool:
-    """Whether run ``run_id`` of ``workflow_id`` exists: after a pipelined start failed, whether its
-    start had committed before the failure."""
-    cursor.execute(f"SELECT 1 FROM {Workflow._meta.db_table} WHERE id = %s AND run_id = %s", [workflow_id, run_id])
-    return cursor.fetchone() is not None
+def _landed(using: str, workflow_id: str, run_id: Any) -> bool:
+    """Whether run ``run_id`` (fresh: no other call wrote it) of ``workflow_id`` exists: after a
+    pipelined start failed, whether its start had committed before the failure. Read on a connection
+    of its own (the failure may have been the loss of the caller's); False when it cannot be read."""
+    try:
+        reader = notify.connect(using)
+    except Exception:  # the database cannot be reached: unknown, the caller's error stands
+        return False
+    try:
+        sql = f"SELECT 1 FROM {Workflow._meta.db_table} WHERE id = %s AND run_id = %s"
+        return reader.execute(sql, [workflow_id, run_id]).fetchone() is not None
+    except Exception:
+        return False
+    finally:
+        reader.close()
 
 
 def pending_timers(using: str) -> Coalesce:

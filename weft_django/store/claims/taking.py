@@ -23,8 +23,12 @@ from ..histories import ADMITTED_PARAM, Loaded, client_binding, empty_loaded, lo
 from .holding import CLAIM_CANDIDATES, _ms, free_candidates
 
 # The ids the claim statement took, for the reads after it in the same transaction ('{}': none).
+# Read through a scalar subquery: the planner does not look inside it, so the reads' plans (prepared:
+# made once per connection) do not depend on how many ids the first batch took. A plain
+# current_setting() is folded into the estimate: a plan first made for thousands of ids kept a
+# sequential scan for single ids until the next ANALYZE (review of session 10).
 SETTING = "weft.claimed"
-_TAKEN_IDS = f"= ANY(coalesce(nullif(current_setting('{SETTING}', true), ''), '{{}}')::varchar[])"
+_TAKEN_IDS = f"= ANY((SELECT coalesce(nullif(current_setting('{SETTING}', true), ''), '{{}}'))::varchar[])"
 
 
 def _claim_and_note(served: bool) -> str:
