@@ -74,6 +74,14 @@ class Command(BaseCommand):
         )
         parser.add_argument("--once", action="store_true", help="Process what is runnable now, then exit.")
         parser.add_argument(
+            "--processes",
+            type=_positive_int,
+            default=1,
+            help="Run this many engine processes (default 1): one Python loop uses about one core; each "
+            "process is an engine of its own (ids <engine-id>-1, -2, ...; metrics ports PORT, PORT+1, ...) "
+            "supervised by this one (docs/operations.md).",
+        )
+        parser.add_argument(
             "--queues",
             help='Admit only from these queues of WEFT["QUEUES"], comma separated (default: every queue). '
             "Runs started without a queue are served by every engine.",
@@ -141,6 +149,14 @@ class Command(BaseCommand):
             self.stdout.write("Ownership mode marker cleared; the next engine to start records its mode.")
             return
 
+        child = None
+        if options["processes"] > 1:
+            if options["once"]:
+                raise CommandError("--once runs one engine until nothing is runnable: drop --processes.")
+            from ..engine_processes import Supervisor
+
+            child = Supervisor(options["processes"], options["engine_id"], options["metrics_port"]).run()
+            options = {**options, "engine_id": child.engine_id, "metrics_port": child.metrics_port}
         from ...engine.engine import Engine
 
         try:
@@ -157,7 +173,12 @@ class Command(BaseCommand):
         if options["verbosity"] >= 1:
             self.stdout.write(banner(engine, metrics_url))
             self.stdout.flush()
-        self._install_signal_handlers(engine)
+        if child is None:
+            self._install_signal_handlers(engine)
+        else:  # the supervisor tells this process when to drain or exit; its own signals only drain
+            signal.signal(signal.SIGTERM, lambda signum, frame: engine.request_stop())
+            signal.signal(signal.SIGINT, lambda signum, frame: engine.request_stop())
+            child.watch(engine.request_stop)
         reporter = StatusReporter(engine, options["status_interval"]) if options["verbosity"] >= 2 else None
         if reporter is not None:
             reporter.start()
