@@ -80,16 +80,22 @@ def summarise_profile(path: Path, top: int = 14) -> list[str]:
 
 
 def weft_many(
-    n: int, stamp: str, profile: bool = False, concurrency: int = 8, loop: bool = False, engines: int = 1
+    n: int,
+    stamp: str,
+    profile: bool = False,
+    concurrency: int = 8,
+    loop: bool = False,
+    engines: int = 1,
+    processes: int = 1,
 ) -> dict[str, Any]:
     import weft_django as weft
     from benchmarks.benchapp.workflows import three_noop
     from benchmarks.peer_apps.weft_bench import Engine, _completed, settle
 
-    label = "loop" if loop else f"many{engines}"
+    label = "loop" if loop else f"many{engines}" + (f"x{processes}" if processes > 1 else "")
     logs = {k: RESULTS / f"{stamp}-bulk-engine-{label}-{k}.log" for k in range(2, engines + 1)}
     others = [Engine(f"bulk-{k}", concurrency, log) for k, log in logs.items()]
-    engine = Engine("bulk-1", concurrency, RESULTS / f"{stamp}-bulk-engine-{label}.log")
+    engine = Engine("bulk-1", concurrency, RESULTS / f"{stamp}-bulk-engine-{label}.log", processes=processes)
     try:
         for other in others:
             other.wait_ready()
@@ -126,7 +132,8 @@ def weft_many(
         for running in (engine, *others):
             running.stop()
     out: dict[str, Any] = dict(common.throughput_summary(n, t_started - t0, t_end - t0))
-    out["engines"] = engines
+    out["engines"] = engines * processes
+    out["processes_per_command"] = processes
     out["engine_cpu_ms_per_workflow"] = ((cpu1 or 0) - (cpu0 or 0)) * 1000 / n
     out["db_commits_per_workflow"] = d["xact_commit"] / n
     out["engine_log"] = str(engine.log_path)
@@ -168,10 +175,16 @@ def report_many(
     raw: dict[str, Any],
     loop: dict[str, Any],
     two: dict[str, Any] | None = None,
+    processes: dict[str, Any] | None = None,
 ) -> str:
     w = weft.get("workflows_per_s")
     rows = [["weft_django start_many, one engine", _fmt(w), _fmt(weft.get("starts_per_s"), 0), "1.00x"]]
-    for label, other in (("weft_django start_many, two engines", two), ("weft_django start() loop, one engine", loop)):
+    others = (
+        ("weft_django start_many, two engines", two),
+        ("weft_django start_many, one weft_engine --processes 2", processes),
+        ("weft_django start() loop, one engine", loop),
+    )
+    for label, other in others:
         if other:
             rate = other["workflows_per_s"]
             rows.append([label, _fmt(rate), _fmt(other["starts_per_s"], 0), _ratio(rate, w)])
@@ -191,6 +204,12 @@ def report_many(
         table(["system", "workflows/s", "starts/s", "peer / weft_django"], rows),
         f"weft_django / best DBOS: {_ratio(w, best)} (goal >= 25x); weft_django / raw-SQL 100-batch ceiling: "
         f"{(w / ceiling * 100) if w and ceiling else float('nan'):.0f}% (goal >= 80%)",
+        *(
+            f"{label}: {_ratio(other['workflows_per_s'], best)} best DBOS, "
+            f"{other['workflows_per_s'] / ceiling * 100:.0f}% of the ceiling"
+            for label, other in (("two engines", two), ("weft_engine --processes 2", processes))
+            if other and other.get("workflows_per_s") and best and ceiling
+        ),
         f"weft_django engine CPU {_fmt(weft.get('engine_cpu_ms_per_workflow'), 3)} ms/workflow, "
         f"{_fmt(weft.get('db_commits_per_workflow'), 3)} commits/workflow (whole database)",
         f"weft_django backends while running (sampled, all sessions): {weft.get('backend_states')}",
@@ -358,7 +377,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workflows", type=int, default=10_000)
     parser.add_argument("--parts", default="many,concurrent")
     parser.add_argument(
-        "--systems", default="weft,loop,dbos,raw", help="many: which (loop: weft start() loop; weft2: two engines)"
+        "--systems",
+        default="weft,loop,dbos,raw",
+        help="many: which (loop: weft start() loop; weft2: two engines; weftp2: weft_engine --processes 2)",
     )
     parser.add_argument("--per-client", type=int, default=400, help="concurrent: starts per client")
     parser.add_argument("--rounds", type=int, default=2, help="concurrent: rounds (the three modes rotate)")
@@ -384,6 +405,7 @@ def main(argv: list[str] | None = None) -> None:
             "weft": lambda: weft_many(n, stamp, options.profile, options.engine_concurrency),
             "weft_loop": lambda: weft_many(n, stamp, concurrency=options.engine_concurrency, loop=True),
             "weft2": lambda: weft_many(n, stamp, concurrency=options.engine_concurrency, engines=2),
+            "weftp2": lambda: weft_many(n, stamp, concurrency=options.engine_concurrency, processes=2),
             "raw": lambda: raw_many(n, stamp),
             "dbos": lambda: dbos_many(n, stamp),
         }
@@ -394,7 +416,12 @@ def main(argv: list[str] | None = None) -> None:
                 found[name] = runner()
                 print(name, found[name], flush=True)
         found["load_before"] = load
-        lines += ["", report_many(n, found["weft"], found["dbos"], found["raw"], found["weft_loop"], found["weft2"])]
+        lines += [
+            "",
+            report_many(
+                n, found["weft"], found["dbos"], found["raw"], found["weft_loop"], found["weft2"], found["weftp2"]
+            ),
+        ]
         lines.append("load average (1 min) before each: " + ", ".join(f"{k} {v:.1f}" for k, v in load.items()))
     if "concurrent" in parts:
         found["concurrent"] = concurrent(options.per_client, options.rounds)

@@ -39,11 +39,16 @@ os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
 
 
 class Engine:
-    def __init__(self, engine_id: str, concurrency: int, log: Path, trace_out: Path | None = None) -> None:
+    def __init__(
+        self, engine_id: str, concurrency: int, log: Path, trace_out: Path | None = None, processes: int = 1
+    ) -> None:
         command = [sys.executable, "-m"]
         command += ["benchmarks.sqltrace", "--out", str(trace_out), "--"] if trace_out else ["django"]
         command += ["weft_engine", "--engine-id", engine_id, "--concurrency", str(concurrency), "-v", "1"]
+        if processes > 1:  # one command, N engines (ids <engine_id>-1 ... -N)
+            command += ["--processes", str(processes)]
         self.engine_id = engine_id
+        self.ids = [engine_id] if processes == 1 else [f"{engine_id}-{i}" for i in range(1, processes + 1)]
         self.command = command
         self.log_path = log
         self._log = open(log, "w")  # noqa: SIM115 - closed in stop()
@@ -58,14 +63,21 @@ class Engine:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"engine exited with {self.process.returncode}: see {self.log_path}")
-            if EngineRow.objects.filter(id=self.engine_id, stopped_at__isnull=True).exists():
+            if EngineRow.objects.filter(id__in=self.ids, stopped_at__isnull=True).count() == len(self.ids):
                 time.sleep(0.3)  # the LISTEN connection comes up right after registration
                 return
             time.sleep(0.05)
         raise RuntimeError(f"engine did not register within {timeout}s: see {self.log_path}")
 
     def cpu(self) -> float | None:
-        return common.proc_cpu_seconds(self.process.pid)
+        """CPU seconds of the command and, with --processes, of its engine processes."""
+        from weft_django.models import Engine as EngineRow
+
+        pids = [self.process.pid]
+        if len(self.ids) > 1:
+            pids += list(EngineRow.objects.filter(id__in=self.ids).values_list("pid", flat=True))
+        seconds = [common.proc_cpu_seconds(pid) for pid in pids]
+        return None if any(second is None for second in seconds) else sum(s for s in seconds if s is not None)
 
     def stop(self) -> None:
         if self.process.poll() is None:

@@ -22,11 +22,8 @@ from ..backend import backend
 from ..histories import ADMITTED_PARAM, Loaded, client_binding, empty_loaded, load_statements, read_loaded
 from .holding import CLAIM_CANDIDATES, _ms, free_candidates
 
-# The ids the claim statement took, for the reads after it in the same transaction ('{}': none).
-# Read through a scalar subquery: the planner does not look inside it, so the reads' plans (prepared:
-# made once per connection) do not depend on how many ids the first batch took. A plain
-# current_setting() is folded into the estimate: a plan first made for thousands of ids kept a
-# sequential scan for single ids until the next ANALYZE (review of session 10).
+# The ids the claim statement took, for the reads after it in the same transaction ('{}': none),
+# through a scalar subquery: the planner does not fold it into its estimates (see _PLAN_FOR_FEW_IDS).
 SETTING = "weft.claimed"
 _TAKEN_IDS = f"= ANY((SELECT coalesce(nullif(current_setting('{SETTING}', true), ''), '{{}}'))::varchar[])"
 
@@ -47,7 +44,19 @@ def _claim_and_note(served: bool) -> str:
 # the one plan left is the partial index weft_claim_free read in order, stopped at the LIMIT, whatever
 # the statistics; the reads after it plan as configured.
 _PLAN_IN_ORDER = "SET LOCAL enable_sort = off"
-_PLAN_AS_CONFIGURED = "SET LOCAL enable_sort TO DEFAULT"
+# The five reads are prepared without parameters, so PostgreSQL plans each ONCE per connection, with
+# the statistics of that moment: a plan made while the tables were small (an engine's first acquire on
+# a new database) kept sequential scans and hash joins once they had grown, 90 ms per read at 10,000
+# runs until the next ANALYZE (one engine fell from 1,374 to 221 workflows/s, benchmarks/bulk_starts.py,
+# session 10). They read a batch's few ids (CLAIM_BATCH_SIZE) by primary key or index: planned without
+# sequential scans, hash or merge joins, each is index lookups in a nested loop, whatever the statistics
+# and whichever batch came first. SET LOCAL: the settings end with this transaction.
+_PLAN_FOR_FEW_IDS = (
+    "SET LOCAL enable_sort TO DEFAULT",
+    "SET LOCAL enable_seqscan = off",
+    "SET LOCAL enable_hashjoin = off",
+    "SET LOCAL enable_mergejoin = off",
+)
 _LOADS = load_statements(_TAKEN_IDS)  # the last one (admitted updates) takes ADMITTED_PARAM
 _CLAIM_ALL = _claim_and_note(False)
 _CLAIM_SERVED = _claim_and_note(True)
@@ -61,7 +70,7 @@ def _statements(claim_sql: str, claim_params: list[Any]) -> list[tuple[str, list
     return [
         (_PLAN_IN_ORDER, None),
         (claim_sql, claim_params),
-        (_PLAN_AS_CONFIGURED, None),
+        *((setting, None) for setting in _PLAN_FOR_FEW_IDS),
         *loads,
         (_LOADS[-1], [ADMITTED_PARAM]),
     ]
@@ -114,7 +123,7 @@ def acquire_and_load(
         claimed = {wid: (epoch, previous) for wid, epoch, previous in cursor.fetchall() if wid is not None}
         loaded = empty_loaded()
         try:
-            if not (cursor.nextset() and cursor.nextset()):  # past the second SET: the load's rows
+            if not all(cursor.nextset() for _ in range(len(_PLAN_FOR_FEW_IDS) + 1)):  # past the SETs
                 raise RuntimeError("the acquire-and-load batch returned only the claims")
             read_loaded(cursor, using, loaded)
         except Exception:  # a row that cannot be converted: the caller's load finds and isolates it
