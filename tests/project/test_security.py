@@ -517,7 +517,7 @@ REVIEWED = {
         "runs the backend's constant read_only_sql statements (SET TRANSACTION READ ONLY, PRAGMA query_only "
         "ON/OFF: class attributes of store/backend.py, no value in them)"
     ),
-    "weft_django/store/prepared.py:_prepare": (
+    "weft_django/store/prepared.py:_prepare_on": (
         "PREPARE of its caller's statement (moved out of prepared.execute): the name is a hex digest of "
         "that text, the text is the caller's with its placeholders renumbered $1..$n; no value in it"
     ),

@@ -148,7 +148,13 @@ def _prepare(
     or None where it is not used here (see ``_usable``) or could not be prepared."""
     if not _usable(cursor, connection):
         return None
-    state = _state(connection.connection)
+    return _prepare_on(cursor, _state(connection.connection), sql, params)
+
+
+def _prepare_on(
+    cursor: Any, state: _ConnectionState, sql: str, params: Sequence[Any] | Mapping[str, Any]
+) -> tuple[_ConnectionState, str, list[Any]] | None:
+    """As ``_prepare``, on a connection already found usable (its ``state``)."""
     name = statement_name(sql)
     if state.disabled or name in state.unpreparable:
         return None
@@ -253,13 +259,12 @@ def execute_statements(cursor: Any, connection: Any, statements: Sequence[tuple[
     Raises:
         django.db.DatabaseError: a statement failed (in autocommit nothing of the batch was kept).
     """
-    usable = _usable(cursor, connection)
-    state = _state(connection.connection) if usable else None
+    state = _state(connection.connection) if _usable(cursor, connection) else None  # checked once per batch
     texts: list[str] = []
     values: list[Any] = []
     names: list[str] = []
     for sql, params in statements:
-        found = _prepare(cursor, connection, sql, params) if usable and params is not None else None
+        found = _prepare_on(cursor, state, sql, params) if state is not None and params is not None else None
         if found is None:
             texts.append(sql)
             values.extend(params or ())
@@ -274,8 +279,7 @@ def execute_statements(cursor: Any, connection: Any, statements: Sequence[tuple[
         # In autocommit the batch's implicit transaction is rolled back: nothing ran, run it plainly.
         if state is None or not names or not _forget_if_missing(cursor, state, names, error):
             raise
-        plain = [(sql, params or ()) for sql, params in statements]
-        cursor.execute(";\n".join(sql for sql, _ in plain), [v for _, params in plain for v in params])
+        cursor.execute(";\n".join(sql for sql, _ in statements), [v for _, params in statements for v in params or ()])
 
 
 def _end_failed_block(cursor: Any, connection: Any) -> bool:

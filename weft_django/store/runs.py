@@ -210,9 +210,8 @@ NOTIFY_AFTER_COMMIT = True
 # (prepared.execute_committed_then). The wake-up is sent only if this very run was inserted (its
 # run_id, read after the commit). Inside a caller's atomic() the wake-up follows its commit as before.
 NOTIFY_PIPELINED = True
-_PIPELINED_WAKE = (
-    f"SELECT pg_notify('{notify.CHANNEL}', %s) FROM {Workflow._meta.db_table} WHERE id = %s AND run_id = %s"
-)
+_THIS_RUN = f"FROM {Workflow._meta.db_table} WHERE id = %s AND run_id = %s"  # the run this call inserted
+_PIPELINED_WAKE = f"SELECT pg_notify('{notify.CHANNEL}', %s) {_THIS_RUN}"
 _RUN_GIVEN = {
     "id",
     "run_id",
@@ -390,8 +389,7 @@ def _landed(using: str, workflow_id: str, run_id: Any) -> bool:
     except Exception:  # the database cannot be reached: unknown, the caller's error stands
         return False
     try:
-        sql = f"SELECT 1 FROM {Workflow._meta.db_table} WHERE id = %s AND run_id = %s"
-        return reader.execute(sql, [workflow_id, run_id]).fetchone() is not None
+        return reader.execute(f"SELECT 1 {_THIS_RUN}", [workflow_id, run_id]).fetchone() is not None
     except Exception:
         return False
     finally:
