@@ -120,9 +120,9 @@ class Background:
         return self.result
 
 
-# How the one-statement commit shows in pg_stat_activity: as itself, or as the EXECUTE of its prepared
-# form (weft_django/prepared.py).
-ONE_STATEMENT = ("WITH raw AS", "EXECUTE weft_")
+# How the one-statement commit shows in pg_stat_activity: one query string, prepared.KEYED_PLAN's SETs
+# and then the statement (as itself, or as the EXECUTE of its prepared form).
+ONE_STATEMENT = ("SET LOCAL enable_seqscan = off;",)
 
 
 def wait_for_lock_waiter(query_prefix: str | tuple[str, ...], timeout: float = 30.0) -> None:

@@ -9,6 +9,8 @@ import json
 from datetime import datetime
 from typing import Any
 
+from django.db import DatabaseError
+
 from ..models import Step, Timer, Workflow
 from ..status import ACTIVE_STATUSES, SignalState, UpdateStatus
 from . import prepared
@@ -257,7 +259,16 @@ def run_write_statement(
         return []
     main = " UNION ALL ".join(parts) if parts else "SELECT NULL, NULL"
     connection = backend(using).connection
+    sql = f"WITH {', '.join(ctes)} {main}"
     with connection.cursor() as cursor:
-        # Prepared (its planning costs more than its run) when it is its own transaction: the fence path.
-        prepared.execute(cursor, connection, f"WITH {', '.join(ctes)} {main}", params)
+        # Prepared (its planning costs more than its run) when it is its own transaction: the fence
+        # path, where it runs after prepared.KEYED_PLAN in the same query string (its plan, made once,
+        # must not depend on how small the tables were then).
+        if fence:
+            plan = [(setting, None) for setting in prepared.KEYED_PLAN]
+            prepared.execute_statements(cursor, connection, [*plan, (sql, params)])
+            if not all(cursor.nextset() for _ in plan):  # past the SETs: the statement's rows
+                raise DatabaseError("the fenced commit returned no rows")
+        else:
+            prepared.execute(cursor, connection, sql, params)
         return [(kind, value) for kind, value in cursor.fetchall() if kind is not None]

@@ -43,6 +43,20 @@ MAX_MISSES = 3  # EXECUTEs of a name the server connection lacked: then it is be
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%s|%%")
 
+# Plans for statements that touch a few rows by key (a batch's ids). A prepared statement is planned with
+# the statistics of the moment it is planned: PostgreSQL settles on a generic plan at its sixth run and
+# keeps it until the next ANALYZE, so a plan made while the tables were small (an engine's first passes
+# on a new database) kept sequential scans and hash joins once they had grown (the acquire's reads: 90 ms
+# each at 10,000 runs; the fenced commit: 1.5 -> 9.5 ms after 20,000 runs; docs/benchmarks.md, "The plan
+# trap"). Planned without sequential scans, hash or merge joins, such a statement is index lookups in a
+# nested loop whatever the statistics. Sent as ``SET LOCAL`` in the statement's own query string (one
+# transaction): the settings end with it.
+KEYED_PLAN = (
+    "SET LOCAL enable_seqscan = off",
+    "SET LOCAL enable_hashjoin = off",
+    "SET LOCAL enable_mergejoin = off",
+)
+
 
 class _ConnectionState:
     __slots__ = ("disabled", "misses", "names", "unpreparable")

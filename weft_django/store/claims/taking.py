@@ -44,19 +44,11 @@ def _claim_and_note(served: bool) -> str:
 # the one plan left is the partial index weft_claim_free read in order, stopped at the LIMIT, whatever
 # the statistics; the reads after it plan as configured.
 _PLAN_IN_ORDER = "SET LOCAL enable_sort = off"
-# The five reads are prepared without parameters, so PostgreSQL plans each ONCE per connection, with
-# the statistics of that moment: a plan made while the tables were small (an engine's first acquire on
-# a new database) kept sequential scans and hash joins once they had grown, 90 ms per read at 10,000
-# runs until the next ANALYZE (one engine fell from 1,374 to 221 workflows/s, benchmarks/bulk_starts.py,
-# session 10). They read a batch's few ids (CLAIM_BATCH_SIZE) by primary key or index: planned without
-# sequential scans, hash or merge joins, each is index lookups in a nested loop, whatever the statistics
-# and whichever batch came first. SET LOCAL: the settings end with this transaction.
-_PLAN_FOR_FEW_IDS = (
-    "SET LOCAL enable_sort TO DEFAULT",
-    "SET LOCAL enable_seqscan = off",
-    "SET LOCAL enable_hashjoin = off",
-    "SET LOCAL enable_mergejoin = off",
-)
+# The five reads are prepared without parameters, so PostgreSQL plans each ONCE per connection: they run
+# with prepared.KEYED_PLAN (a plan made on an engine's first acquire over small tables had kept sequential
+# scans once they had grown: one engine fell from 1,374 to 221 workflows/s, benchmarks/bulk_starts.py,
+# session 10). The claim statement's enable_sort goes back to its default first.
+_PLAN_FOR_FEW_IDS = ("SET LOCAL enable_sort TO DEFAULT", *prepared.KEYED_PLAN)
 _LOADS = load_statements(_TAKEN_IDS)  # the last one (admitted updates) takes ADMITTED_PARAM
 _CLAIM_ALL = _claim_and_note(False)
 _CLAIM_SERVED = _claim_and_note(True)
