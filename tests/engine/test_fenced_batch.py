@@ -14,6 +14,7 @@ from weft_django.engine import fencing, ownership
 from weft_django.engine.driver import StepRecord
 from weft_django.models import BufferedSignal, PendingUpdate, Step, Timer, Workflow, WorkflowClaim
 from weft_django.store import commit as store_commit
+from weft_django.store import prepared
 from weft_django.store.clock import db_now
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -164,8 +165,6 @@ def test_the_parent_lookup_only_for_runs_that_may_have_children(monkeypatch):
     """The one statement looks for active children only of finishing runs that started one
     (WorkflowWrites.started_children, as the general path reads it): a childless run's terminal
     commit has no parent_id scan; a run with an active child is still left to the general path."""
-    from weft_django.store import prepared
-
     runs = _claimed("lone", "dad")
     weft.start("tests.signals", id="dad-kid")
     Workflow.objects.filter(pk="dad-kid").update(parent_id="dad", parent_run_id=runs["dad"][0], parent_seq=1)
@@ -232,8 +231,8 @@ def test_the_commit_plans_made_on_small_tables_stay_index_lookups_once_the_table
         assert cursor.fetchone()[0] >= 2  # the plan made on the small tables served the grown ones
         cursor.execute("BEGIN")
         try:
-            for setting in ("enable_seqscan", "enable_hashjoin", "enable_mergejoin"):
-                cursor.execute(f"SET LOCAL {setting} = off")  # as the engine sends it
+            for setting in prepared.KEYED_PLAN:
+                cursor.execute(setting)  # as the engine sends it
             cursor.execute("EXPLAIN " + call, params)
             plan = "\n".join(row[0] for row in cursor.fetchall())
         finally:

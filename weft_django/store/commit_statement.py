@@ -66,9 +66,9 @@ def step_columns_known() -> bool:
 _FENCED_ROWS = (("s", "x->>0"), ("c", "x->>2"), ("e", "x->>0"), ("r", "x #>> '{}'"))  # key, its workflow id
 _FENCE_START = f"raw AS (SELECT %s::jsonb AS j), {FENCE_CTE}, "
 # ``k`` when a finishing run may have children (``p``: their ids; WorkflowWrites.started_children,
-# as the general path reads it). Otherwise ``k`` is empty without a scan: the generic plan of the
-# parent_id lookup seq-scans the workflow table whatever the array holds (measured: 0.3 ms at 1,200
-# workflows, on every fenced commit).
+# as the general path reads it). Otherwise ``k`` is empty without a lookup (before prepared.KEYED_PLAN
+# its generic plan seq-scanned the workflow table whatever the array held: 0.3 ms at 1,200 workflows,
+# on every fenced commit).
 _K_PARENTS = (
     f"k AS MATERIALIZED (SELECT DISTINCT parent_id AS workflow_id FROM {WORKFLOW_TABLE} WHERE parent_id = "
     "ANY(ARRAY(SELECT x #>> '{}' FROM raw, jsonb_array_elements(raw.j->'p') x)) "
