@@ -55,6 +55,21 @@ def test_placeholders_are_numbered_in_order():
     )
 
 
+def test_a_texts_shape_is_worked_out_once_and_each_call_takes_its_own_values():
+    sql = "SELECT %s, %s /* test_prepared shape */"
+    before = prepared._shape.cache_info()
+    assert prepared.numbered(sql, [1, 2]) == ("SELECT $1, $2 /* test_prepared shape */", [1, 2])
+    assert prepared.numbered(sql, (3, 4)) == ("SELECT $1, $2 /* test_prepared shape */", [3, 4])
+    after = prepared._shape.cache_info()
+    assert (after.misses - before.misses, after.hits - before.hits) == (1, 1)
+    with pytest.raises(IndexError, match="2 placeholders, 1 parameters"):
+        prepared.numbered(sql, [1])
+    with pytest.raises(KeyError):
+        prepared.numbered("SELECT %(a)s", {"b": 1})
+    with pytest.raises(TypeError, match="as a mapping"):
+        prepared.numbered("SELECT %(a)s", [1])
+
+
 def test_the_name_is_a_digest_of_the_text():
     assert prepared.statement_name("SELECT 1") == prepared.statement_name("SELECT 1")
     assert prepared.statement_name("SELECT 1") != prepared.statement_name("SELECT 2")

@@ -5,6 +5,7 @@ of one statement, and, outside any transaction, the fence itself as its first CT
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime
 from typing import Any
@@ -53,8 +54,19 @@ _STEP_TYPES = (
 )
 _STEP_KEPT = ("workflow_id", "run_id", "seq", "started_at")  # an upsert keeps the key and when the step began
 _MAILBOX_ERROR = TERMINAL_ERROR_JSON
+# The step upsert: each row of the document's ``s`` array unpacked by position into its column.
+_STEPS_CTE = (
+    f"steps AS (INSERT INTO {STEP_TABLE} ({', '.join(_STEP_COLUMNS)}) SELECT "
+    + ", ".join(
+        f"NULLIF(x->{i}, 'null')" if kind == "jsonb" else f"(x->>{i})::{kind}" for i, kind in enumerate(_STEP_TYPES)
+    )
+    + " FROM d, jsonb_array_elements(d.j->'s') AS x ON CONFLICT (run_id, seq) DO UPDATE SET "
+    + ", ".join(f"{c} = EXCLUDED.{c}" for c in _STEP_COLUMNS if c not in _STEP_KEPT)
+    + ")"
+)
 
 
+@functools.cache  # models do not change while the process runs; asked on every commit
 def step_columns_known() -> bool:
     """The raw step upsert names every column but the key: a new column falls back to the ORM path."""
     return {f.column for f in Step._meta.concrete_fields} == {"id", *_STEP_COLUMNS}
@@ -191,15 +203,7 @@ def run_write_statement(
     else:
         ctes = ["d AS (SELECT %s::jsonb AS j)"]
     if steps:
-        updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in _STEP_COLUMNS if c not in _STEP_KEPT)
-        values = ", ".join(
-            f"NULLIF(x->{i}, 'null')" if kind == "jsonb" else f"(x->>{i})::{kind}" for i, kind in enumerate(_STEP_TYPES)
-        )
-        ctes.append(
-            f"steps AS (INSERT INTO {STEP_TABLE} ({', '.join(_STEP_COLUMNS)}) "
-            f"SELECT {values} FROM d, jsonb_array_elements(d.j->'s') AS x "
-            f"ON CONFLICT (run_id, seq) DO UPDATE SET {updates})"
-        )
+        ctes.append(_STEPS_CTE)
     if consumed:
         ctes.append(
             f"consumed AS (UPDATE {SIGNAL_TABLE} AS s SET state = %s, consumed_seq = (x->>1)::int "

@@ -21,6 +21,7 @@ it off.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import re
@@ -83,30 +84,71 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 def statement_name(sql: str) -> str:
     """The statement's name: a digest of its text (same name, same statement, on any connection)."""
-    return "weft_" + hashlib.sha256(sql.encode()).hexdigest()[:24]
+    return _shape(sql).name
 
 
 def numbered(sql: str, params: Sequence[Any] | Mapping[str, Any]) -> tuple[str, list[Any]]:
     """``sql`` with Django's placeholders (``%s`` or ``%(name)s``) as ``$1, $2, ...`` and the
     parameters in that order; ``%%`` becomes ``%`` (PREPARE's text is sent without parameters)."""
-    ordered: list[Any] = []
-    named: dict[str, int] = {}
-    positional = iter(params if not isinstance(params, Mapping) else ())
+    shape = _shape(sql)
+    return shape.text, shape.ordered(params)
 
-    def replace(match: re.Match[str]) -> str:
-        if match.group(0) == "%%":
-            return "%"
-        key = match.group(1)
-        if key is None:
-            ordered.append(next(positional))
-            return f"${len(ordered)}"
-        if key not in named:
-            assert isinstance(params, Mapping)
-            ordered.append(params[key])
-            named[key] = len(ordered)
-        return f"${named[key]}"
 
-    return _PLACEHOLDER.sub(replace, sql), ordered
+class _Shape:
+    """What a statement's text alone decides, worked out once per text (``_shape``): its name, its
+    text for PREPARE, and where each ``$n`` takes its value from: the n-th positional value, or
+    ``keys[n - 1]`` of a mapping (``%(name)s`` placeholders)."""
+
+    __slots__ = ("count", "keys", "name", "text")
+
+    def __init__(self, sql: str) -> None:
+        keys: list[str] = []
+        count = 0
+
+        def replace(match: re.Match[str]) -> str:
+            nonlocal count
+            if match.group(0) == "%%":
+                return "%"
+            key = match.group(1)
+            if key is None:
+                count += 1
+                return f"${count}"
+            if key not in keys:
+                keys.append(key)
+            return f"${keys.index(key) + 1}"
+
+        self.text = _PLACEHOLDER.sub(replace, sql)
+        self.name = "weft_" + hashlib.sha256(sql.encode()).hexdigest()[:24]
+        self.keys = tuple(keys) if keys else None
+        self.count = len(keys) if keys else count
+
+    def ordered(self, params: Sequence[Any] | Mapping[str, Any]) -> list[Any]:
+        """``params`` in ``$n`` order.
+
+        Raises:
+            KeyError: a name missing from the mapping.
+            IndexError: fewer positional values than placeholders.
+            TypeError: a mapping for ``%s`` placeholders or a sequence for ``%(name)s`` ones.
+        """
+        if self.keys is not None:
+            if not isinstance(params, Mapping):
+                raise TypeError("a statement with %(name)s placeholders takes its parameters as a mapping")
+            return [params[key] for key in self.keys]
+        if isinstance(params, Mapping):
+            if self.count:
+                raise TypeError("a statement with %s placeholders takes its parameters as a sequence")
+            return []
+        if len(params) < self.count:
+            raise IndexError(f"{self.count} placeholders, {len(params)} parameters")
+        return list(params[: self.count])
+
+
+# The engine's statements are a few dozen texts sent thousands of times: hashing and scanning each one on
+# every execution cost about 0.1 ms of engine Python per workflow (py-spy, docs/benchmarks.md session 11).
+# Texts that vary with a batch's size (IN lists) are more, hence a bound.
+@functools.lru_cache(maxsize=1024)
+def _shape(sql: str) -> _Shape:
+    return _Shape(sql)
 
 
 def _usable(cursor: Any, connection: Any) -> bool:
@@ -169,13 +211,14 @@ def _prepare_on(
     cursor: Any, state: _ConnectionState, sql: str, params: Sequence[Any] | Mapping[str, Any]
 ) -> tuple[_ConnectionState, str, list[Any]] | None:
     """As ``_prepare``, on a connection already found usable (its ``state``)."""
-    name = statement_name(sql)
+    shape = _shape(sql)
+    name = shape.name
     if state.disabled or name in state.unpreparable:
         return None
-    text, ordered = numbered(sql, params)
+    ordered = shape.ordered(params)
     if name not in state.names:
         try:
-            cursor.execute(f"PREPARE {name} AS {text}")
+            cursor.execute(f"PREPARE {name} AS {shape.text}")
         except DatabaseError as error:
             if _sqlstate(error) != ALREADY_PREPARED:
                 state.unpreparable.add(name)
