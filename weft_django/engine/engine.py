@@ -38,13 +38,14 @@ from ..store.clock import db_now
 from ..store.commit import WorkflowWrites
 from . import ownership, sessions
 from .activities import commit_atomic_attempt
+from .attention import Attention
 from .claimer import Claimer
 from .containment import contain_tick_failure
 from .executors import ActivityExecutors
 from .fencing import fenced_commit
 from .loader import Loader
 from .messages import _state as mailbox_state
-from .messages import deliver_messages, mailbox_sweep_due, prefetch_admitted
+from .messages import deliver_messages, mailbox_sweep_due, prefetch_admitted, unchecked_mailboxes
 from .owned import Owned, collect_recorded, mark_stuck, note_children
 from .passclock import PassClock
 from .periodic import builtin_tasks
@@ -110,7 +111,10 @@ class Engine:
         self.renewal = Renewal(
             self.engine_id, self.settings, self.using, self._session_limit, self.wake, self.lease, renewal_failed
         )
-        self.progress = Progress(self.engine_id, self.using, self.owned, self.timers, self.wake, self._refused)
+        self.attention = Attention()  # held workflows with work no wake-up names (engine/attention.py)
+        self.progress = Progress(
+            self.engine_id, self.using, self.owned, self.timers, self.wake, self._refused, self.attention
+        )
         self.loader = Loader(
             self.engine_id, self.using, self.progress, self._drop, functools.partial(prefetch_admitted, self)
         )
@@ -392,14 +396,17 @@ class Engine:
             return False
         if claim and self.claimer.takeover_due(clock):
             return False
-        for owned in self.owned.values():
-            if any(task.deadline is not None and clock >= task.deadline for task in owned.inflight.values()):
+        for wid in self.attention.running:
+            owned = self.owned.get(wid)
+            if owned is not None and any(
+                task.deadline is not None and clock >= task.deadline for task in owned.inflight.values()
+            ):
                 return False
         next_fire, estimate = self.timers.next_fire_at(), self.clock.estimate(clock)
         if next_fire is not None and estimate is not None and next_fire <= estimate:
             return False
         mailboxes = mailbox_state(self)  # deliver_messages looks at new contexts and moved frontiers
-        if any(mailboxes.checked.get(wid) is not owned for wid, owned in self.owned.items()):
+        if unchecked_mailboxes(self):
             return False
         for wid, seq in mailboxes.parked.items():
             parked = self.owned.get(wid)
@@ -501,18 +508,24 @@ class Engine:
         return (pending is None or pending.empty) and workflow_id not in self._carried and not recorded
 
     def _dispatch(self) -> None:
-        if self.stopping.is_set():
-            # Draining: start nothing new. The attempts stay recorded as running, so the next owner
-            # runs them under the same attempt numbers.
-            for owned in self.owned.values():
+        """Hand the attempts queued this pass (and those held back) to the activity threads."""
+        queued, self.attention.dispatching = self.attention.dispatching, {}
+        for wid in queued:
+            owned = self.owned.get(wid)
+            if owned is None or not owned.dispatch:
+                continue
+            if self.stopping.is_set():
+                # Draining: start nothing new. The attempts stay recorded as running, so the next owner
+                # runs them under the same attempt numbers.
                 owned.dispatch = []
-            return
-        for owned in self.owned.values():
-            if owned.workflow_id in self._carried:
-                continue  # the commit recording these attempts was deferred: dispatch after it
+                continue
+            if wid in self._carried:
+                self.attention.dispatching[wid] = None  # the commit recording these attempts was deferred:
+                continue  # dispatch after it
             for task in owned.dispatch:
                 owned.inflight[task.seq] = task
                 self.executor.submit(task)
+            self.attention.running.add(wid)
             owned.dispatch = []
 
     # -- losing, dropping and reloading workflows --------------------------------------------------------

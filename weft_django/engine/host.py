@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from ..conf import WeftSettings
 from ..store.commit import WorkflowWrites
+from .attention import Attention
 from .owned import Owned
 
 
@@ -36,6 +37,7 @@ class EngineHost(Protocol):
     using: str
     engine_id: str
     owned: dict[str, Owned]
+    attention: Attention
     _reload: dict[str, int]
     _lock: threading.Lock
     _wake: threading.Event

@@ -100,6 +100,20 @@ def mailbox_sweep_due(engine: EngineHost) -> bool:
     return True
 
 
+def unchecked_mailboxes(engine: EngineHost) -> set[str]:
+    """The held workflows whose live context's admitted updates no look has seen: new contexts, and
+    those a look put back (``_look_again``). Read from the engine's attention index, not by walking
+    every held workflow (engine/attention.py)."""
+    checked, owned = _state(engine).checked, engine.owned
+    return {wid for wid in engine.attention.unchecked if wid in owned and checked.get(wid) is not owned[wid]}
+
+
+def _look_again(engine: EngineHost, wid: str) -> None:
+    """Have the next pass look at this workflow's admitted updates again."""
+    _state(engine).checked.pop(wid, None)
+    engine.attention.unchecked.add(wid)
+
+
 def prefetch_admitted(engine: EngineHost, owned: Owned, rows: list[AdmittedRow]) -> None:
     """Record the admitted updates read when ``owned`` was loaded (engine._load, in the same round
     trip as its run). An update admitted after that read sends a ``w:<id>`` wake-up, and a woken
@@ -123,14 +137,15 @@ def deliver_messages(
         busy |= answer_queries(engine, now, writes)
     state = _state(engine)
     ids = {wid for wid in workflow_ids if wid in engine.owned}
-    ids.update(wid for wid, owned in engine.owned.items() if state.checked.get(wid) is not owned)
+    ids.update(unchecked_mailboxes(engine))
+    engine.attention.unchecked.clear()  # each is looked at below (deliver_updates marks it checked)
     for wid, seq in list(state.parked.items()):
         owned = engine.owned.get(wid)
         if owned is None:
             del state.parked[wid]
         elif owned.run.frontier is not None and owned.run.frontier.seq != seq:
             ids.add(wid)
-    if len(state.checked) > len(engine.owned):
+    if len(state.checked) > 2 * len(engine.owned) + 1000:  # forget the contexts gone (amortised: not every pass)
         state.checked = {wid: o for wid, o in state.checked.items() if engine.owned.get(wid) is o}
     # A workflow looked at only because it is new here (no wake-up, rescan or sweep named it this
     # pass) takes the admitted updates read with its load, if nothing read them since.
@@ -224,7 +239,7 @@ def deliver_updates(
     for wid in list(ready):
         if not _settleable(engine, live[wid], writes):
             del ready[wid]
-            state.checked.pop(wid, None)  # look again on the next pass, once it is durable
+            _look_again(engine, wid)  # on the next pass, once it is durable
     if not ready:
         return False
 
@@ -307,7 +322,7 @@ def deliver_updates(
             engine._lost |= set(result.lost)
         engine._wake.set()
     for wid in result.busy:  # its claim row was locked by another transaction: nothing was settled
-        state.checked.pop(wid, None)
+        _look_again(engine, wid)
     for wid in handled:
         owned = engine.owned.get(wid)
         if owned is not None:

@@ -32,6 +32,7 @@ from ..store.histories import RunRow, buffered_signals
 from ..store.writes import Continuation
 from . import history_size, steps
 from .activities import AttemptOutcome, AttemptTask, run_local
+from .attention import Attention
 from .children import MAX_DEPTH
 from .driver import AppliedRecord, Leaf, StepRecord, WorkflowRun
 from .owned import (
@@ -70,6 +71,8 @@ class Progress:
         wake: the loop's wake-ups (a signal or update wait asks for a mailbox look).
         on_refused: called for a workflow whose atomic activity's commit was refused (the loop
             reloads it from the durable log).
+        attention: the loop's index of workflows with work no wake-up names (engine/attention.py):
+            a new context, and attempts queued for dispatch, are added to it here.
     """
 
     def __init__(
@@ -80,8 +83,10 @@ class Progress:
         timers: TimerHeap,
         wake: Wake,
         on_refused: Callable[[Owned], None],
+        attention: Attention,
     ) -> None:
         self.engine_id = engine_id
+        self.attention = attention
         self.using = using
         self.owned = owned
         self.timers = timers
@@ -183,6 +188,7 @@ class Progress:
             continued=row.continued,
         )
         self.owned[row.id] = owned
+        self.attention.unchecked.add(row.id)  # its mailbox has not been looked at yet
         for timer in timers:
             owned.timers[(timer.kind, timer.seq or 0)] = timer
             self.timers.push(timer.fire_at, row.id, timer.kind, timer.seq or 0)
@@ -289,7 +295,12 @@ class Progress:
             self.timers.push(timer.fire_at, owned.workflow_id, TimerKind.ACTIVITY_RETRY, seq)
             return
         # A recovered attempt runs again under the same attempt number.
-        owned.dispatch.append(self._task(owned, seq, op, step.attempts, step.started_at or now))
+        self._queue(owned, self._task(owned, seq, op, step.attempts, step.started_at or now))
+
+    def _queue(self, owned: Owned, task: AttemptTask) -> None:
+        """Queue an attempt for the loop's dispatch at the end of the pass."""
+        owned.dispatch.append(task)
+        self.attention.dispatching[owned.workflow_id] = None
 
     def _arm_child(
         self,
@@ -487,7 +498,12 @@ class Progress:
     def expire_attempts(self, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]) -> None:
         """Fail (or retry) the attempts past their timeout that are not committing right now."""
         clock = time.monotonic()
-        for owned in [o for o in self.owned.values() if o.inflight]:  # not every parked one, every pass
+        running = self.attention.running
+        for wid in list(running):  # not every parked one, every pass: those with attempts in flight
+            owned = self.owned.get(wid)
+            if owned is None or not owned.inflight:
+                running.discard(wid)
+                continue
             for seq, task in list(owned.inflight.items()):
                 if task.deadline is None or clock < task.deadline:
                     continue
@@ -535,7 +551,7 @@ class Progress:
                 step = owned.run.steps[seq]
                 step.attempts = timer.attempt or step.attempts + 1
                 writes_of(owned, writes).steps.append(step)  # the attempt count is durable before dispatch
-                owned.dispatch.append(self._task(owned, seq, leaf_op, step.attempts, step.started_at or now))
+                self._queue(owned, self._task(owned, seq, leaf_op, step.attempts, step.started_at or now))
             return
         leaf = next((lf for lf in owned.run.pending_leaves() if lf.seq == seq), None)
         fired = steps.timer_fired(kind, seq, leaf, now)

@@ -1,0 +1,107 @@
+"""A pass costs what it serves, not what the engine holds: a wake-up for one parked workflow, an
+activity's outcome, and the quiet check after a commit do not walk every held workflow.
+
+Before engine/attention.py, each pass walked all of them several times (attempt timeouts, mailboxes
+not yet looked at, attempts to dispatch), and with 4,000 parked workflows signal -> result went from
+2.2 to 4.0 ms p50 (docs/benchmarks.md, session 12). The walks are counted here, not timed: the held
+workflows' dict counts every iteration over it made by the loop's thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.test import override_settings
+
+import weft_django as weft
+from weft_django.engine.engine import Engine
+from weft_django.engine.owned import Owned
+from weft_django.models import Workflow, WorkflowClaim
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PARKED = 12
+
+
+@weft.activity
+def pass_cost_echo(value: Any) -> Any:
+    return value
+
+
+@weft.workflow(name="tests.pass_cost_parked")
+def parked(ctx: Any) -> Any:
+    value = yield ctx.wait_for_signal("go")
+    return (yield ctx.run(pass_cost_echo, value))
+
+
+class _Walks(dict[str, Owned]):
+    """The loop's held workflows, counting the walks over them made by the thread that created it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
+        self.walks = 0
+
+    def _count(self) -> None:
+        if threading.get_ident() == self.thread:
+            self.walks += 1
+
+    def __iter__(self) -> Iterator[str]:
+        self._count()
+        return super().__iter__()
+
+    def keys(self) -> Any:
+        self._count()
+        return super().keys()
+
+    def values(self) -> Any:
+        self._count()
+        return super().values()
+
+    def items(self) -> Any:
+        self._count()
+        return super().items()
+
+
+def _tick_until(engine: Engine, condition: Callable[[], Any], message: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {message}"
+        engine.tick()
+        time.sleep(0.01)
+
+
+@override_settings(WEFT={"POLL_INTERVAL": "60s"})  # no maintenance pass (which does look at all) in the test
+def test_a_wake_up_pass_does_not_walk_every_held_workflow():
+    handles = [weft.start(parked, id=f"pass-cost-{i}") for i in range(PARKED)]
+    engine = Engine("pass-cost", concurrency=2)
+    walks = _Walks()
+    engine.owned = engine.progress.owned = walks  # before anything is loaded: the loop's one dict
+    engine.start()  # the listener: the signal's NOTIFY wakes a pass naming its workflow
+    try:
+        _tick_until(
+            engine,
+            lambda: WorkflowClaim.objects.filter(engine_id="pass-cost").count() == PARKED
+            and len(engine.owned) == PARKED,
+            "every workflow held",
+        )
+        for _ in range(3):  # the first passes commit the parked state and look at each new mailbox
+            engine.tick()
+        walks.walks = 0
+        assert not engine.tick(), "a quiet pass found something to do"
+        assert walks.walks == 0, "the quiet check walked every held workflow"
+
+        handles[0].signal("go", "one")  # a wake-up naming one workflow; its activity; its end
+        _tick_until(
+            engine,
+            lambda: Workflow.objects.filter(pk=handles[0].id, status="completed").exists(),
+            "the signalled workflow's end",
+        )
+        assert handles[0].result(timeout=5) == "one"
+        assert walks.walks == 0, f"the passes serving one workflow walked every held one {walks.walks} times"
+        assert len(engine.owned) == PARKED - 1
+    finally:
+        engine.shutdown()
