@@ -74,26 +74,39 @@ def _tick_until(engine: Engine, condition: Callable[[], Any], message: str, time
         time.sleep(0.01)
 
 
-@override_settings(WEFT={"POLL_INTERVAL": "60s"})  # no maintenance pass (which does look at all) in the test
-def test_a_wake_up_pass_does_not_walk_every_held_workflow():
-    handles = [weft.start(parked, id=f"pass-cost-{i}") for i in range(PARKED)]
-    engine = Engine("pass-cost", concurrency=2)
+def _parked_engine(engine_id: str) -> tuple[Engine, _Walks, list[Any]]:
+    """An in-process engine holding PARKED parked workflows, its held-workflow dict counting walks."""
+    handles = [weft.start(parked, id=f"{engine_id}-{i}") for i in range(PARKED)]
+    engine = Engine(engine_id, concurrency=2)
     walks = _Walks()
     engine.owned = engine.progress.owned = walks  # before anything is loaded: the loop's one dict
-    engine.start()  # the listener: the signal's NOTIFY wakes a pass naming its workflow
+    engine.start()  # the listener (PostgreSQL): a signal's NOTIFY wakes a pass naming its workflow
+    _tick_until(
+        engine,
+        lambda: WorkflowClaim.objects.filter(engine_id=engine_id).count() == PARKED and len(engine.owned) == PARKED,
+        "every workflow held",
+    )
+    for _ in range(3):  # the first passes commit the parked state and look at each new mailbox
+        engine.tick()
+    walks.walks = 0
+    return engine, walks, handles
+
+
+@override_settings(WEFT={"POLL_INTERVAL": "60s"})  # no maintenance pass (which does look at all) in the test
+def test_a_quiet_pass_does_not_walk_every_held_workflow():
+    engine, walks, _ = _parked_engine("pass-quiet")
     try:
-        _tick_until(
-            engine,
-            lambda: WorkflowClaim.objects.filter(engine_id="pass-cost").count() == PARKED
-            and len(engine.owned) == PARKED,
-            "every workflow held",
-        )
-        for _ in range(3):  # the first passes commit the parked state and look at each new mailbox
-            engine.tick()
-        walks.walks = 0
         assert not engine.tick(), "a quiet pass found something to do"
         assert walks.walks == 0, "the quiet check walked every held workflow"
+    finally:
+        engine.shutdown()
 
+
+@pytest.mark.postgres  # the wake-up comes from LISTEN (SQLite finds signals by the maintenance sweep)
+@override_settings(WEFT={"POLL_INTERVAL": "60s"})
+def test_the_passes_serving_one_signalled_workflow_do_not_walk_every_held_workflow():
+    engine, walks, handles = _parked_engine("pass-signal")
+    try:
         handles[0].signal("go", "one")  # a wake-up naming one workflow; its activity; its end
         _tick_until(
             engine,

@@ -537,10 +537,6 @@ REVIEWED = {
         "joins load_statements' five constant statements (table names from Model._meta, the ids clause "
         "its callers pass: placeholders or the constant transaction-setting array); values are parameters"
     ),
-    "weft_django/store/prepared.py:numbered": (
-        "rewrites its caller's statement text: each %s / %(name)s placeholder becomes $n and %% becomes %; no "
-        "value is put into the text (the values are returned, in $n order, for EXECUTE's placeholders)"
-    ),
 }
 
 

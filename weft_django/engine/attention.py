@@ -16,6 +16,11 @@ made".
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+
+from .activities import AttemptTask
+from .owned import Owned
+
 
 class Attention:
     """Per engine, the ids of held workflows with work no wake-up names (module docstring)."""
@@ -31,3 +36,18 @@ class Attention:
         self.running: set[str] = set()
         # Contexts whose admitted updates no look has seen yet (a new context, or one a look put back).
         self.unchecked: set[str] = set()
+
+    def queue(self, owned: Owned, task: AttemptTask) -> None:
+        """Queue an attempt of ``owned`` for the loop's dispatch at the end of the pass."""
+        owned.dispatch.append(task)
+        self.dispatching[owned.workflow_id] = None
+
+    def in_flight(self, owned: Mapping[str, Owned]) -> Iterator[Owned]:
+        """The held workflows (of ``owned``, the loop's dict) with attempts in flight; ids whose
+        workflow is gone or has none any more are forgotten on the way."""
+        for wid in list(self.running):
+            held = owned.get(wid)
+            if held is None or not held.inflight:
+                self.running.discard(wid)
+            else:
+                yield held

@@ -396,11 +396,8 @@ class Engine:
             return False
         if claim and self.claimer.takeover_due(clock):
             return False
-        for wid in self.attention.running:
-            owned = self.owned.get(wid)
-            if owned is not None and any(
-                task.deadline is not None and clock >= task.deadline for task in owned.inflight.values()
-            ):
+        for owned in self.attention.in_flight(self.owned):
+            if any(task.deadline is not None and clock >= task.deadline for task in owned.inflight.values()):
                 return False
         next_fire, estimate = self.timers.next_fire_at(), self.clock.estimate(clock)
         if next_fire is not None and estimate is not None and next_fire <= estimate:
@@ -514,18 +511,16 @@ class Engine:
             owned = self.owned.get(wid)
             if owned is None or not owned.dispatch:
                 continue
-            if self.stopping.is_set():
-                # Draining: start nothing new. The attempts stay recorded as running, so the next owner
-                # runs them under the same attempt numbers.
-                owned.dispatch = []
+            if self.stopping.is_set():  # draining: start nothing new (the attempts stay recorded as
+                owned.dispatch = []  # running: the next owner runs them under the same attempt numbers)
                 continue
-            if wid in self._carried:
-                self.attention.dispatching[wid] = None  # the commit recording these attempts was deferred:
-                continue  # dispatch after it
+            if wid in self._carried:  # the commit recording these attempts was deferred: dispatch after it
+                self.attention.dispatching[wid] = None
+                continue
+            self.attention.running.add(wid)  # before the submits: one that raises leaves none untracked
             for task in owned.dispatch:
                 owned.inflight[task.seq] = task
                 self.executor.submit(task)
-            self.attention.running.add(wid)
             owned.dispatch = []
 
     # -- losing, dropping and reloading workflows --------------------------------------------------------

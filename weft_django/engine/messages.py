@@ -67,7 +67,8 @@ class _MailboxState:
     """Per engine: which live contexts had their mailbox looked at, and where admitted updates wait
     that nothing handled at the frontier they were seen at (looked at again when it moves)."""
 
-    checked: dict[str, Owned] = dataclasses.field(default_factory=dict)
+    # Weak: a context dropped, ended or evicted leaves by itself (no walk over them to forget it).
+    checked: weakref.WeakValueDictionary[str, Owned] = dataclasses.field(default_factory=weakref.WeakValueDictionary)
     parked: dict[str, int] = dataclasses.field(default_factory=dict)
     # The admitted updates read with a context's load (PostgreSQL), used instead of a query by the
     # first look at that context unless a wake-up (or a sweep) names it first; consumed by any look.
@@ -145,8 +146,6 @@ def deliver_messages(
             del state.parked[wid]
         elif owned.run.frontier is not None and owned.run.frontier.seq != seq:
             ids.add(wid)
-    if len(state.checked) > 2 * len(engine.owned) + 1000:  # forget the contexts gone (amortised: not every pass)
-        state.checked = {wid: o for wid, o in state.checked.items() if engine.owned.get(wid) is o}
     # A workflow looked at only because it is new here (no wake-up, rescan or sweep named it this
     # pass) takes the admitted updates read with its load, if nothing read them since.
     known: dict[str, list[AdmittedRow]] = {}

@@ -295,12 +295,7 @@ class Progress:
             self.timers.push(timer.fire_at, owned.workflow_id, TimerKind.ACTIVITY_RETRY, seq)
             return
         # A recovered attempt runs again under the same attempt number.
-        self._queue(owned, self._task(owned, seq, op, step.attempts, step.started_at or now))
-
-    def _queue(self, owned: Owned, task: AttemptTask) -> None:
-        """Queue an attempt for the loop's dispatch at the end of the pass."""
-        owned.dispatch.append(task)
-        self.attention.dispatching[owned.workflow_id] = None
+        self.attention.queue(owned, self._task(owned, seq, op, step.attempts, step.started_at or now))
 
     def _arm_child(
         self,
@@ -498,12 +493,7 @@ class Progress:
     def expire_attempts(self, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]) -> None:
         """Fail (or retry) the attempts past their timeout that are not committing right now."""
         clock = time.monotonic()
-        running = self.attention.running
-        for wid in list(running):  # not every parked one, every pass: those with attempts in flight
-            owned = self.owned.get(wid)
-            if owned is None or not owned.inflight:
-                running.discard(wid)
-                continue
+        for owned in self.attention.in_flight(self.owned):  # not every parked one, every pass
             for seq, task in list(owned.inflight.items()):
                 if task.deadline is None or clock < task.deadline:
                     continue
@@ -551,7 +541,7 @@ class Progress:
                 step = owned.run.steps[seq]
                 step.attempts = timer.attempt or step.attempts + 1
                 writes_of(owned, writes).steps.append(step)  # the attempt count is durable before dispatch
-                self._queue(owned, self._task(owned, seq, leaf_op, step.attempts, step.started_at or now))
+                self.attention.queue(owned, self._task(owned, seq, leaf_op, step.attempts, step.started_at or now))
             return
         leaf = next((lf for lf in owned.run.pending_leaves() if lf.seq == seq), None)
         fired = steps.timer_fired(kind, seq, leaf, now)

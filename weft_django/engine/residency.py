@@ -59,15 +59,15 @@ class Residency:
             return []
         excess = len(owned) - self.limit
         out: list[Owned] = []
-        for wid, held in list(owned.items()):
+        for wid, held in owned.items():  # oldest loaded first; stops once it has enough (no copy of all)
             if len(out) >= excess:
                 break
-            if not idle_parked(held) or busy(wid):
-                continue
-            del owned[wid]
+            if idle_parked(held) and not busy(wid):
+                out.append(held)
+        for held in out:
+            del owned[held.workflow_id]
             held.run.close()
-            self.evicted[wid] = held.epoch
-            out.append(held)
+            self.evicted[held.workflow_id] = held.epoch
         self.evictions += len(out)
         if out:
             logger.info(
