@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,6 +24,8 @@ from weft_django.engine.engine import Engine
 from weft_django.models import PendingUpdate, QueryRequest, Step, Workflow
 from weft_django.store import commit as store_commit
 from weft_django.store.clock import db_now
+
+from .ticking import tick_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -69,14 +71,6 @@ def _update_status(workflow_id: str) -> str | None:
     return PendingUpdate.objects.filter(workflow_id=workflow_id).values_list("status", flat=True).first()
 
 
-def _tick_until(engine: Engine, condition: Callable[[], Any], message: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {message}"
-        engine.tick()
-        time.sleep(0.01)
-
-
 def _admit(workflow_id: str, name: str = "approve", payload: str = '"yes"') -> None:
     PendingUpdate.objects.create(
         workflow_id=workflow_id,
@@ -98,7 +92,7 @@ def _outcome_waiting(engine: Engine) -> None:
 def _parked_with_activity_running(engine: Engine, workflow_id: str) -> None:
     """Run the workflow to its gated activity (step 0 durable as running), admit the update, and let
     the engine see it parked at that frontier; then open the gate and wait for the outcome."""
-    _tick_until(engine, lambda: _step(workflow_id, 0) == "running" and engine.executor.running, "step 0 running")
+    tick_until(engine, lambda: _step(workflow_id, 0) == "running" and engine.executor.running, "step 0 running")
     _admit(workflow_id)
     for _ in range(3):
         engine.tick()
@@ -140,7 +134,7 @@ def test_an_update_is_never_durable_ahead_of_the_step_before_it(monkeypatch):
     engine.start()
     try:
         _parked_with_activity_running(engine, handle.id)
-        _tick_until(engine, lambda: Workflow.objects.get(pk=handle.id).status == "completed", "the run to end")
+        tick_until(engine, lambda: Workflow.objects.get(pk=handle.id).status == "completed", "the run to end")
     finally:
         engine.shutdown()
     assert handle.result(timeout=5) == ["approved", 0, "yes"]
@@ -170,7 +164,7 @@ def test_a_failed_batch_commit_cannot_leave_an_answered_update_in_a_history_that
     try:
         _parked_with_activity_running(engine, handle.id)
         failures["left"] = 1
-        _tick_until(
+        tick_until(
             engine,
             lambda: (
                 Workflow.objects.filter(pk=handle.id, status__in=["completed", "failed"]).exists()
@@ -205,14 +199,14 @@ def _ask_when_the_outcome_waits(monkeypatch: Any, workflow_id: str, query: str, 
     monkeypatch.setattr(messages, "_answer", answer)
     engine.start()
     try:
-        _tick_until(engine, lambda: _step(workflow_id, 0) == "running" and engine.executor.running, "step 0 running")
+        tick_until(engine, lambda: _step(workflow_id, 0) == "running" and engine.executor.running, "step 0 running")
         GATE.set()
         _outcome_waiting(engine)
         QueryRequest.objects.create(
             workflow_id=workflow_id, engine_id=engine.engine_id, name=query, created_at=db_now(), deadline=db_now()
         )
         engine._queries_waiting = True
-        _tick_until(engine, lambda: answered, "the query to be answered")
+        tick_until(engine, lambda: answered, "the query to be answered")
     finally:
         engine.shutdown()
     return answered
@@ -233,12 +227,12 @@ def test_a_refused_atomic_attempt_of_an_old_context_does_not_drop_the_reloaded_o
     engine = Engine("r21-reload-engine")
     engine.start()
     try:
-        _tick_until(engine, lambda: _step(handle.id, 0) == "running" and engine.executor.running, "step 0 running")
+        tick_until(engine, lambda: _step(handle.id, 0) == "running" and engine.executor.running, "step 0 running")
         old_task = engine.owned[handle.id].inflight[0]
         # A database error in a pass: every workflow is dropped and reloaded at the same epoch.
         engine._reload[handle.id] = engine.owned[handle.id].epoch
         engine._drop(handle.id, reason=None)
-        _tick_until(engine, lambda: handle.id in engine.owned and engine.owned[handle.id].inflight, "the reload")
+        tick_until(engine, lambda: handle.id in engine.owned and engine.owned[handle.id].inflight, "the reload")
         new_task = engine.owned[handle.id].inflight[0]
         assert new_task is not old_task and new_task.key == old_task.key
         engine.executor.outcomes.put(AttemptOutcome(old_task, ok=False, refused=True))
@@ -256,7 +250,7 @@ def test_a_refused_atomic_attempt_reloads_its_workflow_at_once():
     engine = Engine("r21-requeue-engine")
     engine.start()
     try:
-        _tick_until(engine, lambda: _step(handle.id, 0) == "running" and engine.executor.running, "step 0 running")
+        tick_until(engine, lambda: _step(handle.id, 0) == "running" and engine.executor.running, "step 0 running")
         task = engine.owned[handle.id].inflight[0]
         engine.executor.outcomes.put(AttemptOutcome(task, ok=False, refused=True))
         engine.tick()
@@ -306,7 +300,7 @@ def test_a_refused_atomic_attempt_of_a_cancelled_run_is_released_not_a_crash():
     engine = Engine("r21-refused-cancel-engine")
     engine.start()
     try:
-        _tick_until(engine, lambda: _step(handle.id, 0) == "running" and len(engine.executor.running) == 2, "running")
+        tick_until(engine, lambda: _step(handle.id, 0) == "running" and len(engine.executor.running) == 2, "running")
         task = engine.owned[handle.id].inflight[0]
         weft.cancel(handle.id, "gone")
         engine.executor.outcomes.put(AttemptOutcome(task, ok=False, refused=True))
@@ -327,7 +321,7 @@ def test_deferred_writes_are_retried_after_carry_retry_not_only_on_the_next_poll
     engine = Engine("r21-carry-quiet-engine")
     engine.start()
     try:
-        _tick_until(engine, lambda: handle.id in engine.owned and engine.owned[handle.id].inflight, "the claim")
+        tick_until(engine, lambda: handle.id in engine.owned and engine.owned[handle.id].inflight, "the claim")
         for _ in range(3):
             engine.tick()  # settle the start-up scans so only the carried writes are left
         owned = engine.owned[handle.id]

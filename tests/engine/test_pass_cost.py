@@ -9,8 +9,7 @@ workflows' dict counts every iteration over it made by the loop's thread."""
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,6 +19,8 @@ import weft_django as weft
 from weft_django.engine.engine import Engine
 from weft_django.engine.owned import Owned
 from weft_django.models import Workflow, WorkflowClaim
+
+from .ticking import tick_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -66,14 +67,6 @@ class _Walks(dict[str, Owned]):
         return super().items()
 
 
-def _tick_until(engine: Engine, condition: Callable[[], Any], message: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {message}"
-        engine.tick()
-        time.sleep(0.01)
-
-
 def _parked_engine(engine_id: str) -> tuple[Engine, _Walks, list[Any]]:
     """An in-process engine holding PARKED parked workflows, its held-workflow dict counting walks."""
     handles = [weft.start(parked, id=f"{engine_id}-{i}") for i in range(PARKED)]
@@ -81,7 +74,7 @@ def _parked_engine(engine_id: str) -> tuple[Engine, _Walks, list[Any]]:
     walks = _Walks()
     engine.owned = engine.progress.owned = walks  # before anything is loaded: the loop's one dict
     engine.start()  # the listener (PostgreSQL): a signal's NOTIFY wakes a pass naming its workflow
-    _tick_until(
+    tick_until(
         engine,
         lambda: WorkflowClaim.objects.filter(engine_id=engine_id).count() == PARKED and len(engine.owned) == PARKED,
         "every workflow held",
@@ -108,7 +101,7 @@ def test_the_passes_serving_one_signalled_workflow_do_not_walk_every_held_workfl
     engine, walks, handles = _parked_engine("pass-signal")
     try:
         handles[0].signal("go", "one")  # a wake-up naming one workflow; its activity; its end
-        _tick_until(
+        tick_until(
             engine,
             lambda: Workflow.objects.filter(pk=handles[0].id, status="completed").exists(),
             "the signalled workflow's end",
