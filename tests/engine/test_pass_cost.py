@@ -86,7 +86,7 @@ def _parked_engine(engine_id: str) -> tuple[Engine, _Walks, list[Any]]:
 
 
 @override_settings(WEFT={"POLL_INTERVAL": "60s"})  # no maintenance pass (which does look at all) in the test
-def test_a_quiet_pass_does_not_walk_every_held_workflow():
+def test_a_quiet_pass_does_not_walk_every_held_workflow() -> None:
     engine, walks, _ = _parked_engine("pass-quiet")
     try:
         assert not engine.tick(), "a quiet pass found something to do"
@@ -97,7 +97,7 @@ def test_a_quiet_pass_does_not_walk_every_held_workflow():
 
 @pytest.mark.postgres  # the wake-up comes from LISTEN (SQLite finds signals by the maintenance sweep)
 @override_settings(WEFT={"POLL_INTERVAL": "60s"})
-def test_the_passes_serving_one_signalled_workflow_do_not_walk_every_held_workflow():
+def test_the_passes_serving_one_signalled_workflow_do_not_walk_every_held_workflow() -> None:
     engine, walks, handles = _parked_engine("pass-signal")
     try:
         handles[0].signal("go", "one")  # a wake-up naming one workflow; its activity; its end
