@@ -16,6 +16,7 @@ import pytest
 from django.test import override_settings
 
 import weft_django as weft
+from weft_django.engine import residency
 from weft_django.engine.engine import Engine
 from weft_django.engine.owned import Owned
 from weft_django.models import Workflow, WorkflowClaim
@@ -35,6 +36,13 @@ def pass_cost_echo(value: Any) -> Any:
 @weft.workflow(name="tests.pass_cost_parked")
 def parked(ctx: Any) -> Any:
     value = yield ctx.wait_for_signal("go")
+    return (yield ctx.run(pass_cost_echo, value))
+
+
+@weft.workflow(name="tests.pass_cost_parked_with_timeout")
+def parked_with_timeout(ctx: Any) -> Any:
+    """Parked on a timer too: never evicted (residency keeps workflows with timers resident)."""
+    value = yield ctx.wait_for_signal("go", timeout="1h")
     return (yield ctx.run(pass_cost_echo, value))
 
 
@@ -67,9 +75,9 @@ class _Walks(dict[str, Owned]):
         return super().items()
 
 
-def _parked_engine(engine_id: str) -> tuple[Engine, _Walks, list[Any]]:
+def _parked_engine(engine_id: str, workflow: Any = parked) -> tuple[Engine, _Walks, list[Any]]:
     """An in-process engine holding PARKED parked workflows, its held-workflow dict counting walks."""
-    handles = [weft.start(parked, id=f"{engine_id}-{i}") for i in range(PARKED)]
+    handles = [weft.start(workflow, id=f"{engine_id}-{i}") for i in range(PARKED)]
     engine = Engine(engine_id, concurrency=2)
     walks = _Walks()
     engine.owned = engine.progress.owned = walks  # before anything is loaded: the loop's one dict
@@ -109,5 +117,25 @@ def test_the_passes_serving_one_signalled_workflow_do_not_walk_every_held_workfl
         assert handles[0].result(timeout=5) == "one"
         assert walks.walks == 0, f"the passes serving one workflow walked every held one {walks.walks} times"
         assert len(engine.owned) == PARKED - 1
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.postgres
+@override_settings(WEFT={"POLL_INTERVAL": "60s", "MAX_RESIDENT_WORKFLOWS": 2})
+def test_an_engine_held_over_its_resident_limit_by_workflows_it_cannot_evict_does_not_scan_them_every_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(residency, "SHORT_SCAN_RETRY", 3600.0)  # the scan that came up short is not retried
+    engine, walks, handles = _parked_engine("pass-evict", parked_with_timeout)
+    try:
+        assert len(engine.owned) == PARKED and engine.residency.evictions == 0  # each has a timer: none evictable
+        handles[0].signal("go", "one")
+        tick_until(
+            engine,
+            lambda: Workflow.objects.filter(pk=handles[0].id, status="completed").exists(),
+            "the signalled workflow's end",
+        )
+        assert walks.walks == 0, f"the passes walked every held workflow {walks.walks} times (eviction scans)"
     finally:
         engine.shutdown()

@@ -12,6 +12,7 @@ commit."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 
@@ -21,6 +22,10 @@ from .host import EngineHost
 from .owned import Owned
 
 logger = logging.getLogger("weft_django.engine.engine")
+# After an eviction scan found too few idle parked workflows (the rest sleep on timers, run attempts, ...),
+# the next scan waits this long unless more workflows were loaded meanwhile: a scan walks every resident
+# workflow, and an engine held over its limit by busy ones would otherwise walk them all on every pass.
+SHORT_SCAN_RETRY = 1.0
 
 
 class Residency:
@@ -37,6 +42,7 @@ class Residency:
         self.evicted: dict[str, int] = {}  # claim held, generator not in memory: workflow id -> epoch
         self.evictions = 0
         self.recalls = 0
+        self._short: tuple[float, int] | None = None  # after a short scan: (retry at, resident count then)
 
     def recall(self, workflow_ids: Iterable[str], lost: Iterable[str] = ()) -> None:
         """Load these evicted workflows again on the next pass (they got mail or a wake-up); forget
@@ -57,6 +63,8 @@ class Residency:
         generators closed; the caller publishes the claims to renew)."""
         if self.limit is None or len(owned) <= self.limit:
             return []
+        if self._short is not None and time.monotonic() < self._short[0] and len(owned) <= self._short[1]:
+            return []
         excess = len(owned) - self.limit
         out: list[Owned] = []
         for wid, held in owned.items():  # oldest loaded first; stops once it has enough (no copy of all)
@@ -64,6 +72,7 @@ class Residency:
                 break
             if idle_parked(held) and not busy(wid):
                 out.append(held)
+        self._short = (time.monotonic() + SHORT_SCAN_RETRY, len(owned) - len(out)) if len(out) < excess else None
         for held in out:
             del owned[held.workflow_id]
             held.run.close()
