@@ -26,7 +26,8 @@ from weft_django.models import Step, Workflow, WorkflowClaim
 from weft_django.store import commit as store_commit
 from weft_django.store.clock import db_now
 
-from .test_commit_order import GATE, _outcome_waiting, _step, _tick_until
+from .test_commit_order import GATE, _outcome_waiting, _step
+from .ticking import tick_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 USING = "default"
@@ -102,16 +103,16 @@ def test_a_claim_row_locked_by_a_user_transaction_does_not_stall_the_rest_of_the
     engine = Engine("r21-batch-engine")
     engine.start()
     try:
-        _tick_until(engine, lambda: _step(x.id, 0) == "running" and _step(y.id, 0) == "running", "both dispatched")
+        tick_until(engine, lambda: _step(x.id, 0) == "running" and _step(y.id, 0) == "running", "both dispatched")
         wait_until(lambda: len(engine.executor.running) == 2, "both attempts running")
         with holding("SELECT 1 FROM weft_django_workflowclaim WHERE workflow_id = %s FOR UPDATE", [x.id]) as released:
             GATE.set()
             wait_until(lambda: engine.executor.outcomes.qsize() >= 2, "both outcomes")
-            _tick_until(engine, lambda: Workflow.objects.get(pk=y.id).status == "completed", "Y to finish", timeout=30)
+            tick_until(engine, lambda: Workflow.objects.get(pk=y.id).status == "completed", "Y to finish", timeout=30)
             assert not released.is_set(), "Y finished only after the user's transaction let X's row go"
             assert _step(x.id, 0) == "running" and Workflow.objects.get(pk=x.id).status == "running"
             assert x.id in engine._carried  # its result waits in memory, nothing of it written
-        _tick_until(engine, lambda: Workflow.objects.get(pk=x.id).status == "completed", "X to finish")
+        tick_until(engine, lambda: Workflow.objects.get(pk=x.id).status == "completed", "X to finish")
     finally:
         GATE.set()
         engine.shutdown()
@@ -136,7 +137,7 @@ def test_a_deferred_commit_holds_back_the_dispatch_it_records():
     engine = Engine("r21-carry-engine")
     engine.start()
     try:
-        _tick_until(engine, lambda: _step(handle.id, 0) == "running" and engine.executor.running, "step 0 running")
+        tick_until(engine, lambda: _step(handle.id, 0) == "running" and engine.executor.running, "step 0 running")
         with holding("SELECT 1 FROM weft_django_workflowclaim WHERE workflow_id = %s FOR UPDATE", [handle.id]):
             GATE.set()
             _outcome_waiting(engine)
@@ -146,7 +147,7 @@ def test_a_deferred_commit_holds_back_the_dispatch_it_records():
             assert handle.id in engine._carried
             assert not engine.owned[handle.id].inflight, "step 1 was started before its attempt was durable"
             assert _step(handle.id, 0) == "running" and _step(handle.id, 1) is None
-        _tick_until(engine, lambda: Workflow.objects.get(pk=handle.id).status == "completed", "the run to end")
+        tick_until(engine, lambda: Workflow.objects.get(pk=handle.id).status == "completed", "the run to end")
     finally:
         GATE.set()
         engine.shutdown()
