@@ -4,6 +4,8 @@ prepare) ends in the plain statement, with the same rows written once."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
@@ -43,13 +45,19 @@ def on_server() -> set[str]:
         return {row[0] for row in cursor.fetchall()}
 
 
+def numbered(sql: str, params: Any) -> tuple[str, list[Any]]:
+    """The PREPARE text of ``sql`` and ``params`` in its ``$n`` order."""
+    shape = prepared._shape(sql)
+    return shape.text, shape.ordered(params)
+
+
 def test_placeholders_are_numbered_in_order():
-    assert prepared.numbered("SELECT %s, %s WHERE x LIKE 'a%%'", [1, "b"]) == (
+    assert numbered("SELECT %s, %s WHERE x LIKE 'a%%'", [1, "b"]) == (
         "SELECT $1, $2 WHERE x LIKE 'a%'",
         [1, "b"],
     )
     # Named placeholders: numbered by first appearance; a repeated name reuses its number.
-    assert prepared.numbered("SELECT %(b)s, %(a)s, %(b)s", {"a": 1, "b": 2, "unused": 3}) == (
+    assert numbered("SELECT %(b)s, %(a)s, %(b)s", {"a": 1, "b": 2, "unused": 3}) == (
         "SELECT $1, $2, $1",
         [2, 1],
     )
@@ -58,16 +66,16 @@ def test_placeholders_are_numbered_in_order():
 def test_a_texts_shape_is_worked_out_once_and_each_call_takes_its_own_values():
     sql = "SELECT %s, %s /* test_prepared shape */"
     before = prepared._shape.cache_info()
-    assert prepared.numbered(sql, [1, 2]) == ("SELECT $1, $2 /* test_prepared shape */", [1, 2])
-    assert prepared.numbered(sql, (3, 4)) == ("SELECT $1, $2 /* test_prepared shape */", [3, 4])
+    assert numbered(sql, [1, 2]) == ("SELECT $1, $2 /* test_prepared shape */", [1, 2])
+    assert numbered(sql, (3, 4)) == ("SELECT $1, $2 /* test_prepared shape */", [3, 4])
     after = prepared._shape.cache_info()
     assert (after.misses - before.misses, after.hits - before.hits) == (1, 1)
     with pytest.raises(IndexError, match="2 placeholders, 1 parameters"):
-        prepared.numbered(sql, [1])
+        numbered(sql, [1])
     with pytest.raises(KeyError):
-        prepared.numbered("SELECT %(a)s", {"b": 1})
+        numbered("SELECT %(a)s", {"b": 1})
     with pytest.raises(TypeError, match="as a mapping"):
-        prepared.numbered("SELECT %(a)s", [1])
+        numbered("SELECT %(a)s", [1])
 
 
 def test_the_name_is_a_digest_of_the_text():

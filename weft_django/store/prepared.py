@@ -84,20 +84,14 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 def statement_name(sql: str) -> str:
     """The statement's name: a digest of its text (same name, same statement, on any connection)."""
-    return _shape(sql).name
-
-
-def numbered(sql: str, params: Sequence[Any] | Mapping[str, Any]) -> tuple[str, list[Any]]:
-    """``sql`` with Django's placeholders (``%s`` or ``%(name)s``) as ``$1, $2, ...`` and the
-    parameters in that order; ``%%`` becomes ``%`` (PREPARE's text is sent without parameters)."""
-    shape = _shape(sql)
-    return shape.text, shape.ordered(params)
+    return "weft_" + hashlib.sha256(sql.encode()).hexdigest()[:24]
 
 
 class _Shape:
     """What a statement's text alone decides, worked out once per text (``_shape``): its name, its
-    text for PREPARE, and where each ``$n`` takes its value from: the n-th positional value, or
-    ``keys[n - 1]`` of a mapping (``%(name)s`` placeholders)."""
+    text for PREPARE (Django's ``%s`` / ``%(name)s`` placeholders as ``$1, $2, ...``, ``%%`` as
+    ``%``), and where each ``$n`` takes its value from: the n-th positional value, or ``keys[n - 1]``
+    of a mapping (``%(name)s`` placeholders)."""
 
     __slots__ = ("count", "keys", "name", "text")
 
@@ -118,7 +112,7 @@ class _Shape:
             return f"${keys.index(key) + 1}"
 
         self.text = _PLACEHOLDER.sub(replace, sql)
-        self.name = "weft_" + hashlib.sha256(sql.encode()).hexdigest()[:24]
+        self.name = statement_name(sql)
         self.keys = tuple(keys) if keys else None
         self.count = len(keys) if keys else count
 
