@@ -201,7 +201,10 @@ class AppliedUpdate(models.Model):
 
 
 class Timer(models.Model):
-    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="timers", db_constraint=False)
+    # No index of its own: weft_timer_wf (workflow, fire_at) serves lookups by workflow.
+    workflow = models.ForeignKey(
+        Workflow, on_delete=models.CASCADE, related_name="timers", db_constraint=False, db_index=False
+    )
     run_id = models.UUIDField(null=True, blank=True)
     kind = models.CharField(max_length=24, choices=TimerKind.choices)
     seq = models.IntegerField(null=True, blank=True)

@@ -533,6 +533,10 @@ REVIEWED = {
         "joins its caller's statements (checked at the call site, store/claims/taking.py) with EXECUTE "
         "<digest name>(%s, ...) in place of those prepared: every value is still a %s parameter"
     ),
+    "weft_django/migrations/0016_drop_pattern_indexes.py:drop_pattern_indexes": (
+        "DROP INDEX of index names read from pg_index (the pattern-ops indexes on weft's own tables), "
+        "quoted with schema_editor.quote_name; the catalogue query's table list is a parameter"
+    ),
     "weft_django/store/histories.py:load_sql": (
         "joins load_statements' five constant statements (table names from Model._meta, the ids clause "
         "its callers pass: placeholders or the constant transaction-setting array); values are parameters"
