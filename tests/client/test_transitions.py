@@ -32,6 +32,7 @@ from weft_django.models import (
 from weft_django.store import epochs
 from weft_django.store import mailbox as store_mailbox
 from weft_django.store.clock import db_now
+from weft_django.store.notify import parse_signal
 
 ACTIVE = ["pending", "running", "suspended"]
 TERMINAL = ["completed", "failed", "cancelled", "timed_out"]
@@ -661,7 +662,11 @@ def test_wake_ups_are_sent_on_commit_only(listen):
         assert listen() == []  # nothing before the commit
     # The signal's wake-up is sent in the transaction; the start's right after its commit, in a
     # transaction of its own (store.runs.NOTIFY_AFTER_COMMIT), so PostgreSQL does not fold the two.
-    assert listen() == ["w:n1", "w:n1"]
+    # The signal's carries its row (S:, store/notify.py).
+    carried, started = listen()
+    assert started == "w:n1" and carried.startswith("S:")
+    signal = BufferedSignal.objects.get()
+    assert parse_signal(carried[2:]) == (signal.pk, "n1", str(signal.run_id), "s", signal.payload, None)
     with pytest.raises(RuntimeError), transaction.atomic():
         handle.cancel()
         raise RuntimeError

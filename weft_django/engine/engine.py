@@ -289,7 +289,7 @@ class Engine:
             return contain_tick_failure(self, exc)
 
     def _tick(self, claim: bool) -> bool:
-        lost, notified, rescan = self.wake.take()
+        lost, notified, rescan, carried = self.wake.take()
         self.residency.recall(notified, lost)  # an evicted workflow named by a wake-up is loaded again
         if not (lost or notified or rescan) and self._quiet(claim):
             return False
@@ -326,8 +326,9 @@ class Engine:
         sweep = poll_due and mailbox_sweep_due(self)
         # Only a sweep or a rescan looks at every held workflow; a wake-up pass costs what it names.
         signal_check = set(self.owned) if sweep or rescan else {wid for wid in notified if wid in self.owned}
-        if signal_check:
-            busy |= self.progress.deliver_signals(signal_check, now, writes, changed)
+        if signal_check:  # (a sweep or a rescan reads every mailbox, carried signals included)
+            carried = {} if sweep or rescan else carried
+            busy |= self.progress.deliver_signals(signal_check, carried, now, writes, changed)
 
         message_check = {wid for wid in signal_check if wid in self.owned}
         queries, self.wake.queries_waiting = self.wake.queries_waiting or poll_due or rescan, False

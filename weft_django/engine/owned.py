@@ -45,6 +45,10 @@ class Owned:
     history_limit: int | None = -1  # WEFT["HISTORY_WARN_STEPS"] as read on its first turn (-1: not yet)
     has_deadline: bool = False  # an execution deadline is armed in the loop's timer heap (never evicted)
     continued: bool = False  # a later run of a continue-as-new chain (store.histories.RunRow.continued)
+    # The highest signal id this context's last mailbox read saw, and the signals it consumed above it
+    # (engine/signal_delivery.py: when a signal an S: wake-up carried is known to be still buffered).
+    signal_top: int | None = None
+    signals_taken: set[int] = dataclasses.field(default_factory=set)
 
 
 def mailbox_of(leaf: Leaf) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -25,22 +25,20 @@ from ..models import Timer
 from ..operations import RunActivity, Sleep, StartChild, WaitForSignal, WaitForUpdate, WaitUntil
 from ..registry import WorkflowDefinition
 from ..status import StepStatus, TimerKind, WorkflowStatus
-from ..store import histories
 from ..store.children import ChildStart
 from ..store.commit import Finish, WorkflowWrites
-from ..store.histories import RunRow, buffered_signals
+from ..store.histories import RunRow
+from ..store.notify import BufferedRow
 from ..store.writes import Continuation
-from . import history_size, steps
+from . import history_size, signal_delivery, steps
 from .activities import AttemptOutcome, AttemptTask, run_local
 from .attention import Attention
 from .children import MAX_DEPTH
-from .driver import AppliedRecord, Leaf, StepRecord, WorkflowRun
+from .driver import AppliedRecord, StepRecord, WorkflowRun
 from .owned import (
     Owned,
     collect_recorded,
     default_child_id,
-    delivery_span,
-    ends_its_child,
     mailbox_of,
     mark_stuck,
     span_attributes,
@@ -274,7 +272,7 @@ class Progress:
         task = self._task(owned, seq, op, 1, now)
         outcome = run_local(task)
         if outcome.ok:
-            self._settle(owned, steps.activity_completed(task, outcome.result, now), writes, changed)
+            self.settle(owned, steps.activity_completed(task, outcome.result, now), writes, changed)
             return
         if steps.retry_at(task, outcome.retryable, now) is not None:
             step = StepRecord(seq, "activity", op.name, StepStatus.RUNNING, attempts=1, started_at=now)
@@ -317,7 +315,7 @@ class Progress:
         w = writes_of(owned, writes)
         w.steps.append(step)
         if owned.depth + 1 > MAX_DEPTH:
-            self._settle(owned, steps.child_too_deep(step, child_id, owned.depth + 1, MAX_DEPTH, now), writes, changed)
+            self.settle(owned, steps.child_too_deep(step, child_id, owned.depth + 1, MAX_DEPTH, now), writes, changed)
             return
         w.children.append(
             ChildStart(
@@ -379,7 +377,8 @@ class Progress:
         writes_of(owned, writes).timers_add.append(timer)
         self.timers.push(fire_at, owned.workflow_id, kind, seq)
 
-    def _take_timer(self, owned: Owned, kind: str, seq: int, writes: dict[str, WorkflowWrites]) -> Timer | None:
+    def take_timer(self, owned: Owned, kind: str, seq: int, writes: dict[str, WorkflowWrites]) -> Timer | None:
+        """Disarm ``owned``'s timer (kind, seq), its row deleted (or not written) by the next commit."""
         timer = owned.timers.pop((kind, seq), None)
         if timer is not None:
             w = writes_of(owned, writes)
@@ -389,7 +388,8 @@ class Progress:
                 w.timers_add.remove(timer)
         return timer
 
-    def _settle(self, owned: Owned, step: StepRecord, writes: dict[str, WorkflowWrites], changed: set[str]) -> None:
+    def settle(self, owned: Owned, step: StepRecord, writes: dict[str, WorkflowWrites], changed: set[str]) -> None:
+        """Record ``step`` as settled in ``owned``'s history and writes, and have the cascade advance it."""
         began = owned.armed_at.pop(step.seq, None)
         if step.started_at is None and began is not None:
             step.started_at = began  # a wait's step spans from when it began (the admin's timeline)
@@ -414,8 +414,8 @@ class Progress:
             logger.warning("wait_until predicate raised workflow=%s error=%s", owned.workflow_id, exc)
             satisfied = False
         if satisfied:
-            self._take_timer(owned, TimerKind.WAIT_CONDITION, seq, writes)
-            self._settle(owned, steps.wait_satisfied(seq, now), writes, changed)
+            self.take_timer(owned, TimerKind.WAIT_CONDITION, seq, writes)
+            self.settle(owned, steps.wait_satisfied(seq, now), writes, changed)
         elif op.timeout is not None:
             self._arm_timer(owned, TimerKind.WAIT_CONDITION, seq, now + op.timeout, writes)
 
@@ -433,8 +433,8 @@ class Progress:
                 logger.warning("wait_until predicate raised workflow=%s error=%s", owned.workflow_id, exc)
                 continue
             if satisfied:
-                self._take_timer(owned, TimerKind.WAIT_CONDITION, leaf.seq, writes)
-                self._settle(owned, steps.wait_satisfied(leaf.seq, now), writes, changed)
+                self.take_timer(owned, TimerKind.WAIT_CONDITION, leaf.seq, writes)
+                self.settle(owned, steps.wait_satisfied(leaf.seq, now), writes, changed)
 
     # -- activity outcomes ---------------------------------------------------------------------------
     def on_outcome(
@@ -470,7 +470,7 @@ class Progress:
                 owned.run.settle(task.seq, step.outcome)
                 changed.add(owned.workflow_id)
             else:
-                self._settle(owned, step, writes, changed)
+                self.settle(owned, step, writes, changed)
             return
         self._on_failure(owned, task, outcome.error or {}, outcome.retryable, now, writes, changed)
 
@@ -488,7 +488,7 @@ class Progress:
         if fire_at is not None:
             self._arm_timer(owned, TimerKind.ACTIVITY_RETRY, task.seq, fire_at, writes, attempt=task.attempt + 1)
             return
-        self._settle(owned, steps.activity_failed(task, error, now), writes, changed)
+        self.settle(owned, steps.activity_failed(task, error, now), writes, changed)
 
     def expire_attempts(self, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]) -> None:
         """Fail (or retry) the attempts past their timeout that are not committing right now."""
@@ -533,7 +533,7 @@ class Progress:
             return
         if (kind, seq) not in owned.timers or not owned.run.is_pending(seq):
             return
-        timer = self._take_timer(owned, kind, seq, writes)
+        timer = self.take_timer(owned, kind, seq, writes)
         if kind == TimerKind.ACTIVITY_RETRY:
             if timer is not None:
                 leaf_op = next(leaf.op for leaf in owned.run.pending_leaves() if leaf.seq == seq)
@@ -546,55 +546,19 @@ class Progress:
         leaf = next((lf for lf in owned.run.pending_leaves() if lf.seq == seq), None)
         fired = steps.timer_fired(kind, seq, leaf, now)
         if fired is not None:
-            self._settle(owned, fired, writes, changed)
-
-    def _waiting(self, workflow_ids: set[str] | list[str]) -> dict[str, list[Leaf]]:
-        """The leaves of these owned workflows that consume a buffered record (signal or child end)."""
-        waiting = {
-            wid: [
-                leaf for leaf in self.owned[wid].run.pending_leaves() if isinstance(leaf.op, WaitForSignal | StartChild)
-            ]
-            for wid in workflow_ids
-            if wid in self.owned
-        }
-        return {wid: leaves for wid, leaves in waiting.items() if leaves}
+            self.settle(owned, fired, writes, changed)
 
     def deliverable(self) -> bool:
         """Whether a buffered signal (or child-terminal record) waits for a workflow parked here."""
-        waiting = {
-            wid: {mailbox_of(leaf) for leaf in leaves} for wid, leaves in self._waiting(list(self.owned)).items()
-        }
-        names = {name for wanted in waiting.values() for name in wanted}
-        if not names:
-            return False
-        rows = histories.buffered_names(list(waiting), names, self.using)
-        return any(name in waiting[wid] and run_id == self.owned[wid].run_id for wid, run_id, name in rows)
+        return signal_delivery.deliverable(self.owned, self.using)
 
     def deliver_signals(
-        self, workflow_ids: set[str], now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]
+        self,
+        workflow_ids: set[str],
+        carried: Mapping[str, list[BufferedRow]],
+        now: datetime,
+        writes: dict[str, WorkflowWrites],
+        changed: set[str],
     ) -> bool:
-        """Consume the buffered signals (and child-terminal records) these workflows wait for; each
-        consumption and the step it settles go into the same commit. Returns whether any was."""
-        waiting = self._waiting(workflow_ids)
-        if not waiting:
-            return False
-        delivered = False
-        taken: set[int] = set()
-        for pk, wid, run_id, name, payload, sent in buffered_signals(list(waiting), self.using):
-            owned = self.owned[wid]
-            if str(run_id) != owned.run_id or pk in taken:
-                continue
-            leaf = next((lf for lf in waiting[wid] if mailbox_of(lf) == name and owned.run.is_pending(lf.seq)), None)
-            if leaf is None:
-                continue
-            taken.add(pk)
-            delivered = True
-            writes_of(owned, writes).signals_consumed.append((pk, leaf.seq))
-            if isinstance(leaf.op, StartChild) and not ends_its_child(owned, leaf.seq, payload):
-                continue  # another child's end (consumed out of the way): the step waits for its own
-            if not isinstance(leaf.op, StartChild):
-                self._take_timer(owned, TimerKind.SIGNAL_TIMEOUT, leaf.seq, writes)
-            with delivery_span("weft.signal.deliver", owned, sent, {"weft.signal": name, "weft.seq": leaf.seq}):
-                self._settle(owned, steps.delivered(leaf, name, payload, now), writes, changed)
-            waiting[wid] = [lf for lf in waiting[wid] if lf.seq != leaf.seq]
-        return delivered
+        """Consume the buffered signals these workflows wait for (engine/signal_delivery.py)."""
+        return signal_delivery.deliver(self, workflow_ids, carried, now, writes, changed)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import threading
 
+from ..store.notify import BufferedRow, parse_signal
+
 
 class Wake:
     """The loop's wake-up event and what arrived with the wake-ups since the last pass.
@@ -19,6 +21,8 @@ class Wake:
         self.lock = threading.Lock()
         self.event = threading.Event()
         self.notified: set[str] = set()  # workflows a wake-up named
+        # Signals S: wake-ups carried, by workflow id, in the order they arrived (their commit order).
+        self.carried: dict[str, list[BufferedRow]] = {}
         self.rescan = True  # look at everything (a new or reconnected listener, a ":*" wake-up)
         self.lost: set[str] = set()  # workflows whose claim renewal (or a settlement) found gone
         self.queries_waiting = True  # a "q:<engine id>" wake-up: query requests addressed to us
@@ -39,6 +43,12 @@ class Wake:
                 self.rescan = True
             elif payload.startswith("w:"):
                 self.notified.add(payload[2:])
+            elif payload.startswith("S:"):
+                row = parse_signal(payload[2:])
+                if row is None:  # not ours to read: look at every mailbox
+                    self.rescan = True
+                else:
+                    self.carried.setdefault(row[1], []).append(row)
             elif payload == f"q:{self.engine_id}":
                 self.queries_waiting = True
             else:
@@ -58,10 +68,14 @@ class Wake:
             self.lost |= workflow_ids
         self.event.set()
 
-    def take(self) -> tuple[set[str], set[str], bool]:
-        """What arrived since the last pass, cleared: (lost claims, notified workflows, rescan)."""
+    def take(self) -> tuple[set[str], set[str], bool, dict[str, list[BufferedRow]]]:
+        """What arrived since the last pass, cleared: (lost claims, notified workflows, rescan, the
+        carried signals of the notified workflows that only ``S:`` wake-ups named). A workflow also
+        named otherwise (``w:``, ``look_at``) has its mailbox read whatever was carried."""
         with self.lock:
             lost, self.lost = self.lost, set()
-            notified, self.notified = self.notified, set()
+            named, self.notified = self.notified, set()
+            carried, self.carried = self.carried, {}
             rescan, self.rescan = self.rescan, False
-        return lost, notified, rescan
+        only = {wid: rows for wid, rows in carried.items() if wid not in named}
+        return lost, named | carried.keys(), rescan, only

@@ -20,6 +20,7 @@ from ..models import AppliedUpdate, BufferedSignal, ContinuedRun, PendingUpdate,
 from ..status import SignalState, UpdateStatus
 from . import prepared
 from .backend import backend
+from .notify import BufferedRow
 
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
 
@@ -156,17 +157,22 @@ def _admitted_sql(ids: str) -> str:
     )
 
 
+_SIGNALS = BufferedSignal._meta.db_table
+# The mailbox read, and the highest signal id its snapshot sees (``top``: a LEFT JOIN, so a row comes
+# back even when no signal is buffered; ``max(id)`` is one step down the primary key; 0: none at all).
 _BUFFERED_SQL = (
-    f"SELECT id, workflow_id, run_id, name, payload, trace_context FROM {BufferedSignal._meta.db_table} "
-    f"WHERE state = '{SignalState.BUFFERED.value}' AND workflow_id = ANY(%s) ORDER BY id"
+    f"SELECT m.top, s.id, s.workflow_id, s.run_id, s.name, s.payload, s.trace_context "
+    f"FROM (SELECT COALESCE(max(id), 0) AS top FROM {_SIGNALS}) AS m LEFT JOIN {_SIGNALS} AS s "
+    f"ON s.state = '{SignalState.BUFFERED.value}' AND s.workflow_id = ANY(%s) ORDER BY s.id"
 )
 
 
-def buffered_signals(workflow_ids: list[str], using: str) -> list[tuple[int, str, Any, str, str, str | None]]:
+def buffered_signals(workflow_ids: list[str], using: str) -> tuple[list[BufferedRow], int | None]:
     """The buffered signals of these workflows, oldest first: (id, workflow id, run id, name, payload,
-    trace context).
-    Where the backend prepares statements (PostgreSQL) one prepared statement (a signal's wake-up pass
-    runs it; the ORM's compile alone took longer than the round trip).
+    trace context); and, where the backend prepares statements (PostgreSQL, one prepared statement:
+    a signal's wake-up pass runs it), the highest signal id the read's snapshot saw, else None.
+    No signal above that id was visible to the read, so none above it can have been consumed before
+    it: engine/signal_delivery.py relies on that to use a signal an ``S:`` wake-up carried.
 
     Args:
         workflow_ids: the workflows to read the mailbox of.
@@ -179,11 +185,13 @@ def buffered_signals(workflow_ids: list[str], using: str) -> list[tuple[int, str
             .order_by("id")
             .values_list("id", "workflow_id", "run_id", "name", "payload", "trace_context")
         )
-        return list(rows)
+        return list(rows), None
     connection = connections[using]
     with connection.cursor() as cursor:
         prepared.execute(cursor, connection, _BUFFERED_SQL, [workflow_ids])
-        return list(cursor.fetchall())
+        found = cursor.fetchall()
+    top = found[0][0] if found else None
+    return [tuple(row[1:]) for row in found if row[1] is not None], top
 
 
 def buffered_names(workflow_ids: list[str], names: set[str], using: str) -> list[tuple[str, str, str]]:

@@ -20,6 +20,8 @@ from .clock import db_now, workflow_now_sql
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
 
 ENDED_BEFORE_APPLIED = {"type": "WorkflowTerminalError", "message": "The workflow ended before the update was applied."}
+# The columns of a signal's S: wake-up, in notify.BufferedRow's order.
+_CARRIED = "id, workflow_id, run_id, name, payload, trace_context"
 _ACTIVE = [str(status.value) for status in (WorkflowStatus.PENDING, WorkflowStatus.RUNNING, WorkflowStatus.SUSPENDED)]
 
 
@@ -87,11 +89,13 @@ def buffer_signal(
     with connection.cursor() as cursor:
         if store.writes_in_one_statement:
             wake = f"w:{workflow_id}" if len(workflow_id) < notify.MAX_PAYLOAD - 2 else "w:*"
+            # The wake-up carries the row (S:, store/notify.py) when it fits, else names the workflow.
             prepared.execute(
                 cursor,
                 connection,
-                f"WITH s AS ({insert} RETURNING workflow_id) SELECT pg_notify(%s, %s) FROM s",
-                [*params, notify.CHANNEL, wake],
+                f"WITH s AS ({insert} RETURNING {_CARRIED}), j AS (SELECT json_build_array({_CARRIED})::text AS t "
+                "FROM s) SELECT pg_notify(%s, CASE WHEN octet_length(t) <= %s THEN 'S:' || t ELSE %s END) FROM j",
+                [*params, notify.CHANNEL, notify.MAX_PAYLOAD - 2, wake],
             )
             return len(cursor.fetchall()) == 1
         cursor.execute(insert, params)

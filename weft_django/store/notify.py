@@ -4,6 +4,9 @@ Starts send theirs after their commit instead (``send_after_commit``; ``store.ru
 in autocommit in the same round trip as the start, ``store.runs.NOTIFY_PIPELINED``).
 
 Payloads: ``w:<workflow_id>`` (a workflow needs attention: new, signalled, updated, transitioned),
+``S:<json [id, workflow_id, run_id, name, payload, trace_context]>`` (a signal was buffered: the row
+itself, so the engine holding a parked workflow consumes it without reading its mailbox; a signal
+too big to carry sends ``w:`` instead; engine/signal_delivery.py says when a carried row is used),
 ``q:<engine_id>`` (a query waits for that engine), ``r:<workflow_id>`` (a run or update finished:
 callers waiting for a result), ``R:<json [workflow_id, status, result, error, run_id]>`` (a run completed or
 failed, its outcome carried in the payload, so a waiting ``result()`` returns without reading the row;
@@ -67,6 +70,25 @@ def send_after_commit(kind: str, ident: str | list[str], using: str) -> None:
         transaction.on_commit(fire, using=using)
     else:
         fire()
+
+
+# A buffered signal as the engine reads it: (id, workflow id, run id, name, payload, trace context).
+BufferedRow = tuple[int, str, Any, str, str, str | None]
+
+
+def parse_signal(body: str) -> BufferedRow | None:
+    """The buffered-signal row an ``S:`` payload's body carries (what follows ``S:``), or None when
+    it is not one (the engine then reads the mailbox)."""
+    try:
+        pk, workflow_id, run_id, name, payload, trace_context = json.loads(body)
+    except (ValueError, TypeError):
+        return None
+    texts = (workflow_id, run_id, name, payload)
+    if not isinstance(pk, int) or not all(isinstance(t, str) for t in texts):
+        return None
+    if trace_context is not None and not isinstance(trace_context, str):
+        return None
+    return pk, workflow_id, run_id, name, payload, trace_context
 
 
 CARRIED_STATUSES = ("completed", "failed")  # the ends whose outcome an R: payload carries
