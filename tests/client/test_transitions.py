@@ -29,7 +29,7 @@ from weft_django.models import (
     Workflow,
     WorkflowClaim,
 )
-from weft_django.store import epochs
+from weft_django.store import epochs, notify
 from weft_django.store import mailbox as store_mailbox
 from weft_django.store.clock import db_now
 from weft_django.store.notify import parse_signal
@@ -651,6 +651,19 @@ def listen():
             return [note.payload for note in conn.notifies(timeout=0.3)]
 
         yield drain
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres
+def test_a_signal_too_big_to_carry_names_its_workflow_instead(listen):
+    handle = start("n2")
+    listen()
+    handle.signal("small", "x" * 100)
+    handle.signal("big", "x" * notify.MAX_CARRIED_SIGNAL)
+    small, big = listen()
+    assert small.startswith("S:") and len(small.encode()) <= notify.MAX_CARRIED_SIGNAL
+    assert big == "w:n2"  # the engine reads this one from the mailbox
+    assert BufferedSignal.objects.filter(workflow_id="n2").count() == 2
 
 
 @pytest.mark.django_db(transaction=True)

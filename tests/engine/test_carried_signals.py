@@ -128,3 +128,36 @@ def test_a_malformed_carried_signal_makes_the_engine_read_every_mailbox() -> Non
     engine = Engine("carried-3", concurrency=1)
     engine._on_notify("S:not json")
     assert engine.wake.take()[2] is True  # rescan: nothing carried is trusted
+
+
+@pytest.mark.postgres  # a row lock defers the commit
+def test_a_consumed_signal_whose_commit_is_deferred_is_not_given_to_the_next_wait() -> None:
+    """The pass that consumes the signal arms the next wait on the same name; its commit is deferred
+    (the claim row is locked by a user's transaction), so the next pass's mailbox read still sees the
+    signal buffered. It must not settle the second wait too (at 2058580 and before it did: [1, 1])."""
+    from .test_commit_locks import holding
+
+    handle = weft.start(carried_twice, id="carried-deferred")
+    engine = Engine("carried-4", concurrency=2)
+    engine.start()
+    try:
+        _parked(engine, handle.id, 1)
+        with holding("SELECT 1 FROM weft_django_workflowclaim WHERE workflow_id = %s FOR UPDATE", [handle.id]):
+            handle.signal("go", 1)
+            tick_until(engine, lambda: handle.id in engine._carried, "the consuming commit deferred")
+            for _ in range(5):  # the second wait's mailbox read, the signal still buffered there
+                engine.tick()
+        tick_until(
+            engine,
+            lambda: Step.objects.filter(workflow_id=handle.id, kind="signal").exists(),
+            "the consumption durable",
+        )
+        for _ in range(3):
+            engine.tick()
+        assert Step.objects.filter(workflow_id=handle.id, kind="signal").count() == 1, "a signal consumed twice"
+        assert Workflow.objects.get(pk=handle.id).status == "running"
+        handle.signal("go", 2)
+        tick_until(engine, lambda: Workflow.objects.filter(pk=handle.id, status="completed").exists(), "its end")
+        assert handle.result(timeout=5) == [1, 2]
+    finally:
+        engine.shutdown()

@@ -10,7 +10,8 @@ it can tell that each is still buffered:
 - a row whose id is above ``signal_top`` was not visible to this context's last read, so nobody had
   consumed it before that read (consuming needs the row to be seen); since that read, only this
   context consumes this workflow's signals (the fence), and it remembers what it took
-  (``Owned.signals_taken``);
+  (``Owned.signals_taken``, which also keeps a read from handing out again a signal this context
+  took in a pass whose commit was deferred);
 - any other row (no read yet in this context, or an id at or below the top: a signal the read may
   have seen, or one whose transaction committed late) sends the workflow to the mailbox read.
 
@@ -84,13 +85,17 @@ def _usable(owned: Owned, rows: list[BufferedRow]) -> list[BufferedRow] | None:
 
 
 def _read(settler: Settler, workflow_ids: list[str]) -> list[BufferedRow]:
-    """The mailbox read of these workflows; each context's ``signal_top`` moves up to the read's."""
+    """The mailbox read of these workflows; each context's ``signal_top`` moves up to the read's.
+    A signal this context took stays in ``signals_taken`` while the read still shows it buffered
+    (its commit was deferred: engine.py ``_carried``), or while it is above the top."""
     rows, top = histories.buffered_signals(workflow_ids, settler.using)
+    buffered = {row[0] for row in rows}
     for wid in workflow_ids:
         owned = settler.owned[wid]
         if top is not None and (owned.signal_top is None or top > owned.signal_top):
             owned.signal_top = top
-            owned.signals_taken = {pk for pk in owned.signals_taken if pk > top}
+        if owned.signal_top is not None:
+            owned.signals_taken = {pk for pk in owned.signals_taken if pk > owned.signal_top or pk in buffered}
     return rows
 
 
@@ -126,15 +131,13 @@ def deliver(
     if unread:
         rows.extend(_read(settler, unread))
     delivered = False
-    taken: set[int] = set()
     for pk, wid, run_id, name, payload, sent in rows:
         owned = owned_map[wid]
-        if str(run_id) != owned.run_id or pk in taken:
-            continue
+        if str(run_id) != owned.run_id or pk in owned.signals_taken:
+            continue  # taken already (this pass, or an earlier one whose commit is not durable yet)
         leaf = next((lf for lf in wanted[wid] if mailbox_of(lf) == name and owned.run.is_pending(lf.seq)), None)
         if leaf is None:
             continue
-        taken.add(pk)
         owned.signals_taken.add(pk)
         delivered = True
         writes_of(owned, writes).signals_consumed.append((pk, leaf.seq))

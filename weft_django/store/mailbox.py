@@ -95,7 +95,7 @@ def buffer_signal(
                 connection,
                 f"WITH s AS ({insert} RETURNING {_CARRIED}), j AS (SELECT json_build_array({_CARRIED})::text AS t "
                 "FROM s) SELECT pg_notify(%s, CASE WHEN octet_length(t) <= %s THEN 'S:' || t ELSE %s END) FROM j",
-                [*params, notify.CHANNEL, notify.MAX_PAYLOAD - 2, wake],
+                [*params, notify.CHANNEL, notify.MAX_CARRIED_SIGNAL - 2, wake],
             )
             return len(cursor.fetchall()) == 1
         cursor.execute(insert, params)

@@ -6,7 +6,8 @@ in autocommit in the same round trip as the start, ``store.runs.NOTIFY_PIPELINED
 Payloads: ``w:<workflow_id>`` (a workflow needs attention: new, signalled, updated, transitioned),
 ``S:<json [id, workflow_id, run_id, name, payload, trace_context]>`` (a signal was buffered: the row
 itself, so the engine holding a parked workflow consumes it without reading its mailbox; a signal
-too big to carry sends ``w:`` instead; engine/signal_delivery.py says when a carried row is used),
+over ``MAX_CARRIED_SIGNAL`` bytes sends ``w:`` instead; engine/signal_delivery.py says when a
+carried row is used),
 ``q:<engine_id>`` (a query waits for that engine), ``r:<workflow_id>`` (a run or update finished:
 callers waiting for a result), ``R:<json [workflow_id, status, result, error, run_id]>`` (a run completed or
 failed, its outcome carried in the payload, so a waiting ``result()`` returns without reading the row;
@@ -26,6 +27,10 @@ from .backend import backend
 logger = logging.getLogger("weft_django.store")
 CHANNEL = "weft"
 MAX_PAYLOAD = 7900  # PostgreSQL refuses NOTIFY payloads of 8000 bytes or more
+# The largest S: wake-up (a signal's row). Every listener on the channel receives every wake-up, and
+# PostgreSQL's notification queue is shared by the whole cluster: a bigger signal sends w: (its
+# engine then reads the row) rather than filling that queue a page per signal.
+MAX_CARRIED_SIGNAL = 1000
 
 
 def send(kind: str, ident: str, using: str) -> None:
