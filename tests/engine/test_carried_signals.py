@@ -12,7 +12,7 @@ import pytest
 from django.db import connections
 
 import weft_django as weft
-from weft_django.engine import signal_delivery
+from weft_django.engine import messages, signal_delivery
 from weft_django.engine.engine import Engine
 from weft_django.models import BufferedSignal, Step, Workflow
 
@@ -24,6 +24,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @weft.workflow(name="tests.carried_once")
 def carried_once(ctx: Any) -> Any:
     return (yield ctx.wait_for_signal("go"))
+
+
+@weft.workflow(name="tests.carried_then_sleep")
+def carried_then_sleep(ctx: Any) -> Any:
+    value = yield ctx.wait_for_signal("go")
+    yield ctx.sleep("1h")
+    return value
 
 
 @weft.workflow(name="tests.carried_twice")
@@ -45,6 +52,14 @@ class _Reads:
             return real(workflow_ids, using)
 
         monkeypatch.setattr(signal_delivery.histories, "buffered_signals", counted)
+        self.updates = 0
+        real_updates = messages.mailbox.admitted_updates
+
+        def counted_updates(workflow_ids: list[str], using: str) -> Any:
+            self.updates += 1
+            return real_updates(workflow_ids, using)
+
+        monkeypatch.setattr(messages.mailbox, "admitted_updates", counted_updates)
 
 
 def _parked(engine: Engine, workflow_id: str, waits: int) -> None:
@@ -89,6 +104,27 @@ def test_a_parked_workflow_takes_the_carried_signal_without_reading_its_mailbox(
         assert handle.result(timeout=5) == "fast"
         assert reads.count == 0, "the engine read the mailbox for a signal its wake-up carried"
         assert BufferedSignal.objects.get(workflow_id=handle.id).state == "consumed"
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.postgres
+def test_a_carried_signal_reads_neither_the_mailbox_nor_the_updates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Updates come with their own w: wake-ups: a workflow that only a signal's S: named, still open
+    after it (asleep here), has no admitted update to look for."""
+    handle = weft.start(carried_then_sleep, id="carried-sleep")
+    engine = Engine("carried-5", concurrency=2)
+    engine.start()
+    try:
+        _parked(engine, handle.id, 1)
+        reads = _Reads(monkeypatch)
+        handle.signal("go", "v")
+        tick_until(
+            engine, lambda: Step.objects.filter(workflow_id=handle.id, kind="signal").exists(), "the signal consumed"
+        )
+        for _ in range(3):
+            engine.tick()
+        assert (reads.count, reads.updates) == (0, 0)
     finally:
         engine.shutdown()
 

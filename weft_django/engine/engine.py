@@ -330,7 +330,7 @@ class Engine:
             carried = {} if sweep or rescan else carried
             busy |= self.progress.deliver_signals(signal_check, carried, now, writes, changed)
 
-        message_check = {wid for wid in signal_check if wid in self.owned}
+        message_check = {wid for wid in signal_check if wid in self.owned and wid not in carried}  # updates: w:
         queries, self.wake.queries_waiting = self.wake.queries_waiting or poll_due or rescan, False
         busy |= deliver_messages(self, message_check, queries, now, writes, changed)
 

@@ -38,13 +38,14 @@ class Wake:
 
     def on_notify(self, payload: str | None) -> None:
         """A NOTIFY payload (None: the listener (re)connected, wake-ups may have been missed)."""
+        signal = payload is not None and payload.startswith("S:")
+        row = parse_signal(payload[2:]) if signal and payload is not None else None  # (outside the lock)
         with self.lock:
             if payload is None or payload.endswith(":*"):
                 self.rescan = True
             elif payload.startswith("w:"):
                 self.notified.add(payload[2:])
-            elif payload.startswith("S:"):
-                row = parse_signal(payload[2:])
+            elif signal:
                 if row is None:  # not ours to read: look at every mailbox
                     self.rescan = True
                 else:
