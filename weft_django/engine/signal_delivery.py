@@ -94,8 +94,10 @@ def _read(settler: Settler, workflow_ids: list[str]) -> list[BufferedRow]:
         owned = settler.owned[wid]
         if top is not None and (owned.signal_top is None or top > owned.signal_top):
             owned.signal_top = top
-        if owned.signal_top is not None:
-            owned.signals_taken = {pk for pk in owned.signals_taken if pk > owned.signal_top or pk in buffered}
+        ceiling = owned.signal_top  # (None without prepared reads, e.g. SQLite: no S: wake-ups there)
+        owned.signals_taken = {
+            pk for pk in owned.signals_taken if pk in buffered or (ceiling is not None and pk > ceiling)
+        }
     return rows
 
 
