@@ -5,8 +5,8 @@ fires and buffered signals, and turning each settlement into writes for the next
 ``Progress`` is a part the loop (engine/engine.py) owns: it holds the owned workflows and the timer
 heap the loop shares with it, and asks the loop, through the callables it was given, to drop or
 reload a workflow. What a step becomes is decided by the pure functions of engine/steps.py; this
-module applies them to the live state. It reads the database in one place only (buffered signals,
-through store/histories.py)."""
+module applies them to the live state. It reads no database itself: which buffered signals a parked
+workflow consumes is engine/signal_delivery.py's part."""
 
 from __future__ import annotations
 
