@@ -6,6 +6,8 @@ before it was loaded) must never be consumed a second time."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -47,25 +49,43 @@ def carried_twice(ctx: Any) -> Any:
 
 
 class _Reads:
-    """Counts the engine's mailbox reads (the real read runs)."""
+    """Counts the engine's mailbox reads: ``count`` of signals, ``updates`` of admitted updates (the
+    real reads run)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.count = 0
-        real = signal_delivery.histories.buffered_signals
+        self.counts = {"signals": 0, "updates": 0}
+        self._wrap(monkeypatch, signal_delivery.histories, "buffered_signals", "signals")
+        self._wrap(monkeypatch, messages.mailbox, "admitted_updates", "updates")
+
+    def _wrap(self, monkeypatch: pytest.MonkeyPatch, module: Any, name: str, key: str) -> None:
+        real = getattr(module, name)
 
         def counted(workflow_ids: list[str], using: str) -> Any:
-            self.count += 1
+            self.counts[key] += 1
             return real(workflow_ids, using)
 
-        monkeypatch.setattr(signal_delivery.histories, "buffered_signals", counted)
-        self.updates = 0
-        real_updates = messages.mailbox.admitted_updates
+        monkeypatch.setattr(module, name, counted)
 
-        def counted_updates(workflow_ids: list[str], using: str) -> Any:
-            self.updates += 1
-            return real_updates(workflow_ids, using)
+    @property
+    def count(self) -> int:
+        return self.counts["signals"]
 
-        monkeypatch.setattr(messages.mailbox, "admitted_updates", counted_updates)
+    @property
+    def updates(self) -> int:
+        return self.counts["updates"]
+
+
+@contextmanager
+def _parked_at_first_wait(workflow: Any, workflow_id: str, engine_id: str) -> Iterator[tuple[Engine, Any]]:
+    """An in-process engine holding the started workflow, parked at its first wait (shut down after)."""
+    handle = weft.start(workflow, id=workflow_id)
+    engine = Engine(engine_id, concurrency=2)
+    engine.start()
+    try:
+        _parked(engine, handle.id, 1)
+        yield engine, handle
+    finally:
+        engine.shutdown()
 
 
 def _parked(engine: Engine, workflow_id: str, waits: int) -> None:
@@ -76,17 +96,24 @@ def _parked(engine: Engine, workflow_id: str, waits: int) -> None:
         return owned is not None and (owned.signal_top is not None or _on_sqlite(engine))  # SQLite: no top
 
     tick_until(engine, parked, "the workflow parked")
-    tick_until(
-        engine,
-        lambda: Step.objects.filter(workflow_id=workflow_id, kind="signal").count() == waits - 1,
-        "the earlier signals consumed",
-    )
+    tick_until(engine, lambda: _signal_steps(workflow_id) == waits - 1, "the earlier signals consumed")
     for _ in range(3):
         engine.tick()
 
 
 def _on_sqlite(engine: Engine) -> bool:
     return connections[engine.using].vendor == "sqlite"
+
+
+def _finish(engine: Engine, handle: Any, expected: Any) -> None:
+    """Send the last signal and tick until the workflow returns ``expected``."""
+    handle.signal("go", expected[-1])
+    tick_until(engine, lambda: Workflow.objects.filter(pk=handle.id, status="completed").exists(), "its end")
+    assert handle.result(timeout=5) == expected
+
+
+def _signal_steps(workflow_id: str) -> int:
+    return Step.objects.filter(workflow_id=workflow_id, kind="signal").count()
 
 
 def _stale_wake_up(signal: BufferedSignal) -> str:
@@ -99,48 +126,30 @@ def _stale_wake_up(signal: BufferedSignal) -> str:
 def test_a_parked_workflow_takes_the_carried_signal_without_reading_its_mailbox(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    handle = weft.start(carried_once, id="carried-once")
-    engine = Engine("carried-1", concurrency=2)
-    engine.start()
-    try:
-        _parked(engine, handle.id, 1)
+    with _parked_at_first_wait(carried_once, "carried-once", "carried-1") as (engine, handle):
         reads = _Reads(monkeypatch)
         handle.signal("go", "fast")
         tick_until(engine, lambda: Workflow.objects.filter(pk=handle.id, status="completed").exists(), "its end")
         assert handle.result(timeout=5) == "fast"
         assert reads.count == 0, "the engine read the mailbox for a signal its wake-up carried"
         assert BufferedSignal.objects.get(workflow_id=handle.id).state == "consumed"
-    finally:
-        engine.shutdown()
 
 
 @pytest.mark.postgres
 def test_a_carried_signal_reads_neither_the_mailbox_nor_the_updates(monkeypatch: pytest.MonkeyPatch) -> None:
     """Updates come with their own w: wake-ups: a workflow that only a signal's S: named, still open
     after it (asleep here), has no admitted update to look for."""
-    handle = weft.start(carried_then_sleep, id="carried-sleep")
-    engine = Engine("carried-5", concurrency=2)
-    engine.start()
-    try:
-        _parked(engine, handle.id, 1)
+    with _parked_at_first_wait(carried_then_sleep, "carried-sleep", "carried-5") as (engine, handle):
         reads = _Reads(monkeypatch)
         handle.signal("go", "v")
-        tick_until(
-            engine, lambda: Step.objects.filter(workflow_id=handle.id, kind="signal").exists(), "the signal consumed"
-        )
+        tick_until(engine, lambda: _signal_steps(handle.id) == 1, "the signal consumed")
         for _ in range(3):
             engine.tick()
         assert (reads.count, reads.updates) == (0, 0)
-    finally:
-        engine.shutdown()
 
 
 def test_a_stale_carried_signal_is_never_consumed_twice() -> None:
-    handle = weft.start(carried_twice, id="carried-twice")
-    engine = Engine("carried-2", concurrency=2)
-    engine.start()
-    try:
-        _parked(engine, handle.id, 1)
+    with _parked_at_first_wait(carried_twice, "carried-twice", "carried-2") as (engine, handle):
         handle.signal("go", 1)
         _parked(engine, handle.id, 2)  # the first consumed; the second wait's mailbox read done
         first = BufferedSignal.objects.get(workflow_id=handle.id)
@@ -150,7 +159,7 @@ def test_a_stale_carried_signal_is_never_consumed_twice() -> None:
         def consumed_once() -> None:
             for _ in range(3):
                 engine.tick()
-            assert Step.objects.filter(workflow_id=handle.id, kind="signal").count() == 1, "a signal consumed twice"
+            assert _signal_steps(handle.id) == 1, "a signal consumed twice"
             assert Workflow.objects.get(pk=handle.id).status == "running"
 
         engine._on_notify(stale)  # late, to the context that consumed it
@@ -159,11 +168,7 @@ def test_a_stale_carried_signal_is_never_consumed_twice() -> None:
         _parked(engine, handle.id, 2)
         engine._on_notify(stale)  # ... then the same late wake-up
         consumed_once()
-        handle.signal("go", 2)
-        tick_until(engine, lambda: Workflow.objects.filter(pk=handle.id, status="completed").exists(), "its end")
-        assert handle.result(timeout=5) == [1, 2]
-    finally:
-        engine.shutdown()
+        _finish(engine, handle, [1, 2])
 
 
 def test_a_malformed_carried_signal_makes_the_engine_read_every_mailbox() -> None:
@@ -179,30 +184,18 @@ def test_a_consumed_signal_whose_commit_is_deferred_is_not_given_to_the_next_wai
     signal buffered. It must not settle the second wait too (at 2058580 and before it did: [1, 1])."""
     from .test_commit_locks import holding
 
-    handle = weft.start(carried_twice, id="carried-deferred")
-    engine = Engine("carried-4", concurrency=2)
-    engine.start()
-    try:
-        _parked(engine, handle.id, 1)
+    with _parked_at_first_wait(carried_twice, "carried-deferred", "carried-4") as (engine, handle):
         with holding("SELECT 1 FROM weft_django_workflowclaim WHERE workflow_id = %s FOR UPDATE", [handle.id]):
             handle.signal("go", 1)
             tick_until(engine, lambda: handle.id in engine._carried, "the consuming commit deferred")
             for _ in range(5):  # the second wait's mailbox read, the signal still buffered there
                 engine.tick()
-        tick_until(
-            engine,
-            lambda: Step.objects.filter(workflow_id=handle.id, kind="signal").exists(),
-            "the consumption durable",
-        )
+        tick_until(engine, lambda: _signal_steps(handle.id) == 1, "the consumption durable")
         for _ in range(3):
             engine.tick()
-        assert Step.objects.filter(workflow_id=handle.id, kind="signal").count() == 1, "a signal consumed twice"
+        assert _signal_steps(handle.id) == 1, "a signal consumed twice"
         assert Workflow.objects.get(pk=handle.id).status == "running"
-        handle.signal("go", 2)
-        tick_until(engine, lambda: Workflow.objects.filter(pk=handle.id, status="completed").exists(), "its end")
-        assert handle.result(timeout=5) == [1, 2]
-    finally:
-        engine.shutdown()
+        _finish(engine, handle, [1, 2])
 
 
 def test_the_signals_a_context_took_are_forgotten_once_durable() -> None:
