@@ -1,5 +1,5 @@
 """A renewal of many claims is spread over half the renew interval in groups (engine/renewal.py):
-back to back, 500,000 claims kept PostgreSQL busy 4.5 s of every minute and set the signals' p99.
+back to back, 500,000 claims kept PostgreSQL busy 4.5 s of every minute, a burst every commit meanwhile shared.
 Spread out, a pass takes seconds, so a loss it finds for a claim the loop has since dropped, or
 taken again at a new epoch, must not depose the workflow the loop holds now."""
 
