@@ -17,6 +17,7 @@ from weft_django.engine.engine import Engine
 from weft_django.models import Workflow, WorkflowClaim
 from weft_django.store.clock import db_now
 from weft_django.store.commit import WorkflowWrites
+from weft_django.testing import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 NAMES = signals.__all__
@@ -143,9 +144,9 @@ def test_takeover_and_lost_race(events):
         assert lost["engine_id"] == "engine-a" and lost["reason"] == "lost_race"
         assert lost["epoch"] == acquired["epoch"] and lost["run_id"] == owned.run_id
         assert "sig-takeover" not in first.owned and observe.stats("engine-a").commits_refused >= 1
+        second.start()  # its listener: the signal's wake-up reaches it (as in a running engine)
         weft.signal("sig-takeover", "go", "payload")
-        for _ in range(5):
-            second.tick()
+        wait_for(lambda: (second.tick() or True) and bool(_of(events, "workflow_completed", "sig-takeover")))
         [completed] = _of(events, "workflow_completed", "sig-takeover")
         assert completed["engine_id"] == "engine-b" and completed["result"] == "payload"
     finally:

@@ -31,7 +31,7 @@ def test_it_claims_and_reads_what_acquire_then_load_would():
     assert taking.available("default")
     with CaptureQueriesContext(connections["default"]) as captured:
         claimed, loaded = taking.acquire_and_load("al-1", limit=10, ttl=TTL, using="default")
-    # One round trip (after the six statements are prepared on a connection that had not yet done so).
+    # One round trip (after the seven statements are prepared on a connection that had not yet done so).
     sent = [q["sql"] for q in captured.captured_queries if not q["sql"].startswith("PREPARE ")]
     assert len(sent) == 1
     assert sorted(claimed) == ids
@@ -47,11 +47,11 @@ def test_the_claim_and_the_reads_are_prepared_once_per_connection_then_one_round
     ids = _parked_batch()
     with CaptureQueriesContext(connections["default"]) as first:
         taking.acquire_and_load("al-1", limit=2, ttl=TTL, using="default")
-    assert [q["sql"].split(" ", 1)[0] for q in first.captured_queries] == ["PREPARE"] * 6 + ["SET"]
+    assert [q["sql"].split(" ", 1)[0] for q in first.captured_queries] == ["PREPARE"] * 7 + ["SET"]
     with CaptureQueriesContext(connections["default"]) as second:
         claimed, loaded = taking.acquire_and_load("al-1", limit=10, ttl=TTL, using="default")
     [batch] = [q["sql"] for q in second.captured_queries]
-    assert batch.count("EXECUTE weft_") == 6 and "WITH candidates" not in batch
+    assert batch.count("EXECUTE weft_") == 7 and "WITH candidates" not in batch
     assert sorted(claimed) == ids[2:] and loaded is not None and sorted(loaded.runs) == ids[2:]
 
 
@@ -89,7 +89,7 @@ def test_the_prepared_claims_generic_plan_reads_the_free_index_in_order_too():
 
 
 def test_the_reads_plan_does_not_depend_on_how_many_ids_the_first_batch_took():
-    """The five reads are prepared without parameters: PostgreSQL plans them once per connection. If
+    """The six reads are prepared without parameters: PostgreSQL plans them once per connection. If
     the planner could see the ids (a plain current_setting() is folded into its estimate), a first
     batch of thousands would fix a sequential scan of the steps for every later batch of one, until
     the next ANALYZE. Review of session 10; before the fix: Seq Scan on weft_django_step."""

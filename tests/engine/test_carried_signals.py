@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 from django.db import connections
+from django.test import override_settings
+from django.utils import timezone
 
 import weft_django as weft
 from weft_django.engine import messages, signal_delivery
@@ -213,3 +215,76 @@ def test_the_signals_a_context_took_are_forgotten_once_durable() -> None:
         assert BufferedSignal.objects.filter(workflow_id=handle.id, state="consumed").count() == 5
     finally:
         engine.shutdown()
+
+
+# -- the known mailbox: read once, kept current by S: wake-ups ------------------------------------
+
+
+@pytest.mark.postgres  # the load reads the mailbox with its top signal id; S: wake-ups come from LISTEN
+@override_settings(WEFT={"POLL_INTERVAL": "60s"})  # no sweep (it reads every mailbox) during the test
+def test_a_workflow_looping_on_a_signal_does_not_read_its_mailbox_for_each_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its load read the mailbox; each signal after that arrives carried, and each new wait on it is
+    served from the mailbox the context knows: no read per wait, for signals or updates."""
+    handle = weft.start(carried_loop, id="carried-known")
+    engine = Engine("carried-7", concurrency=2)
+    engine.start()
+    try:
+        _parked(engine, handle.id, 1)
+        reads = _Reads(monkeypatch)
+        for n in range(1, 6):
+            handle.signal("go", n)
+            _parked(engine, handle.id, n + 1)
+        assert (reads.count, reads.updates) == (0, 0), "a mailbox read per wait"
+        assert BufferedSignal.objects.filter(workflow_id=handle.id, state="consumed").count() == 5
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.postgres
+@override_settings(WEFT={"POLL_INTERVAL": "60s", "MAX_RESIDENT_WORKFLOWS": 1})
+def test_an_evicted_workflow_recalled_by_a_signal_reads_only_its_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The signal's wake-up names a workflow the engine holds without its generator: it is loaded
+    again (the load reads its signals and admitted updates too) and takes the signal without a
+    separate read of either."""
+    for i in range(3):
+        weft.start(carried_once, id=f"carried-evicted-{i}")
+    engine = Engine("carried-8", concurrency=2)
+    engine.start()
+    try:
+        tick_until(engine, lambda: len(engine.owned) + len(engine.residency.evicted) == 3, "all three held")
+        tick_until(engine, lambda: len(engine.residency.evicted) == 2, "two evicted")
+        for _ in range(5):  # wake-ups of the starts, late: settled
+            engine.tick()
+        evicted, recalls = sorted(engine.residency.evicted)[0], engine.residency.recalls
+        reads = _Reads(monkeypatch)
+        weft.get_handle(evicted).signal("go", "back")
+        tick_until(engine, lambda: Workflow.objects.filter(pk=evicted, status="completed").exists(), "its end")
+        assert weft.get_handle(evicted).result(timeout=5) == "back"
+        assert engine.residency.recalls == recalls + 1
+        assert (reads.count, reads.updates) == (0, 0), "a mailbox read besides the load"
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.postgres
+@override_settings(WEFT={"POLL_INTERVAL": "60s"})  # no sweep: it would find the signal anyway
+def test_a_carried_signal_at_or_below_the_top_makes_the_engine_read_the_mailbox() -> None:
+    """A signal whose id was drawn before the context's read but whose transaction committed after
+    it was not in that read and is not above its top: the known mailbox cannot tell whether it is
+    still buffered, so the engine reads the mailbox, and the signal is taken (not left for the sweep)."""
+    with _parked_at_first_wait(carried_once, "carried-late", "carried-9") as (engine, handle):
+        workflow = Workflow.objects.get(pk=handle.id)
+        late = BufferedSignal.objects.create(  # an id below every other: as if drawn long ago
+            id=-1,
+            workflow_id=handle.id,
+            run_id=workflow.run_id,
+            name="go",
+            payload='"late"',
+            state="buffered",
+            created_at=timezone.now(),
+        )
+        engine._on_notify(_stale_wake_up(late))
+        tick_until(engine, lambda: Workflow.objects.filter(pk=handle.id, status="completed").exists(), "its end")
+        assert handle.result(timeout=5) == "late"

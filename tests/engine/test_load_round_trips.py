@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from django.db import connections
+from django.db.models import Max
 from django.test.utils import CaptureQueriesContext
 
 import weft_django as weft
@@ -21,7 +22,7 @@ from weft_django.engine.engine import Engine
 from weft_django.engine.messages import _state as mailbox_state
 from weft_django.engine.messages import deliver_messages
 from weft_django.engine.wakeups import Listener
-from weft_django.models import AppliedUpdate, PendingUpdate, Step, Timer, Workflow, WorkflowClaim
+from weft_django.models import AppliedUpdate, BufferedSignal, PendingUpdate, Step, Timer, Workflow, WorkflowClaim
 from weft_django.store import histories
 from weft_django.store.clock import db_now
 from weft_django.testing import running_engine, wait_for
@@ -52,7 +53,8 @@ def counted(ctx: Any, key: str) -> Any:
 
 def _parked_batch() -> list[str]:
     """N workflows parked at their wait_until (steps, a timer), each with one applied update ("add" 5)
-    and one admitted update nobody has handled yet ("add" 7). No engine holds them."""
+    and one admitted update nobody has handled yet ("add" 7); the first has a buffered signal nobody
+    waits for. No engine holds them."""
     ids = [f"load-rt-{i}" for i in range(N)]
     with running_engine("load-rt-first"):
         handles = [weft.start("tests.load_round_trips", args=[wid], id=wid) for wid in ids]
@@ -64,6 +66,7 @@ def _parked_batch() -> list[str]:
         PendingUpdate.objects.create(
             workflow_id=wid, run_id=Workflow.objects.get(pk=wid).run_id, name="add", payload="7", created_at=db_now()
         )
+    weft.get_handle(ids[0]).signal("aside", "nobody waits for it")  # a buffered signal the load reads too
     return ids
 
 
@@ -103,19 +106,20 @@ def test_a_claimed_batch_is_taken_and_loaded_in_one_round_trip_and_runs_as_befor
         with CaptureQueriesContext(connections[engine.using]) as captured:
             engine.tick()  # claims the batch and loads it
         assert loads == []  # nothing left to load after the claim statement (store/claims/taking.py)
-        # The claim and the five reads are prepared once per connection (ADR 0012), then ONE round trip
+        # The claim and the six reads are prepared once per connection (ADR 0012), then ONE round trip
         # runs them all: the claim statement and the whole batch's load.
         sent = [q["sql"] for q in captured.captured_queries]
         prepares = {q.split(" ", 2)[1]: q for q in sent if q.startswith("PREPARE ")}
         batches = [q for q in sent if "SET LOCAL enable_sort = off" in q]
         assert len(batches) == 1, sent
         called = [prepares[name] for name in re.findall(r"EXECUTE (weft_\w+)", batches[0])]
-        assert len(called) == 6 and "UPDATE weft_django_workflowclaim" in called[0]
+        assert len(called) == 7 and "UPDATE weft_django_workflowclaim" in called[0]
         for table, read in zip(
-            ("workflow", "step", "appliedupdate", "timer", "pendingupdate"), called[1:], strict=True
+            ("workflow", "step", "appliedupdate", "timer", "bufferedsignal", "pendingupdate"), called[1:], strict=True
         ):
-            assert f"FROM weft_django_{table} " in read
+            assert f"FROM weft_django_{table}" in read
         assert sorted(engine.owned) == ids
+        assert [row[3] for row in engine.owned[ids[0]].signals_known or []] == ["aside"]  # its mailbox, read
         for wid in ids:
             owned = engine.owned[wid]
             assert owned.run.frontier is not None and owned.run.frontier.seq == 2  # replayed past both steps
@@ -185,7 +189,22 @@ def _orm_state(ids: list[str]) -> dict[str, Any]:
         .values_list("id", "workflow_id", "run_id", "name")
     ):
         admitted.setdefault(wid, []).append((str(pk), wid, str(run_id), name))
-    return {"runs": runs, "steps": steps, "applied": applied, "timers": timers, "admitted": admitted}
+    signals = {wid: [] for wid in runs}
+    for row in (
+        BufferedSignal.objects.filter(workflow_id__in=ids, state="buffered")
+        .order_by("id")
+        .values_list("id", "workflow_id", "run_id", "name", "payload", "trace_context")
+    ):
+        signals[row[1]].append(row)
+    top = BufferedSignal.objects.aggregate(top=Max("id"))["top"] or 0
+    return {
+        "runs": runs,
+        "steps": steps,
+        "applied": applied,
+        "timers": timers,
+        "admitted": admitted,
+        "signals": {wid: (top, rows) for wid, rows in signals.items()},
+    }
 
 
 def _timer_fields(t: Timer) -> tuple[Any, ...]:
@@ -229,8 +248,10 @@ def _assert_same_as_orm(loaded: histories.Loaded, orm: dict[str, Any], admitted:
     if admitted:
         assert loaded.admitted is not None
         assert {wid: [tuple(row) for row in rows] for wid, rows in loaded.admitted.items()} == orm["admitted"]
+        assert loaded.signals is not None  # with the highest signal id the read saw
+        assert {wid: (m.top, [tuple(r) for r in m.rows]) for wid, m in loaded.signals.items()} == orm["signals"]
     else:
-        assert loaded.admitted is None
+        assert loaded.admitted is None and loaded.signals is None
 
 
 def test_the_batch_reads_what_the_separate_queries_read(monkeypatch):

@@ -74,5 +74,5 @@ def test_a_loss_found_late_in_a_pass_is_reported_only_for_the_epoch_the_loop_sti
     del evicted["gone"]
     renewals.lost = {"kept", "again", "asleep", "gone"}
     found._renew(epochs, 0.0, threading.Event())
-    lost, _, _, _ = found.wake.take()
+    lost, *_ = found.wake.take()
     assert lost == {"kept", "asleep"}

@@ -289,7 +289,7 @@ class Engine:
             return contain_tick_failure(self, exc)
 
     def _tick(self, claim: bool) -> bool:
-        lost, notified, rescan, carried = self.wake.take()
+        lost, notified, rescan, carried, read = self.wake.take()
         self.residency.recall(notified, lost)  # an evicted workflow named by a wake-up is loaded again
         if not (lost or notified or rescan) and self._quiet(claim):
             return False
@@ -324,13 +324,13 @@ class Engine:
         if poll_due:
             self._last_maintenance = time.monotonic()
         sweep = poll_due and mailbox_sweep_due(self)
-        # Only a sweep or a rescan looks at every held workflow; a wake-up pass costs what it names.
+        # Only a sweep or a rescan reads every held workflow's mailbox; a wake-up pass costs what it names,
+        # and a known mailbox stands for a read unless a w: or look_at named it (engine/signal_delivery.py).
         signal_check = set(self.owned) if sweep or rescan else {wid for wid in notified if wid in self.owned}
-        if signal_check:  # (a sweep or a rescan reads every mailbox, carried signals included)
-            carried = {} if sweep or rescan else carried
-            busy |= self.progress.deliver_signals(signal_check, carried, now, writes, changed)
-
-        message_check = {wid for wid in signal_check if wid in self.owned and wid not in carried}  # updates: w:
+        if signal_check:
+            carried, read = ({}, signal_check) if sweep or rescan else (carried, read)
+            busy |= self.progress.deliver_signals(signal_check, carried, read, now, writes, changed)
+        message_check = {wid for wid in read if wid in self.owned}  # admitted updates: w: (and new contexts)
         queries, self.wake.queries_waiting = self.wake.queries_waiting or poll_due or rescan, False
         busy |= deliver_messages(self, message_check, queries, now, writes, changed)
 

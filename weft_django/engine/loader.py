@@ -104,6 +104,9 @@ class Loader:
                 changed.add(wid)
                 if loaded.admitted is not None:
                     self.on_started(owned, loaded.admitted.get(wid, []))
+                mailbox = loaded.signals.get(wid) if loaded.signals is not None else None
+                if mailbox is not None:  # its mailbox as the load saw it (engine/signal_delivery.py)
+                    owned.signal_top, owned.signals_known = mailbox.top, list(mailbox.rows)
         if release:
             ownership.release(self.engine_id, release, self.using)
 

@@ -16,6 +16,7 @@ from ..models import Timer
 from ..operations import StartChild
 from ..store.children import mailbox_name
 from ..store.commit import WorkflowWrites
+from ..store.notify import BufferedRow
 from . import steps
 from .activities import AttemptTask
 from .driver import Leaf, WorkflowRun
@@ -45,10 +46,12 @@ class Owned:
     history_limit: int | None = -1  # WEFT["HISTORY_WARN_STEPS"] as read on its first turn (-1: not yet)
     has_deadline: bool = False  # an execution deadline is armed in the loop's timer heap (never evicted)
     continued: bool = False  # a later run of a continue-as-new chain (store.histories.RunRow.continued)
-    # The highest signal id this context's last mailbox read saw, and the signals it consumed above it
-    # (engine/signal_delivery.py: when a signal an S: wake-up carried is known to be still buffered).
+    # The highest signal id this context's last mailbox read saw; the signals it consumed whose commit
+    # is not durable yet; and its mailbox as known without a read (None: unknown, the next look reads
+    # it). engine/signal_delivery.py says when each is used.
     signal_top: int | None = None
     signals_taken: set[int] = dataclasses.field(default_factory=set)
+    signals_known: list[BufferedRow] | None = None
 
 
 def mailbox_of(leaf: Leaf) -> str:

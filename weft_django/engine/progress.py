@@ -245,7 +245,7 @@ class Progress:
             elif isinstance(op, WaitForSignal):
                 if op.timeout is not None:
                     self._arm_timer(owned, TimerKind.SIGNAL_TIMEOUT, leaf.seq, now + op.timeout, writes)
-                self.wake.look_at(wid)  # look for a buffered signal on the next pass
+                self.wake.look_for_signal(wid)  # look for a buffered signal on the next pass
             elif isinstance(op, StartChild):
                 self._arm_child(owned, leaf.seq, op, now, writes, changed)
             elif isinstance(op, WaitUntil):
@@ -306,7 +306,7 @@ class Progress:
     ) -> None:
         """Start the child in this workflow's next fenced commit (unless a recorded step says it was
         started already); its end arrives as a child-terminal record in our mailbox."""
-        self.wake.look_at(owned.workflow_id, wake=False)  # its record may be waiting already
+        self.wake.look_for_signal(owned.workflow_id, wake=False)  # its record may be waiting already
         if owned.run.steps.get(seq) is not None:
             return
         child_id = op.child_id or default_child_id(owned, seq)
@@ -556,9 +556,10 @@ class Progress:
         self,
         workflow_ids: set[str],
         carried: Mapping[str, list[BufferedRow]],
+        must_read: set[str],
         now: datetime,
         writes: dict[str, WorkflowWrites],
         changed: set[str],
     ) -> bool:
         """Consume the buffered signals these workflows wait for (engine/signal_delivery.py)."""
-        return signal_delivery.deliver(self, workflow_ids, carried, now, writes, changed)
+        return signal_delivery.deliver(self, workflow_ids, carried, must_read, now, writes, changed)

@@ -1,21 +1,27 @@
 """Signal delivery: a workflow parked on ``wait_for_signal`` (or on a child's end) consumes the buffered
 records it waits for, each consumption in the same fenced commit as the step it settles.
 
-Where the records come from. The mailbox read (``store.histories.buffered_signals``) returns the
-buffered records and the highest signal id its snapshot saw (``Owned.signal_top``). A signal sent
-since arrives in its ``S:`` wake-up (store/notify.py) with the row itself, and for a workflow that
-only such wake-ups named this pass the engine uses those rows instead of reading the mailbox, when
-it can tell that each is still buffered:
+Where the records come from. A context knows its mailbox (``Owned.signals_known``) once it has read
+it: its load (PostgreSQL reads the buffered signals in the load's round trip) or a mailbox read
+(``store.histories.buffered_signals``) returns the buffered records and the highest signal id the
+read's snapshot saw (``Owned.signal_top``). From then on the context keeps that list current without
+reading (``note_carried``):
 
-- a row whose id is above ``signal_top`` was not visible to this context's last read, so nobody had
-  consumed it before that read (consuming needs the row to be seen); since that read, only this
-  context consumes this workflow's signals (the fence), and it remembers what it took
-  (``Owned.signals_taken``, which also keeps a read from handing out again a signal this context
-  took in a pass whose commit was deferred);
-- any other row (no read yet in this context, or an id at or below the top: a signal the read may
-  have seen, or one whose transaction committed late) sends the workflow to the mailbox read.
+- a signal sent since arrives in its ``S:`` wake-up with the row itself (store/notify.py). A row
+  above ``signal_top`` was not visible to the read, so nobody had consumed it before that read; since
+  the read only this context consumes this workflow's signals (the fence: a transition that takes
+  the workflow from it moves the epoch), so the row is still buffered: it joins the list, and the
+  top moves up to it (a second ``S:`` of the same row, late, is then at or below the top);
+- a carried row at or below the top that the list does not hold (a signal whose transaction
+  committed after the read's snapshot though its id came earlier, or one this context consumed)
+  makes the mailbox unknown: the next look reads it;
+- a signal too big to carry and a child's terminal record send ``w:`` instead, and a workflow a
+  ``w:`` (or a sweep, or a rescan) names is read;
+- what this context consumes leaves the list at once and stays in ``Owned.signals_taken`` until its
+  commit is durable: a read meanwhile still sees it buffered (a commit deferred by a locked row).
 
-A carried row nobody waits for stays buffered; the read made when a wait for it is armed finds it.
+So a workflow that only ``S:`` wake-ups or a newly armed wait named uses its known mailbox when it
+has one, and a workflow that loops on a signal reads its mailbox once, not once per wait.
 """
 
 from __future__ import annotations
@@ -68,43 +74,50 @@ def deliverable(owned: Mapping[str, Owned], using: str) -> bool:
     return any(name in wanted[wid] and run_id == owned[wid].run_id for wid, run_id, name in rows)
 
 
-def _usable(owned: Owned, rows: list[BufferedRow]) -> list[BufferedRow] | None:
-    """The carried rows still buffered, oldest arrival first, or None when one of them may not be
-    (the mailbox is read instead)."""
-    top = owned.signal_top
-    if top is None:
-        return None
-    fresh = []
-    for row in rows:
-        if row[0] in owned.signals_taken:
-            continue  # this context consumed it already (its read came first)
-        if row[0] <= top:
-            return None
-        fresh.append(row)
-    return fresh
+def note_carried(owned_map: Mapping[str, Owned], carried: Mapping[str, list[BufferedRow]]) -> None:
+    """Add the signals ``S:`` wake-ups carried to the known mailboxes of these owned workflows, or
+    forget a mailbox when a carried row may not be buffered any more (the rules above)."""
+    for wid, rows in carried.items():
+        owned = owned_map.get(wid)
+        if owned is None or owned.signals_known is None:
+            continue
+        known = owned.signals_known
+        seen = {row[0] for row in known}
+        for row in rows:
+            if row[0] in seen or row[0] in owned.signals_taken:
+                continue  # known already, or this context consumed it (its read came first)
+            if owned.signal_top is None or row[0] <= owned.signal_top:
+                owned.signals_known = None
+                break
+            known.append(row)
+            seen.add(row[0])
+            owned.signal_top = row[0]  # a late S: of it, once consumed and forgotten, is at or below
 
 
 def _read(settler: Settler, workflow_ids: list[str]) -> list[BufferedRow]:
-    """The mailbox read of these workflows; each context's ``signal_top`` moves up to the read's.
-    A signal this context took stays in ``signals_taken`` while the read still shows it buffered
-    (its commit was deferred: engine.py ``_carried``), or while it is above the top."""
+    """The mailbox read of these workflows; each context's ``signal_top`` moves up to the read's and
+    its known mailbox becomes what the read saw, less what it consumed in a commit not durable yet."""
     rows, top = histories.buffered_signals(workflow_ids, settler.using)
-    buffered = {row[0] for row in rows}
     for wid in workflow_ids:
         owned = settler.owned[wid]
-        if top is not None and (owned.signal_top is None or top > owned.signal_top):
-            owned.signal_top = top
-        ceiling = owned.signal_top  # (None without prepared reads, e.g. SQLite: no S: wake-ups there)
-        owned.signals_taken = {
-            pk for pk in owned.signals_taken if pk in buffered or (ceiling is not None and pk > ceiling)
-        }
+        if top is None:  # (no top without prepared reads, e.g. SQLite: no S: wake-ups there either)
+            continue
+        owned.signal_top = top if owned.signal_top is None else max(top, owned.signal_top)
+        owned.signals_known = [row for row in rows if row[1] == wid and row[0] not in owned.signals_taken]
     return rows
+
+
+def _pending(writes: dict[str, WorkflowWrites], wid: str) -> set[int]:
+    """The signals this workflow consumed in writes not committed yet (deferred ones included)."""
+    pending = writes.get(wid)
+    return {pk for pk, _seq in pending.signals_consumed} if pending is not None else set()
 
 
 def deliver(
     settler: Settler,
     workflow_ids: set[str],
     carried: Mapping[str, list[BufferedRow]],
+    must_read: set[str],
     now: datetime,
     writes: dict[str, WorkflowWrites],
     changed: set[str],
@@ -115,21 +128,25 @@ def deliver(
     Args:
         settler: the engine's state machine (its owned workflows, settle, take_timer).
         workflow_ids: the workflows to look at.
-        carried: for workflows only ``S:`` wake-ups named, the signals those carried (see above).
+        carried: the signals ``S:`` wake-ups carried, by workflow id (``note_carried``).
+        must_read: the workflows whose mailbox is read whatever is known (a ``w:``, a sweep or a
+            rescan named them); the others use their known mailbox when they have one (see above).
         now: workflow time of this pass; ``writes``, ``changed``: the pass's writes and cascade.
     """
     owned_map = settler.owned
+    note_carried(owned_map, carried)
     wanted = waiting(owned_map, workflow_ids)
     if not wanted:
         return False
     rows: list[BufferedRow] = []
     unread = []
     for wid in sorted(wanted):
-        usable = _usable(owned_map[wid], carried[wid]) if wid in carried else None
-        if usable is None:
-            unread.append(wid)
+        owned = owned_map[wid]
+        owned.signals_taken &= _pending(writes, wid)  # the rest are durable: no read shows them buffered
+        if wid not in must_read and owned.signals_known is not None:
+            rows.extend(owned.signals_known)
         else:
-            rows.extend(usable)
+            unread.append(wid)
     if unread:
         rows.extend(_read(settler, unread))
     delivered = False
@@ -141,6 +158,8 @@ def deliver(
         if leaf is None:
             continue
         owned.signals_taken.add(pk)
+        if owned.signals_known is not None:
+            owned.signals_known = [row for row in owned.signals_known if row[0] != pk]
         delivered = True
         writes_of(owned, writes).signals_consumed.append((pk, leaf.seq))
         if isinstance(leaf.op, StartChild) and not ends_its_child(owned, leaf.seq, payload):

@@ -20,7 +20,8 @@ class Wake:
         self.engine_id = engine_id
         self.lock = threading.Lock()
         self.event = threading.Event()
-        self.notified: set[str] = set()  # workflows a wake-up named
+        self.notified: set[str] = set()  # workflows a wake-up named (w:, look_at): their mailbox is read
+        self.looks: set[str] = set()  # workflows a newly armed wait names (look_for_signal)
         # Signals S: wake-ups carried, by workflow id, in the order they arrived (their commit order).
         self.carried: dict[str, list[BufferedRow]] = {}
         self.rescan = True  # look at everything (a new or reconnected listener, a ":*" wake-up)
@@ -57,9 +58,18 @@ class Wake:
         self.event.set()
 
     def look_at(self, workflow_id: str, *, wake: bool = True) -> None:
-        """Have the next pass look at this workflow's mailbox (and wake the loop, unless ``wake`` is off)."""
+        """Have the next pass read this workflow's mailbox, signals and admitted updates (and wake the
+        loop, unless ``wake`` is off)."""
         with self.lock:
             self.notified.add(workflow_id)
+        if wake:
+            self.event.set()
+
+    def look_for_signal(self, workflow_id: str, *, wake: bool = True) -> None:
+        """Have the next pass look for a buffered signal of this workflow (a wait was armed): in its
+        known mailbox if it has one (engine/signal_delivery.py), else by a read."""
+        with self.lock:
+            self.looks.add(workflow_id)
         if wake:
             self.event.set()
 
@@ -69,14 +79,14 @@ class Wake:
             self.lost |= workflow_ids
         self.event.set()
 
-    def take(self) -> tuple[set[str], set[str], bool, dict[str, list[BufferedRow]]]:
-        """What arrived since the last pass, cleared: (lost claims, notified workflows, rescan, the
-        carried signals of the notified workflows that only ``S:`` wake-ups named). A workflow also
-        named otherwise (``w:``, ``look_at``) has its mailbox read whatever was carried."""
+    def take(self) -> tuple[set[str], set[str], bool, dict[str, list[BufferedRow]], set[str]]:
+        """What arrived since the last pass, cleared: (lost claims, every workflow named, rescan, the
+        signals ``S:`` wake-ups carried by workflow id, the workflows whose mailbox must be read: a
+        ``w:`` or ``look_at`` named them)."""
         with self.lock:
             lost, self.lost = self.lost, set()
-            named, self.notified = self.notified, set()
+            read, self.notified = self.notified, set()
+            looks, self.looks = self.looks, set()
             carried, self.carried = self.carried, {}
             rescan, self.rescan = self.rescan, False
-        only = {wid: rows for wid, rows in carried.items() if wid not in named}
-        return lost, named | carried.keys(), rescan, only
+        return lost, read | looks | carried.keys(), rescan, carried, read

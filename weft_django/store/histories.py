@@ -105,6 +105,14 @@ class AdmittedRow(NamedTuple):
     name: str
 
 
+class KnownMailbox(NamedTuple):
+    """A workflow's mailbox as one read saw it: the highest signal id its snapshot saw (``top``; no
+    signal above it was visible) and the buffered signals, oldest first."""
+
+    top: int
+    rows: list[BufferedRow]
+
+
 class Loaded(NamedTuple):
     """What the engine reads to start driving freshly claimed workflows (``load``)."""
 
@@ -113,6 +121,9 @@ class Loaded(NamedTuple):
     applied: dict[str, list[AppliedRecord]]  # run id -> the updates replay re-applies
     timers: dict[str, list[Timer]]  # workflow id -> its timers
     admitted: dict[str, list[AdmittedRow]] | None  # workflow id -> admitted updates; None: not read
+    # workflow id -> (the highest signal id the read's snapshot saw, its buffered signals); None: not
+    # read (engine/signal_delivery.py: a loaded context knows its mailbox without reading it again)
+    signals: dict[str, KnownMailbox] | None = None
 
 
 # Column lists and the row decoders are shared by both vendors' paths (one statement batch on
@@ -158,13 +169,20 @@ def _admitted_sql(ids: str) -> str:
 
 
 _SIGNALS = BufferedSignal._meta.db_table
-# The mailbox read, and the highest signal id its snapshot sees (``top``: a LEFT JOIN, so a row comes
-# back even when no signal is buffered; ``max(id)`` is one step down the primary key; 0: none at all).
-_BUFFERED_SQL = (
-    f"SELECT m.top, s.id, s.workflow_id, s.run_id, s.name, s.payload, s.trace_context "
-    f"FROM (SELECT COALESCE(max(id), 0) AS top FROM {_SIGNALS}) AS m LEFT JOIN {_SIGNALS} AS s "
-    f"ON s.state = '{SignalState.BUFFERED.value}' AND s.workflow_id = ANY(%s) ORDER BY s.id"
-)
+
+
+def _signals_sql(ids: str) -> str:
+    """The mailbox read, and the highest signal id its snapshot sees (``top``: a LEFT JOIN, so a row
+    comes back even when no signal is buffered; ``max(id)`` is one step down the primary key; 0: none
+    at all)."""
+    return (
+        f"SELECT m.top, s.id, s.workflow_id, s.run_id, s.name, s.payload, s.trace_context "
+        f"FROM (SELECT COALESCE(max(id), 0) AS top FROM {_SIGNALS}) AS m LEFT JOIN {_SIGNALS} AS s "
+        f"ON s.state = '{SignalState.BUFFERED.value}' AND s.workflow_id {ids} ORDER BY s.id"
+    )
+
+
+_BUFFERED_SQL = _signals_sql("= ANY(%s)")
 
 
 def buffered_signals(workflow_ids: list[str], using: str) -> tuple[list[BufferedRow], int | None]:
@@ -278,12 +296,23 @@ def _decode_admitted(values: list[Any], into: dict[str, list[AdmittedRow]]) -> N
         into.setdefault(wid, []).append(AdmittedRow(_uuid_text(pk), wid, _uuid_text(run_id), name))
 
 
+def _decode_signals(values: list[Any], workflow_ids: list[str], into: dict[str, KnownMailbox]) -> None:
+    if not values:
+        return
+    mailboxes = {wid: KnownMailbox(values[0][0], []) for wid in workflow_ids}
+    for row in values:
+        if row[1] is not None and row[2] in mailboxes:
+            mailboxes[row[2]].rows.append(tuple(row[1:]))
+    into.update(mailboxes)
+
+
 def load(workflow_ids: list[str], using: str) -> Loaded:
     """Everything needed to start driving these claimed workflows. Where the backend batches
     statements (PostgreSQL, with psycopg 3 binding parameters client-side, Django's default) one
-    round trip per chunk of ids: runs, steps, applied updates, timers and admitted updates in one
-    ``execute``. Elsewhere one query each, and admitted updates are left to deliver_updates
-    (``admitted`` is None).
+    round trip per chunk of ids: runs, steps, applied updates, timers, buffered signals (with the
+    highest signal id the read saw) and admitted updates in one ``execute``. Elsewhere one query
+    each, and signals and admitted updates are left to the engine's first look (``signals`` and
+    ``admitted`` are None).
 
     Args:
         workflow_ids: the claimed workflows.
@@ -314,30 +343,37 @@ def _client_binding(cursor: Any) -> bool:
 
 
 def load_sql(ids: str) -> str:
-    """The five statements of PostgreSQL's load in one query string (runs, steps, applied updates,
-    timers, admitted updates) for the workflows ``ids`` names: ``IN (%s, %s)`` or ``= ANY(<an
+    """The six statements of PostgreSQL's load in one query string (runs, steps, applied updates,
+    timers, buffered signals, admitted updates) for the workflows ``ids`` names: ``IN (%s, %s)`` or ``= ANY(<an
     array>)`` (``store/claims/taking.py``: the ids its claim statement just took). Parameters: the ids
     once per statement where ``ids`` has placeholders, then the admitted status."""
     return ";\n".join(load_statements(ids))
 
 
 def load_statements(ids: str) -> list[str]:
-    """``load_sql``'s five statements, one string each (``store/claims/taking.py`` prepares them)."""
+    """``load_sql``'s six statements, one string each (``store/claims/taking.py`` prepares them)."""
     of_runs = f"IN (SELECT run_id FROM {Workflow._meta.db_table} WHERE id {ids})"
-    return [_runs_sql(ids), _steps_sql(of_runs), _applied_sql(of_runs), _timers_sql(ids), _admitted_sql(ids)]
+    return [
+        _runs_sql(ids),
+        _steps_sql(of_runs),
+        _applied_sql(of_runs),
+        _timers_sql(ids),
+        _signals_sql(ids),
+        _admitted_sql(ids),
+    ]
 
 
 ADMITTED_PARAM = UpdateStatus.ADMITTED.value  # the parameter load_sql's last statement takes
 
 
 def read_loaded(cursor: Any, using: str, into: Loaded) -> None:
-    """Decode the five result sets of ``load_sql`` (the cursor at the first of them) into ``into``.
+    """Decode the six result sets of ``load_sql`` (the cursor at the first of them) into ``into``.
 
     Raises:
         DatabaseError: fewer result sets than statements; any other exception: a row could not be
             converted.
     """
-    assert into.admitted is not None
+    assert into.admitted is not None and into.signals is not None
     aware = backend(using).datetime_reader()
     runs: dict[str, RunRow] = {}
     _decode_runs(cursor.fetchall(), aware, runs)
@@ -353,23 +389,27 @@ def read_loaded(cursor: Any, using: str, into: Loaded) -> None:
     _next_result(cursor)
     _decode_timers(cursor.fetchall(), aware, using, into.timers)
     _next_result(cursor)
+    _decode_signals(cursor.fetchall(), list(runs), into.signals)
+    _next_result(cursor)
     _decode_admitted(cursor.fetchall(), into.admitted)
 
 
 def empty_loaded() -> Loaded:
-    """A Loaded with nothing in it (admitted read: PostgreSQL's batch form)."""
-    return Loaded({}, {}, {}, {}, {})
+    """A Loaded with nothing in it (admitted updates and signals read: PostgreSQL's batch form)."""
+    return Loaded({}, {}, {}, {}, {}, {})
 
 
 def merge_loaded(first: Loaded, second: Loaded) -> Loaded:
-    """Both loads' rows in one (admitted updates read only when both read them)."""
+    """Both loads' rows in one (admitted updates and signals read only when both read them)."""
     admitted = None if first.admitted is None or second.admitted is None else {**first.admitted, **second.admitted}
+    signals = None if first.signals is None or second.signals is None else {**first.signals, **second.signals}
     return Loaded(
         {**first.runs, **second.runs},
         {**first.steps, **second.steps},
         {**first.applied, **second.applied},
         {**first.timers, **second.timers},
         admitted,
+        signals,
     )
 
 
@@ -383,14 +423,14 @@ def client_binding(using: str) -> bool:
 
 
 def _load_batched(cursor: Any, workflow_ids: list[str], using: str) -> Loaded:
-    """The PostgreSQL load: five statements in one query string per chunk of ids. Steps and applied
+    """The PostgreSQL load: six statements in one query string per chunk of ids. Steps and applied
     updates are keyed by the runs through a subquery on the same ids. Each statement reads its own
     snapshot (READ COMMITTED), as the separate queries did; rows of a run that began after the runs
     statement are dropped (the claim's epoch fences whatever the engine does with the older run)."""
     loaded = empty_loaded()
     for chunk in _chunks(workflow_ids):
         marks = ", ".join(["%s"] * len(chunk))
-        cursor.execute(load_sql(f"IN ({marks})"), [*chunk * 5, ADMITTED_PARAM])
+        cursor.execute(load_sql(f"IN ({marks})"), [*chunk * 6, ADMITTED_PARAM])
         read_loaded(cursor, using, loaded)
     return loaded
 

@@ -3,7 +3,7 @@
 A plain acquire (``holding.acquire``) is one statement and the engine's load of the workflows it took
 (``store/histories.py``) is a second round trip. On the path of a freshly started workflow that is two
 hops before its first commit, so here both go in ONE query string: the claim statement first, then the
-load's five statements, which find the ids the claim statement took in a transaction-local setting
+load's six statements, which find the ids the claim statement took in a transaction-local setting
 (``weft.claimed``) it writes. A query string of several statements runs as one transaction in
 PostgreSQL's simple query protocol: the claims and the reads commit together, and each read sees the
 claim it follows. Nothing else changes: the same candidates (unheld, runnable, oldest first, SKIP
@@ -44,7 +44,7 @@ def _claim_and_note(served: bool) -> str:
 # the one plan left is the partial index weft_claim_free read in order, stopped at the LIMIT, whatever
 # the statistics; the reads after it plan as configured.
 _PLAN_IN_ORDER = "SET LOCAL enable_sort = off"
-# The five reads are prepared without parameters, so PostgreSQL plans each ONCE per connection: they run
+# The six reads are prepared without parameters, so PostgreSQL plans each ONCE per connection: they run
 # with prepared.KEYED_PLAN (a plan made on an engine's first acquire over small tables had kept sequential
 # scans once they had grown: one engine fell from 1,374 to 221 workflows/s, benchmarks/bulk_starts.py,
 # session 10). The claim statement's enable_sort goes back to its default first.
@@ -56,7 +56,7 @@ _CLAIM_SERVED = _claim_and_note(True)
 
 def _statements(claim_sql: str, claim_params: list[Any]) -> list[tuple[str, list[Any] | None]]:
     """The batch, each statement with its parameters (None: a SET, never prepared). The claim and the
-    five reads are prepared once per connection (prepared.execute_statements): planning them cost
+    six reads are prepared once per connection (prepared.execute_statements): planning them cost
     about as much as running them (0.8 ms of the 1.7 ms of a one-workflow batch, EXPLAIN ANALYZE)."""
     loads: list[tuple[str, list[Any] | None]] = [(sql, []) for sql in _LOADS[:-1]]
     return [
