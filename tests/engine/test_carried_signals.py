@@ -43,6 +43,12 @@ def carried_loop(ctx: Any) -> Any:
         yield ctx.wait_for_signal("go")
 
 
+@weft.workflow(name="tests.carried_after_sleep")
+def carried_after_sleep(ctx: Any) -> Any:
+    yield ctx.sleep("1s")
+    return (yield ctx.wait_for_signal("go"))
+
+
 @weft.workflow(name="tests.carried_twice")
 def carried_twice(ctx: Any) -> Any:
     first = yield ctx.wait_for_signal("go")
@@ -288,3 +294,29 @@ def test_a_carried_signal_at_or_below_the_top_makes_the_engine_read_the_mailbox(
         engine._on_notify(_stale_wake_up(late))
         tick_until(engine, lambda: Workflow.objects.filter(pk=handle.id, status="completed").exists(), "its end")
         assert handle.result(timeout=5) == "late"
+
+
+@pytest.mark.postgres
+@override_settings(WEFT={"POLL_INTERVAL": "60s", "WORKFLOW_CLAIM_RENEW_INTERVAL": "60s", "WORKFLOW_CLAIM_TTL": "180s"})
+def test_a_signal_named_by_w_before_its_wait_is_armed_is_read_when_the_wait_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A signal too big to carry sends w:. It arrives while the workflow sleeps (no wait for it yet):
+    the known mailbox must not stand for a read when the wait is armed, or the signal waits for the
+    sweep (a minute here). Review of 824c4e2: before the fix it timed out."""
+    from weft_django.store import notify
+
+    handle = weft.start(carried_after_sleep, id="carried-big-early")
+    engine = Engine("carried-10", concurrency=2)
+    engine.start()
+    try:
+        tick_until(engine, lambda: handle.id in engine.owned, "the workflow held")
+        big = "x" * notify.MAX_CARRIED_SIGNAL
+        handle.signal("go", big)
+        for _ in range(5):  # the w: served while it sleeps
+            engine.tick()
+        assert _signal_steps(handle.id) == 0
+        tick_until(
+            engine, lambda: Workflow.objects.filter(pk=handle.id, status="completed").exists(), "its end", timeout=15
+        )
+        assert handle.result(timeout=5) == big
+    finally:
+        engine.shutdown()

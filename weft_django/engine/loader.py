@@ -106,7 +106,8 @@ class Loader:
                     self.on_started(owned, loaded.admitted.get(wid, []))
                 mailbox = loaded.signals.get(wid) if loaded.signals is not None else None
                 if mailbox is not None:  # its mailbox as the load saw it (engine/signal_delivery.py)
-                    owned.signal_top, owned.signals_known = mailbox.top, list(mailbox.rows)
+                    owned.signal_top = mailbox.top
+                    owned.signals_known = [row for row in mailbox.rows if str(row[2]) == owned.run_id]
         if release:
             ownership.release(self.engine_id, release, self.using)
 

@@ -16,7 +16,8 @@ reading (``note_carried``):
   committed after the read's snapshot though its id came earlier, or one this context consumed)
   makes the mailbox unknown: the next look reads it;
 - a signal too big to carry and a child's terminal record send ``w:`` instead, and a workflow a
-  ``w:`` (or a sweep, or a rescan) names is read;
+  ``w:`` (or a sweep, or a rescan) names is read, or, when it waits for no signal then, its mailbox
+  becomes unknown (a rescan also stands for ``S:`` wake-ups that may have been missed);
 - what this context consumes leaves the list at once and stays in ``Owned.signals_taken`` until its
   commit is durable: a read meanwhile still sees it buffered (a commit deferred by a locked row).
 
@@ -84,8 +85,8 @@ def note_carried(owned_map: Mapping[str, Owned], carried: Mapping[str, list[Buff
         known = owned.signals_known
         seen = {row[0] for row in known}
         for row in rows:
-            if row[0] in seen or row[0] in owned.signals_taken:
-                continue  # known already, or this context consumed it (its read came first)
+            if row[0] in seen or row[0] in owned.signals_taken or str(row[2]) != owned.run_id:
+                continue  # known already, consumed by this context (its read came first), another run's
             if owned.signal_top is None or row[0] <= owned.signal_top:
                 owned.signals_known = None
                 break
@@ -103,8 +104,14 @@ def _read(settler: Settler, workflow_ids: list[str]) -> list[BufferedRow]:
         if top is None:  # (no top without prepared reads, e.g. SQLite: no S: wake-ups there either)
             continue
         owned.signal_top = top if owned.signal_top is None else max(top, owned.signal_top)
-        owned.signals_known = [row for row in rows if row[1] == wid and row[0] not in owned.signals_taken]
+        owned.signals_known = [known_row for known_row in rows if _current(owned, known_row)]
     return rows
+
+
+def _current(owned: Owned, row: BufferedRow) -> bool:
+    """Whether a buffered row belongs in this context's known mailbox: its workflow and run, not
+    consumed by it in a commit that is not durable yet."""
+    return row[1] == owned.workflow_id and str(row[2]) == owned.run_id and row[0] not in owned.signals_taken
 
 
 def _pending(writes: dict[str, WorkflowWrites], wid: str) -> set[int]:
@@ -136,6 +143,9 @@ def deliver(
     owned_map = settler.owned
     note_carried(owned_map, carried)
     wanted = waiting(owned_map, workflow_ids)
+    for wid in must_read:  # named, but not waiting now: what was named is read when a wait is armed
+        if wid not in wanted and wid in owned_map:
+            owned_map[wid].signals_known = None
     if not wanted:
         return False
     rows: list[BufferedRow] = []
