@@ -1,14 +1,15 @@
 """Many parked workflows held by two engines (issue 16, item 4).
 
     PYTHONPATH=$PWD python -m benchmarks.parked_scale --parked 100000 [--resident 5000] [--signals 200]
-        [--ttl 120s --renew 20s] [--batch 500]
+        [--ttl 120s --renew 20s] [--batch 500] [--spread 60]
 
 Database ``<WEFT_BENCH_PEER_PREFIX>parked`` (dropped, re-created, migrated). Phase 1, the empty database:
 two engines (``WEFT["MAX_RESIDENT_WORKFLOWS"]`` = ``--resident``), ``--signals`` ``bench.parked``
 workflows started, parked, then signalled one at a time (signal -> result). Phase 2: N parked
 workflows are bulk-inserted by SQL (clones of one real ``weft.start(bench.parked)`` run: its workflow
 and unheld claim rows, new ids, run ids and epochs), the engines claim, load, park and evict them;
-then the same signal -> result measurement on ``--signals`` of them. Reported: the time to hold all
+then the same signal -> result measurement on ``--signals`` of them (``--spread``: sent over that many
+seconds, not back to back; before the timed renewal below). Reported: the time to hold all
 N, each engine's RSS (VmRSS) and CPU, the renewal (one ``store.claims.renew`` of engine 1's claims,
 timed from here: the statement the renewal thread runs; it only extends them), the claim table's HOT
 share of updates over an idle window, and the signal -> result p50/p99 at N against the empty database.
@@ -64,12 +65,17 @@ def held(engine_ids: list[str]) -> int:
     return WorkflowClaim.objects.filter(engine_id__in=engine_ids).count()
 
 
-def signal_latency(ids: list[str]) -> dict[str, Any]:
+def signal_latency(ids: list[str], spread: float = 0.0) -> dict[str, Any]:
+    """Signal each workflow and wait for its result, one at a time: back to back, or with ``spread``
+    seconds between the first and the last start (evenly: a window as long as a renew interval
+    samples the engines' renewals as often as they run, not by the luck of one short window)."""
     import weft_django as weft
 
     times = []
+    began, step = time.perf_counter(), spread / max(1, len(ids) - 1)
     for i, wid in enumerate(ids):
         handle = weft.get_handle(wid)
+        time.sleep(max(0.0, began + i * step - time.perf_counter()))
         t0 = time.perf_counter()
         handle.signal("go", i)
         value = handle.result(timeout=60)
@@ -181,9 +187,11 @@ def phase(label: str, ids: list[str], engine_ids: list[str], procs: list[Any], a
     out["idle_cpu_pct"] = [round((b - a) * 100 / args.idle, 1) for a, b in zip(cpu0, cpu1, strict=True)]
     out["claim_updates_idle"] = upd1[0] - upd0[0]
     out["claim_hot_updates_idle"] = upd1[1] - upd0[1]
+    # The signals first: the timed renewal below writes every claim of engine 1 at once, and its WAL,
+    # dirty pages and the autovacuum it sets off would otherwise fall on the signals that follow.
+    out["signal"] = signal_latency(ids, args.spread)
     out["renewal"] = timed_renewal(engine_ids[0], args.ttl_seconds)
     out["takeover_scan"] = timed_takeover_scans()
-    out["signal"] = signal_latency(ids)
     return out
 
 
@@ -196,6 +204,9 @@ def main() -> None:
     parser.add_argument("--ttl", default="120s", help="WORKFLOW_CLAIM_TTL")
     parser.add_argument("--renew", default="20s", help="WORKFLOW_CLAIM_RENEW_INTERVAL")
     parser.add_argument("--idle", type=float, default=30.0, help="idle window measured (seconds)")
+    parser.add_argument(
+        "--spread", type=float, default=0.0, help="seconds over which the signals are sent (0: back to back)"
+    )
     parser.add_argument("--hold-timeout", type=float, default=900.0)
     args = parser.parse_args()
     from weft_django.durations import to_ms
