@@ -21,9 +21,9 @@ from ..epochs import next_epoch, next_epoch_sql
 # they still have the exact holder and epoch that were seen: one row back means it is ours. Every
 # statement that makes an engine the holder sets last_engine_id to it too (a release keeps it), so a
 # claim still names the engine that last took it after the run ended.
-# renew: one statement for all of an engine's claims, skipping rows a commit holds (the commit in
-# flight proves ownership; retried next tick). A claim is lost only when a plain re-read shows another
-# epoch or holder.
+# renew (renewal.py): statements of RENEW_CHUNK claims, skipping rows a transaction holds more than
+# PLAIN_LOCK_WAIT_MS (the commit in flight proves ownership; retried next tick). A claim is lost
+# only when a plain re-read shows another epoch or holder.
 
 CLAIM_TABLE = WorkflowClaim._meta.db_table
 WORKFLOW_TABLE = Workflow._meta.db_table

@@ -75,7 +75,8 @@ def _renew_pg(cursor: Any, ids: list[str], epochs: list[int], engine_id: str, tt
 
 
 def renew(engine_id: str, owned: dict[str, int], ttl: timedelta, using: str) -> set[str]:
-    """Extend every claim still held at its epoch, skipping rows a commit holds.
+    """Extend every claim still held at its epoch; a row another transaction holds more than
+    PLAIN_LOCK_WAIT_MS is skipped (renewed next time).
 
     Args:
         engine_id: the holder; ``owned``: {workflow_id: epoch}; ``ttl``: the new time to live.
