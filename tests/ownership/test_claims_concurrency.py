@@ -259,8 +259,10 @@ def test_renewal_and_takeover_of_an_expired_claim_never_both_win():
 
         def renewal(wid: str = wid, epoch: int = epoch, renewed_rows: list[int] = renewed_rows) -> set[str]:
             def spy(execute: Any, sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
+                # The renewal's UPDATE that ran to its end: the plain form, or (when the plain form's
+                # wait for the takeover's row lock ran out, so it raised) the form that skips it.
                 result = execute(sql, params, many, context)
-                if f"{CLAIM_UPDATE} AS claim SET expires_at" in sql:
+                if CLAIM_UPDATE in sql and "SET expires_at" in sql:
                     renewed_rows.append(context["cursor"].rowcount)
                 return result
 
@@ -278,7 +280,8 @@ def test_renewal_and_takeover_of_an_expired_claim_never_both_win():
             new_epoch, previous = taken[wid]
             assert set(taken) == {wid} and previous == "engine-a" and new_epoch > epoch
             assert claim_of(wid) == (new_epoch, "engine-b")
-            # The renewal either saw the loss, or skipped the row the takeover held (neither renewed
+            # The renewal either saw the loss (its plain UPDATE waited for the takeover's row and found
+            # another epoch), or skipped the row the takeover held past its short wait (neither renewed
             # nor lost): then its next tick sees the loss.
             assert lost in ({wid}, set())
             outcomes["takeover, renewal saw the loss" if lost else "takeover, renewal skipped the row"] += 1

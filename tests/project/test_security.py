@@ -538,7 +538,7 @@ REVIEWED = {
         "quoted with schema_editor.quote_name; the catalogue query's table list is a parameter"
     ),
     "weft_django/store/histories.py:load_sql": (
-        "joins load_statements' five constant statements (table names from Model._meta, the ids clause "
+        "joins load_statements' six constant statements (table names from Model._meta, the ids clause "
         "its callers pass: placeholders or the constant transaction-setting array); values are parameters"
     ),
 }

@@ -20,6 +20,7 @@ from ..models import AppliedUpdate, BufferedSignal, ContinuedRun, PendingUpdate,
 from ..status import SignalState, UpdateStatus
 from . import prepared
 from .backend import backend
+from .mailbox import BUFFERED_STATE_SQL
 from .notify import BufferedRow
 
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
@@ -178,7 +179,7 @@ def _signals_sql(ids: str) -> str:
     return (
         f"SELECT m.top, s.id, s.workflow_id, s.run_id, s.name, s.payload, s.trace_context "
         f"FROM (SELECT COALESCE(max(id), 0) AS top FROM {_SIGNALS}) AS m LEFT JOIN {_SIGNALS} AS s "
-        f"ON s.state = '{SignalState.BUFFERED.value}' AND s.workflow_id {ids} ORDER BY s.id"
+        f"ON s.{BUFFERED_STATE_SQL} AND s.workflow_id {ids} ORDER BY s.id"
     )
 
 
