@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections
@@ -26,7 +26,10 @@ def _ts(value: Any) -> datetime | None:
     return None if value is None else datetime.fromisoformat(str(value))
 
 
-def _fence_violations(audit: Audit) -> tuple[list[str], Counter[str]]:
+def _fence_violations(audit: Audit, lapse: timedelta | None) -> tuple[list[str], Counter[str]]:
+    """A1 over the log. ``lapse``: how old the previous holder's heartbeat may be for a takeover of a
+    claim not yet expired (the engines' TTL and takeover grace: store/claims/holding.py); None: a
+    takeover must follow the claim's expiry."""
     out: list[str] = []
     kinds: Counter[str] = Counter()
 
@@ -62,8 +65,10 @@ def _fence_violations(audit: Audit) -> tuple[list[str], Counter[str]]:
                 else:
                     kinds["engine claim takeover"] += 1
                     expires = _ts(w.was("expires_at"))
-                    if old_holder != engine and (expires is None or expires >= w.at):
-                        bad(w, f"took over a live claim (it expired at {expires})")
+                    beat = w.holder_heartbeat
+                    lapsed = lapse is not None and beat is not None and beat + lapse < w.at
+                    if old_holder != engine and (expires is None or expires >= w.at) and not lapsed:
+                        bad(w, f"took over a live claim (it expired at {expires}, its holder's heartbeat {beat})")
             elif old_holder != engine:
                 bad(w, f"changed a claim held by {old_holder!r}")
             elif new_holder is None:
@@ -416,11 +421,12 @@ def acknowledged_in_history(acked: Iterable[AckedMessage], using: str = "default
 
 
 def check_audit(
-    acked: Iterable[AckedMessage], sequential_types: set[str], using: str = "default"
+    acked: Iterable[AckedMessage], sequential_types: set[str], using: str = "default", lapse: timedelta | None = None
 ) -> tuple[dict[str, list[str]], dict[str, Any]]:
-    """Run every audit check: ({name: violations}, figures about the log)."""
+    """Run every audit check: ({name: violations}, figures about the log). ``lapse``: as for A1's
+    ``_fence_violations``."""
     audit = Audit(load(using))
-    fence, kinds = _fence_violations(audit)
+    fence, kinds = _fence_violations(audit, lapse)
     sequential_runs = {
         str(w.row.get("run_id"))
         for w in audit.writes

@@ -37,6 +37,7 @@ class Write:
     parent_claim_mine: bool | None
     wf_status: str | None
     wf_run_id: str | None
+    holder_heartbeat: datetime | None = None  # a claim write: its previous holder's last heartbeat
 
     @property
     def engine(self) -> str | None:
@@ -73,7 +74,7 @@ def load(using: str = "default") -> list[Write]:
         cursor.execute(
             f"""SELECT id, tbl, op, row_key, workflow_id, old, new, writer, backend_pid, txid, at, claim_epoch,
                        claim_engine, claim_mine, parent_claim_epoch, parent_claim_engine, parent_claim_mine,
-                       wf_status, wf_run_id
+                       wf_status, wf_run_id, holder_heartbeat
                 FROM {SCHEMA}.writes ORDER BY id"""
         )
         rows = cursor.fetchall()

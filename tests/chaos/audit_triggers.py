@@ -49,8 +49,10 @@ CREATE TABLE IF NOT EXISTS {SCHEMA}.writes (
     parent_claim_engine text,
     parent_claim_mine boolean,
     wf_status text,
-    wf_run_id text
+    wf_run_id text,
+    holder_heartbeat timestamptz
 );
+ALTER TABLE {SCHEMA}.writes ADD COLUMN IF NOT EXISTS holder_heartbeat timestamptz;
 
 -- Does this transaction hold the row version (xmin: it wrote it; xmax: it locked or replaced it)?
 -- The top-level id first; a subtransaction's id or a multixact through pg_locks (our own xid locks).
@@ -101,6 +103,7 @@ DECLARE
     p_mine boolean;
     w_status text;
     w_run text;
+    h_beat timestamptz;
 BEGIN
     IF TG_OP <> 'INSERT' THEN
         o := to_jsonb(OLD) - 'input' - 'payload' - 'error' - 'stuck_error' - 'issues';
@@ -129,12 +132,16 @@ BEGIN
     ELSE
         SELECT status, run_id::text INTO w_status, w_run FROM weft_django_workflow WHERE id = wid;
     END IF;
+    IF TG_TABLE_NAME = 'weft_django_workflowclaim' AND o ->> 'engine_id' IS NOT NULL THEN
+        -- the previous holder's last heartbeat: a takeover may follow its lapse (ADR 0014)
+        SELECT heartbeat_at INTO h_beat FROM weft_django_engine WHERE id = o ->> 'engine_id';
+    END IF;
     INSERT INTO {SCHEMA}.writes (tbl, op, row_key, workflow_id, old, new, writer, backend_pid, txid, at,
         claim_epoch, claim_engine, claim_mine, parent_claim_epoch, parent_claim_engine, parent_claim_mine,
-        wf_status, wf_run_id)
+        wf_status, wf_run_id, holder_heartbeat)
     VALUES (TG_TABLE_NAME, TG_OP, rkey, wid, o, n, current_setting('application_name'), pg_backend_pid(),
         pg_current_xact_id()::text::bigint, clock_timestamp(),
-        c_epoch, c_engine, c_mine, p_epoch, p_engine, p_mine, w_status, w_run);
+        c_epoch, c_engine, c_mine, p_epoch, p_engine, p_mine, w_status, w_run, h_beat);
     RETURN NULL;
 END $$;
 """

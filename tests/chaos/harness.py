@@ -80,6 +80,9 @@ class Plan:
     # default id (a later run's names its run) and a sleep; no client interaction.
     chains: int = 0
     audit: bool = True  # record every write (tests/chaos/audit.py) and check the log afterwards
+    # MAX_RESIDENT_WORKFLOWS of the engines (None: no limit): a small one evicts the parked approvals,
+    # whose claims are then dormant (ADR 0014) when the faults hit.
+    resident: int | None = None
 
 
 class ChaosEngine:
@@ -95,6 +98,7 @@ class ChaosEngine:
             "CLAIM_BATCH_SIZE": plan.claim_batch,
             # Settled update rows are deleted after this; the checker needs every one of the run's.
             "UPDATE_RESPONSE_RETENTION": "1h",
+            "MAX_RESIDENT_WORKFLOWS": plan.resident,
         }
         env = {
             **os.environ,
@@ -525,6 +529,7 @@ def _run_chaos(plan: Plan, cluster: Any = None) -> dict[str, Any]:
             dead_engines=set(run.dead),
             grace=timedelta(milliseconds=2 * plan.renew_ms),
             slack=timedelta(seconds=plan.slack_s),
+            ttl=timedelta(milliseconds=plan.ttl_ms),
         )
     finally:
         run.stopping.set()
@@ -540,7 +545,8 @@ def _run_chaos(plan: Plan, cluster: Any = None) -> dict[str, Any]:
     violations = check(exp)
     audit_figures: dict[str, Any] = {}
     if plan.audit:
-        found, audit_figures = audit.check_audit(run.acked, SEQUENTIAL_TYPES)
+        lapse = timedelta(milliseconds=plan.ttl_ms + 2 * plan.renew_ms)  # the TTL and the takeover grace
+        found, audit_figures = audit.check_audit(run.acked, SEQUENTIAL_TYPES, lapse=lapse)
         violations.update(found)
     phases["checked"] = time.monotonic() - began
     violations["no claim held by a dead engine"] += run.liveness_violations

@@ -60,6 +60,7 @@ class Expectations:
     dead_engines: set[str] = field(default_factory=set)  # killed (or frozen) engine ids
     grace: timedelta = timedelta(seconds=2)  # takeover grace (2 x renew interval) for the dead-claim check
     slack: timedelta = timedelta(seconds=0)  # extra allowance for the scan that takes claims over
+    ttl: timedelta = timedelta(seconds=2)  # the claim TTL (a dormant claim lapses with its holder's heartbeat)
 
 
 Check = Callable[[Expectations, str], list[str]]
@@ -240,17 +241,21 @@ def no_orphaned_timers(exp: Expectations, using: str) -> list[str]:
 
 def stale_claims(exp: Expectations, using: str) -> list[str]:
     """No claim is held by a dead engine once TTL + grace (+ slack for the takeover scan) has passed
-    since its last renewal; and a finished workflow's claim is released."""
+    since its last renewal, or (a dormant claim, ADR 0014) since its last heartbeat; and a finished
+    workflow's claim is released."""
     out = []
     allowance_ms = round((exp.grace + exp.slack).total_seconds() * 1000)
+    lapse_ms = allowance_ms + round(exp.ttl.total_seconds() * 1000)
     if exp.dead_engines:
         with connections[using].cursor() as cursor:
             cursor.execute(
                 """SELECT c.workflow_id, c.engine_id, c.expires_at FROM weft_django_workflowclaim c
                    JOIN weft_django_workflow w ON w.id = c.workflow_id
+                   LEFT JOIN weft_django_engine e ON e.id = c.engine_id
                    WHERE w.status = 'running' AND c.engine_id = ANY(%s)
-                     AND c.expires_at + %s * interval '1 millisecond' < clock_timestamp()""",
-                [sorted(exp.dead_engines), allowance_ms],
+                     AND (c.expires_at + %s * interval '1 millisecond' < clock_timestamp()
+                          OR e.heartbeat_at + %s * interval '1 millisecond' < clock_timestamp())""",
+                [sorted(exp.dead_engines), allowance_ms, lapse_ms],
             )
             out += [
                 f"{wid}: still held by dead engine {engine} (expired {at})" for wid, engine, at in cursor.fetchall()

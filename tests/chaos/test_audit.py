@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -17,7 +18,7 @@ from django.utils import timezone
 from tests.chaos import audit
 from tests.chaos.audit import AckedMessage
 from weft_django.codec import encode
-from weft_django.models import BufferedSignal, Workflow, WorkflowClaim
+from weft_django.models import BufferedSignal, Engine, Workflow, WorkflowClaim
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres, pytest.mark.chaos]
 
@@ -151,6 +152,24 @@ def test_a_takeover_of_a_live_claim_and_a_renewal_by_a_non_holder(audited: None)
     fence = found()["A1 fenced writes (no stale epoch, no non-holder)"]
     assert any("took over a live claim" in v for v in fence), fence
     assert any("changed a claim held by 'e2'" in v for v in fence), fence
+
+
+def test_a_takeover_before_the_claims_expiry_passes_only_once_its_holders_heartbeat_lapsed(audited: None) -> None:
+    """A dormant claim (ADR 0014) is taken over when its holder's heartbeat is older than the TTL and
+    the grace, before its own expiry: A1 accepts that takeover, and only that one."""
+    for wid in ("lapsed", "alive"):
+        start(wid)
+    now = timezone.now()
+    for engine_id, beat in (("e-lapsed", now - timedelta(seconds=60)), ("e-alive", now)):
+        Engine.objects.create(id=engine_id, host="h", pid=1, mode="automatic", started_at=beat, heartbeat_at=beat)
+    with engine("e-lapsed") as old, engine("e-alive") as alive, engine("e2") as e2:
+        acquire(old, "lapsed", 5, "e-lapsed", ttl_s=300)
+        acquire(alive, "alive", 6, "e-alive", ttl_s=300)
+        acquire(e2, "lapsed", 7, "e2")
+        acquire(e2, "alive", 8, "e2")
+    violations, _ = audit.check_audit([], SEQUENTIAL, lapse=timedelta(seconds=30))
+    fence = violations["A1 fenced writes (no stale epoch, no non-holder)"]
+    assert len(fence) == 1 and "took over a live claim" in fence[0] and "(workflow alive)" in fence[0], fence
 
 
 def test_a_duplicate_step_a_rewritten_outcome_and_a_run_ended_twice(audited: None) -> None:

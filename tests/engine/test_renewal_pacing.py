@@ -28,11 +28,13 @@ class _Renewals:
 
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
+        self.ttls: list[timedelta] = []
         self.lost: set[str] = set()
         self.after_call = threading.Event()  # set after each call (the engine stopping meanwhile)
 
     def __call__(self, engine_id: str, owned: dict[str, int], ttl: timedelta, using: str) -> set[str]:
         self.calls.append(sorted(owned))
+        self.ttls.append(ttl)
         self.after_call.set()
         return self.lost & set(owned)
 
@@ -55,12 +57,12 @@ def renewals(monkeypatch: pytest.MonkeyPatch) -> _Renewals:
 def test_a_pass_renews_group_by_group_and_a_stop_ends_it_between_groups(renewals: _Renewals) -> None:
     held = {f"w{i}": types.SimpleNamespace(epoch=1) for i in range(5)}
     found = _renewal(held, {})
-    found._renew(found.epochs(), 0.0, threading.Event())  # interval 0: no wait between groups
+    found._renew(*found.due(0.0), 0.0, threading.Event())  # interval 0: no wait between groups
     assert renewals.calls == [["w0", "w1"], ["w2", "w3"], ["w4"]]
 
     renewals.calls.clear()
     renewals.after_call = stop = threading.Event()  # the engine stops while the first group renews
-    found._renew(found.epochs(), 60.0, stop)
+    found._renew(*found.due(0.0), 60.0, stop)
     assert renewals.calls == [["w0", "w1"]]  # the next group was due 10 s later: the stop ended the pass
 
 
@@ -68,11 +70,59 @@ def test_a_loss_found_late_in_a_pass_is_reported_only_for_the_epoch_the_loop_sti
     held = {"kept": types.SimpleNamespace(epoch=1), "again": types.SimpleNamespace(epoch=1)}
     evicted = {"asleep": 1, "gone": 1}
     found = _renewal(held, evicted)
-    epochs = found.epochs()
+    resident, dormant = found.due(0.0)
     # Since the pass read its epochs: "again" was taken again at epoch 2, "gone" was dropped.
     held["again"] = types.SimpleNamespace(epoch=2)
     del evicted["gone"]
     renewals.lost = {"kept", "again", "asleep", "gone"}
-    found._renew(epochs, 0.0, threading.Event())
+    found._renew(resident, dormant, 0.0, threading.Event())
     lost, *_ = found.wake.take()
     assert lost == {"kept", "asleep"}
+
+
+def test_an_evicted_workflows_claim_is_renewed_with_a_long_ttl_and_only_when_that_runs_low(
+    renewals: _Renewals, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dormant claim (its workflow evicted) costs one row written per DORMANT_TTL_MULTIPLIER - 1
+    TTLs, not one per renew interval; a claim resident again, then evicted again, is renewed as
+    dormant at once (its resident renewals gave it the short TTL); one taken again at a new epoch
+    too; one found lost is not recorded as renewed."""
+    monkeypatch.setattr(renewal, "PACED_GROUP", 100)
+    ttl, long_ttl = timedelta(seconds=30), timedelta(seconds=30) * renewal.DORMANT_TTL_MULTIPLIER
+    held = {"busy": types.SimpleNamespace(epoch=1)}
+    evicted = {"a": 1, "b": 1, "c": 1}
+    found = _renewal(held, evicted)
+    now = [1000.0]
+    found.clock = lambda: now[0]
+    renewals.lost = {"c"}
+    found._renew(*found.due(1000.0), 0.0, threading.Event())
+    assert list(zip(renewals.calls, renewals.ttls, strict=True)) == [(["busy"], ttl), (["a", "b", "c"], long_ttl)]
+
+    renewals.calls.clear(), renewals.ttls.clear()
+    renewals.lost = set()
+    now[0] = 1000.0 + 5
+    found._renew(*found.due(1000.0 + 5), 0.0, threading.Event())  # the next pass: only the resident one
+    assert renewals.calls == [["busy"], ["c"]]  # and "c", whose renewal found it lost (not recorded)
+
+    # "a" is recalled (resident: renewed with the TTL), then evicted again; "b" is taken again at epoch 2.
+    del evicted["a"]
+    held["a"] = types.SimpleNamespace(epoch=1)
+    renewals.calls.clear()
+    now[0] = 1000.0 + 10
+    found._renew(*found.due(1000.0 + 10), 0.0, threading.Event())
+    assert renewals.calls == [["a", "busy"]]
+    del held["a"]
+    evicted["a"], evicted["b"] = 1, 2
+    renewals.calls.clear(), renewals.ttls.clear()
+    now[0] = 1000.0 + 15
+    found._renew(*found.due(1000.0 + 15), 0.0, threading.Event())
+    assert list(zip(renewals.calls, renewals.ttls, strict=True)) == [(["busy"], ttl), (["a", "b"], long_ttl)]
+
+    # Once the TTL it has left is the TTL itself, a dormant claim is renewed again ("c" was renewed
+    # at 1005, "a" and "b" at 1015).
+    again = (long_ttl - ttl).total_seconds()
+    renewals.calls.clear()
+    for at in (1005 + again - 1, 1005 + again + 1, 1015 + again + 1):
+        now[0] = at
+        found._renew(*found.due(at), 0.0, threading.Event())
+    assert renewals.calls == [["busy"], ["busy"], ["c"], ["busy"], ["a", "b"]]

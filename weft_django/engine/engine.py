@@ -154,7 +154,7 @@ class Engine:
         store_sessions.bind(self.using, self._session_limit)  # the loop's thread; unbound in shutdown()
         ownership.check_mode_marker(self.engine_id, self.settings.ownership, self.using)
         engines.register_engine(self.engine_id, self.settings.ownership, self.using, queues=self.claimer.served)
-        events.claims_left_by_previous_process(self, ownership.takeover_grace(self.settings))
+        ownership.claims_of_a_previous_process(self, self.settings)
         if self.mode == OwnershipMode.LEASE:
             if self.lease.wait(self.stopping):
                 self.claimer.take_over_now = True  # the lease holder takes every claim at once

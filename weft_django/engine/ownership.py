@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from typing import Any
 
 from django.db import transaction
 
@@ -58,6 +59,19 @@ def acquire(
     return claims.acquire(
         engine_id, limit=limit, ttl=ttl, using=using, grace=grace, holders=holders, served=None if takeover else served
     )
+
+
+def claims_of_a_previous_process(engine: Any, settings: WeftSettings) -> None:
+    """At start-up: the claims still held under this engine's id by a process that died without releasing
+    them (``kill -9``, then a restart with the same ``--engine-id``). The new process's heartbeat keeps the
+    id alive, so such a claim lapses by its expiry only: a dormant one (ADR 0014) is cut to one TTL from
+    now, to be taken over after the TTL and the grace like any other. Then they are reported (events).
+
+    Args:
+        engine: the engine starting (``engine_id``, ``using``); ``settings``: its settings.
+    """
+    claims.cap_expiry(engine.engine_id, settings.workflow_claim_ttl, engine.using)
+    events.claims_left_by_previous_process(engine, takeover_grace(settings))
 
 
 def acquire_and_load(

@@ -143,6 +143,10 @@ class Renewal:
         self.on_failure = on_failure
         self._held: Mapping[str, Held] = {}  # the loop's live contexts (the same dict object)
         self._evicted: dict[str, int] = {}  # the loop's evicted claims (the same dict object)
+        # The dormant claims this thread renewed: workflow id -> (epoch, monotonic time of the next
+        # renewal). Only this thread reads or writes it.
+        self._dormant: dict[str, tuple[int, float]] = {}
+        self.clock: Callable[[], float] = time.monotonic  # when a dormant claim was renewed
 
     def publish(self, held: Mapping[str, Held], evicted: dict[str, int] | None = None) -> None:
         """The loop's dicts of the claims it holds, read at each renewal: ``held``, its live contexts
@@ -155,13 +159,36 @@ class Renewal:
             self._evicted = evicted if evicted is not None else {}
 
     def epochs(self) -> dict[str, int]:
-        """What the next renewal extends: every claim the loop holds, by workflow id: epoch."""
+        """Every claim the loop holds, by workflow id: epoch."""
+        resident, evicted = self._published()
+        return {**evicted, **resident}
+
+    def _published(self) -> tuple[dict[str, int], dict[str, int]]:
+        """The claims the loop holds: (resident ones, evicted ones), by workflow id: epoch."""
         with self.wake.lock:
             # dict(d) of an exact dict copies in C without running Python code; list(d.items()) makes
             # a tuple per entry, which can start a garbage collection whose finalizers let the loop
             # thread change the dict mid-copy ("dictionary changed size during iteration").
             held, evicted = dict(self._held), dict(self._evicted)
-        return {**evicted, **{wid: context.epoch for wid, context in held.items()}}
+        resident = {wid: context.epoch for wid, context in held.items()}
+        return resident, {wid: epoch for wid, epoch in evicted.items() if wid not in resident}
+
+    def due(self, now: float) -> tuple[dict[str, int], dict[str, int]]:
+        """What the next renewal extends: (every resident claim, with the TTL; the dormant claims due,
+        with DORMANT_TTL_MULTIPLIER times it). A dormant claim (an evicted workflow's: nothing happens
+        to it until a wake-up recalls it) is due when this thread has not renewed it as dormant at its
+        epoch, or when the TTL it has left is the TTL itself; a claim that is resident again leaves the
+        dormant record, so it is renewed as dormant again at once when evicted again."""
+        resident, evicted = self._published()
+        dormant = self._dormant
+        for wid in [wid for wid in dormant if wid not in evicted]:
+            del dormant[wid]
+        due = {}
+        for wid, epoch in evicted.items():
+            seen = dormant.get(wid)
+            if seen is None or seen[0] != epoch or seen[1] <= now:
+                due[wid] = epoch
+        return resident, due
 
     def thread(self, stop: threading.Event) -> threading.Thread:
         """The renewal thread (not started), running until ``stop`` is set."""
@@ -175,10 +202,10 @@ class Renewal:
             while not stop.wait(max(0.0, due - time.monotonic())):
                 due = max(due + interval, time.monotonic())
                 try:
-                    epochs = self.epochs()
+                    resident, dormant = self.due(self.clock())
                     if not self.lease.renew():
                         self.wake.up()
-                    self._renew(epochs, interval, stop)
+                    self._renew(resident, dormant, interval, stop)
                     engines.heartbeat_engine(self.engine_id, self.using)
                 except DatabaseError as exc:  # a storage error is not a loss: try again next tick
                     self.on_failure(exc)
@@ -189,17 +216,25 @@ class Renewal:
         finally:
             connections.close_all()
 
-    def _renew(self, epochs: dict[str, int], interval: float, stop: threading.Event) -> None:
-        """Renew ``epochs`` in groups of PACED_GROUP claims spread over PACED_SHARE of the interval
+    def _renew(self, resident: dict[str, int], dormant: dict[str, int], interval: float, stop: threading.Event) -> None:
+        """Renew the ``resident`` claims with the TTL and the ``dormant`` ones with DORMANT_TTL_MULTIPLIER
+        times it, in groups of PACED_GROUP claims spread over PACED_SHARE of the interval
         (``paced_offsets``), reporting the claims each group finds lost at once."""
-        ids = sorted(epochs)
-        groups = [ids[at : at + PACED_GROUP] for at in range(0, len(ids), PACED_GROUP)] or [[]]
+        ttl = self.settings.workflow_claim_ttl
+        long_ttl = ttl * DORMANT_TTL_MULTIPLIER
+        # Renewed again as dormant once the TTL it has left is the TTL itself (measured from before the
+        # statement, so never later than that): as much margin as a resident claim has.
+        again = (long_ttl - ttl).total_seconds()
+        groups = [(ids, ttl, resident) for ids in _groups(resident)]
+        groups += [(ids, long_ttl, dormant) for ids in _groups(dormant)]
         began = time.monotonic()
-        for offset, group in zip(paced_offsets(len(groups), interval), groups, strict=True):
+        for offset, (group, group_ttl, epochs) in zip(paced_offsets(len(groups), interval), groups, strict=True):
             if stop.wait(max(0.0, began + offset - time.monotonic())):
                 return
-            ttl = self.settings.workflow_claim_ttl
-            lost = ownership.renew(self.engine_id, {wid: epochs[wid] for wid in group}, ttl, self.using)
+            sent = self.clock()
+            lost = ownership.renew(self.engine_id, {wid: epochs[wid] for wid in group}, group_ttl, self.using)
+            if epochs is dormant:
+                self._dormant.update({wid: (epochs[wid], sent + again) for wid in group if wid not in lost})
             lost = self._still_held(lost, epochs)
             if lost:
                 self.wake.report_lost(lost)
@@ -213,6 +248,21 @@ class Renewal:
             held, evicted = self._held, self._evicted
             current = {wid: getattr(held.get(wid), "epoch", evicted.get(wid)) for wid in lost}
         return {wid for wid in lost if current[wid] == epochs[wid]}
+
+
+# An evicted workflow's claim is "dormant": renewed with this many times the TTL, so once per that
+# many TTLs less one, instead of every renew interval. At a million parked workflows, renewing every
+# claim each interval was one row written per claim per interval and set the signal latency's p99
+# (docs/benchmarks.md, issue 16). The engine's heartbeat keeps its dormant claims: once it is more than
+# the TTL and the takeover grace old, other engines take them over (store/claims/holding.py), as
+# promptly as an expired claim's (ADR 0014).
+DORMANT_TTL_MULTIPLIER = 10
+
+
+def _groups(epochs: dict[str, int]) -> list[list[str]]:
+    """The ids of ``epochs`` in sorted groups of PACED_GROUP."""
+    ids = sorted(epochs)
+    return [ids[at : at + PACED_GROUP] for at in range(0, len(ids), PACED_GROUP)]
 
 
 # A renewal of many claims is spread out: one group of PACED_GROUP claims (the store's statement

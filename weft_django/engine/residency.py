@@ -1,7 +1,8 @@
 """Residency: how many workflow generators an engine keeps in memory (``WEFT["MAX_RESIDENT_WORKFLOWS"]``).
 
 Past the limit, idle parked workflows are evicted: their generator is closed and forgotten, their
-claim stays held (and renewed) at its epoch. A wake-up naming one (a signal, an update, a transition),
+claim stays held at its epoch (a dormant claim: engine/renewal.py renews it rarely, with a long TTL,
+and the engine's heartbeat keeps it; ADR 0014). A wake-up naming one (a signal, an update, a transition),
 a query addressed to it, or the sweep finding mail for it (the safety net behind LISTEN, once per
 renew interval) recalls it: it is loaded again at the same epoch and replayed from its durable
 history, as after a refused commit. Only a workflow that has nothing but durable state is evicted:

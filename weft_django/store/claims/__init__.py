@@ -39,6 +39,7 @@ from .holding import (
 from .lifecycle import (
     FAMILY_LOCK_ROUNDS,
     active_descendants,
+    cap_expiry,
     delete_claims,
     expire_claims,
     held_claims,
@@ -57,6 +58,7 @@ __all__ = [
     "WORKFLOW_TABLE",
     "acquire",
     "active_descendants",
+    "cap_expiry",
     "classify_unheld",
     "delete_claims",
     "expire_claims",

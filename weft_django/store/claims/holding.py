@@ -9,7 +9,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Count, Max
 
-from ...models import Timer, Workflow, WorkflowClaim
+from ...models import Engine, Timer, Workflow, WorkflowClaim
 from ...status import TimerKind, WorkflowStatus
 from ..backend import backend
 from ..clock import _python_now, offset, workflow_now_sql
@@ -26,6 +26,7 @@ from ..epochs import next_epoch, next_epoch_sql
 # only when a plain re-read shows another epoch or holder.
 
 CLAIM_TABLE = WorkflowClaim._meta.db_table
+ENGINE_TABLE = Engine._meta.db_table
 WORKFLOW_TABLE = Workflow._meta.db_table
 CHUNK = 500
 
@@ -80,13 +81,27 @@ def _held_pg(holder: str) -> str:
     FOR NO KEY UPDATE OF c SKIP LOCKED"""
 
 
-# Takeover candidates (constant SQL: the conditions take their values as parameters).
+# Takeover candidates (constant SQL: the conditions take their values as parameters). A held claim has
+# lapsed when its expiry is more than the grace past, or when its holder's heartbeat is more than the
+# TTL and the grace past (the expiry a claim renewed at that heartbeat would have): an engine renews
+# the claims of its evicted workflows rarely (engine/renewal.py, "dormant" claims, ADR 0014), and its
+# heartbeat is what keeps them. The lapsed holders are read once per statement (an InitPlan over the
+# few engine rows), not once per claim.
 _HELD_BY_OTHERS = "c.engine_id IS NOT NULL AND c.engine_id <> %s"
-_EXPIRED_PG = _held_pg("c.engine_id IS NOT NULL AND c.expires_at + %s * interval '1 millisecond' < clock_timestamp()")
+_LAPSED_PG = (
+    "(c.expires_at + %s * interval '1 millisecond' < clock_timestamp() OR c.engine_id = ANY(ARRAY("
+    f"SELECT e.id FROM {ENGINE_TABLE} e WHERE e.heartbeat_at + %s * interval '1 millisecond' < clock_timestamp())))"
+)
+_EXPIRED_PG = _held_pg(f"c.engine_id IS NOT NULL AND {_LAPSED_PG}")
 _OTHERS_PG = _held_pg(_HELD_BY_OTHERS)
 # The same among the claims of the given holders only (read through the partial index on the holder:
 # the claims of live engines, however many, are not read).
-_EXPIRED_OF_PG = _held_pg("c.engine_id = ANY(%s) AND c.expires_at + %s * interval '1 millisecond' < clock_timestamp()")
+_EXPIRED_OF_PG = _held_pg(f"c.engine_id = ANY(%s) AND {_LAPSED_PG}")
+# Where one writer runs (SQLite): the same rule, its times computed by the caller.
+_LAPSED_ONE_WRITER = (
+    f"c.engine_id IS NOT NULL AND (c.expires_at < %s OR c.engine_id IN "
+    f"(SELECT e.id FROM {ENGINE_TABLE} e WHERE e.heartbeat_at < %s))"
+)
 
 
 # Give the rows of the CTE ``candidates`` this holder and a fresh epoch (parameters: the engine id twice,
@@ -130,15 +145,17 @@ def acquire(
     holders: list[str] | None = None,
     served: list[str] | None = None,
 ) -> dict[str, tuple[int, str | None]]:
-    """Claim up to ``limit`` running workflows that no engine holds (or, with ``grace``, whose holder's
-    claim expired more than ``grace`` ago: a takeover), oldest first, SKIP LOCKED.
+    """Claim up to ``limit`` running workflows that no engine holds (or, with ``grace``, whose claim
+    lapsed: it expired more than ``grace`` ago, or its holder's heartbeat is more than ``ttl`` +
+    ``grace`` old; a takeover), oldest first, SKIP LOCKED.
 
     Args:
         engine_id: the new holder.
         limit: at most this many claims (``<= 0``: none).
         ttl: the claims' time to live.
         using: the connection alias.
-        grace: None for unheld claims; else how long past expiry a held claim may be taken over.
+        grace: None for unheld claims; else how long past expiry (or past its holder's heartbeat and
+            ``ttl``) a held claim may be taken over.
         holders: with ``grace`` on PostgreSQL, only the claims of these engines are looked at (None:
             every held claim; elsewhere every held claim anyway).
         served: without ``grace``, the queues this engine serves (None: all): unheld runs of other
@@ -154,14 +171,13 @@ def acquire(
             if served is not None:
                 return _claim_pg(_FREE_SERVED_PG, [list(served), limit], engine_id, ttl, using)
             return _claim_pg(_FREE_PG, [limit], engine_id, ttl, using)
+        lapsed = [_ms(grace), _ms(ttl + grace)]
         if holders is not None:
-            return _claim_pg(_EXPIRED_OF_PG, [holders, _ms(grace), limit], engine_id, ttl, using)
-        return _claim_pg(_EXPIRED_PG, [_ms(grace), limit], engine_id, ttl, using)
+            return _claim_pg(_EXPIRED_OF_PG, [holders, *lapsed, limit], engine_id, ttl, using)
+        return _claim_pg(_EXPIRED_PG, [*lapsed, limit], engine_id, ttl, using)
     if grace is not None:
-        params: list[Any] = [_python_now() - grace]
-        return _acquire_one_writer(
-            engine_id, "c.engine_id IS NOT NULL AND c.expires_at < %s", params, limit, ttl, using
-        )
+        now = _python_now()
+        return _acquire_one_writer(engine_id, _LAPSED_ONE_WRITER, [now - grace, now - ttl - grace], limit, ttl, using)
     return _acquire_one_writer(engine_id, None, [], limit, ttl, using, served=served)
 
 

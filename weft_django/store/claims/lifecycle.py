@@ -3,7 +3,7 @@ rotation of a transition, the family lock of cancel, and the test kit's claim ed
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from django.db import connections
 from django.db.models import Subquery
@@ -11,6 +11,7 @@ from django.db.models import Subquery
 from ...models import Workflow, WorkflowClaim
 from ...status import ACTIVE_STATUSES, ParentClosePolicy
 from ..backend import backend
+from ..clock import db_clock
 from ..epochs import next_epoch, next_epoch_sql
 
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
@@ -153,3 +154,12 @@ def expire_claims(engine_id: str | None, workflow_ids: list[str] | None, using: 
     if workflow_ids is not None:
         rows = rows.filter(workflow_id__in=workflow_ids)
     return rows.update(expires_at=datetime(2000, 1, 1, tzinfo=UTC))
+
+
+def cap_expiry(engine_id: str, ttl: timedelta, using: str) -> int:
+    """Cut the expiry of ``engine_id``'s claims to at most ``ttl`` from now (the database clock): at an
+    engine's start-up, the dormant claims a previous process with its id left (engine/ownership.py).
+    Returns how many were cut."""
+    latest = db_clock(using) + ttl
+    rows = WorkflowClaim.objects.using(using).filter(engine_id=engine_id, expires_at__gt=latest)
+    return rows.update(expires_at=latest)
