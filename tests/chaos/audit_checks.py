@@ -74,7 +74,12 @@ def _fence_violations(audit: Audit, lapse: timedelta | None) -> tuple[list[str],
             elif new_holder is None:
                 kinds["engine claim release"] += 1
             elif new_holder == engine:
-                kinds["engine claim renew" if w.changed("expires_at") else "engine claim other"] += 1
+                if w.changed("expires_at"):
+                    expires = _ts(w.now("expires_at"))
+                    dormant = lapse is not None and expires is not None and expires > w.at + 2 * lapse
+                    kinds["engine claim renew, dormant" if dormant else "engine claim renew"] += 1
+                else:
+                    kinds["engine claim other"] += 1
             else:
                 bad(w, "handed the claim to another engine")
             continue

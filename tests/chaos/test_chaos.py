@@ -51,6 +51,7 @@ def test_chaos_bounded() -> None:
     figures = run_chaos(plan)
     report(figures)
     assert figures["faults"]["sigkill"] == 1 and figures["faults"]["sigstop_past_ttl"] == 1
+    assert figures["audit"]["by_kind"].get("engine claim renew, dormant", 0) > 0, "no claim was dormant"
     assert_kept_every_promise(figures)
 
 
