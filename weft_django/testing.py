@@ -258,9 +258,10 @@ class EngineProcess:
 
     def freeze_past_claim(self, *, timeout: float = 120.0, expire: bool = False) -> FrozenEngine:
         """SIGSTOP the engine and return once every claim it held can be taken over: after their expiry
-        plus the takeover grace on the database clock, or at once with ``expire=True`` (the claims'
-        expiry is moved into the past, so the test does not wait a TTL). Start or keep another engine
-        running to take them over, then ``thaw()`` and ``assert_writes_refused()`` on the result.
+        plus the takeover grace on the database clock (or its heartbeat plus the TTL and the grace), or
+        at once with ``expire=True`` (the claims' expiry is moved into the past, so the test does not
+        wait a TTL). Start or keep another engine running to take them over, then ``thaw()`` and
+        ``assert_writes_refused()`` on the result.
 
         The engine must hold at least one claim (wait for it to pick the workflow up first)."""
         self.freeze()
@@ -303,19 +304,29 @@ class FrozenEngine:
     thawed_at: datetime | None = None
 
     def wait_until_claims_lapse(self, timeout: float = 120.0) -> None:
-        """Wait on the database clock until every frozen claim expired more than the grace ago."""
-        from .models import WorkflowClaim
+        """Wait on the database clock until every frozen claim lapsed: it expired more than the grace ago,
+        or the engine's last heartbeat is more than the TTL and the grace old (a dormant claim, ADR 0014:
+        store/claims/holding.py takes either)."""
+        from .models import Engine, WorkflowClaim
         from .store.clock import db_clock
 
-        _, grace = self.engine.claim_timing()
+        ttl, grace = self.engine.claim_timing()
 
         def lapsed() -> bool:
+            now = db_clock(self.engine.alias)
+            beat = (
+                Engine.objects.using(self.engine.alias)
+                .filter(id=self.engine.engine_id)
+                .values_list("heartbeat_at", flat=True)
+            )
+            if beat and beat[0] + ttl + grace < now:
+                return True
             rows = WorkflowClaim.objects.using(self.engine.alias).filter(workflow_id__in=list(self.claims))
             expiries = [
                 e for wid, ep, e in rows.values_list("workflow_id", "epoch", "expires_at") if ep == self.claims[wid]
             ]
             latest = max((e for e in expiries if e is not None), default=None)
-            return latest is None or latest + grace < db_clock(self.engine.alias)
+            return latest is None or latest + grace < now
 
         wait_for(
             lapsed, timeout, interval=0.1, message=f"the claims of frozen engine {self.engine.engine_id!r} to lapse"

@@ -361,6 +361,9 @@ class Run:
 
     def _drive_approve(self, key: str, seconds: float, timing: str, deadline: float, trail: list[str]) -> None:
         self._when(key, f"{key}:a", seconds, timing, deadline)
+        if timing == "after" and self.plan.resident is not None:
+            # Parked across several renewal passes: evicted past plan.resident, its claim renewed dormant.
+            time.sleep(PARKED_S)
         self._call(lambda: weft.signal(key, "poke", key, signal_id=f"{key}:poke"), deadline, trail)
         trail.append("poke ok")
         with self._lock:
@@ -438,6 +441,7 @@ def expected_result(key: str, child: bool) -> dict[str, Any]:
 
 
 APPROVAL_TIMINGS = ("early", "completing", "after")
+PARKED_S = 3.0  # how long an "after" approval waits parked when the plan evicts (Plan.resident)
 
 
 def run_chaos(plan: Plan, cluster: Any = None) -> dict[str, Any]:

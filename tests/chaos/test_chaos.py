@@ -46,7 +46,7 @@ def test_chaos_bounded() -> None:
         approvals=12,
         chains=6,
         faults=[Fault("kill", 0.15), Fault("cut", 0.3), Fault("freeze", 0.4), Fault("cut", 0.7)],
-        resident=4,  # the parked approvals are evicted: their claims are dormant when the faults hit
+        resident=1,  # the parked approvals are evicted: their claims are dormant when the faults hit
     )
     figures = run_chaos(plan)
     report(figures)

@@ -30,13 +30,15 @@ class _Renewals:
         self.calls: list[list[str]] = []
         self.ttls: list[timedelta] = []
         self.lost: set[str] = set()
+        self.skipped: set[str] = set()  # rows another transaction held: neither renewed nor lost
         self.after_call = threading.Event()  # set after each call (the engine stopping meanwhile)
 
-    def __call__(self, engine_id: str, owned: dict[str, int], ttl: timedelta, using: str) -> set[str]:
+    def __call__(self, engine_id: str, owned: dict[str, int], ttl: timedelta, using: str) -> tuple[set[str], set[str]]:
         self.calls.append(sorted(owned))
         self.ttls.append(ttl)
         self.after_call.set()
-        return self.lost & set(owned)
+        lost = self.lost & set(owned)
+        return set(owned) - lost - self.skipped, lost
 
 
 def _renewal(held: dict[str, Any], evicted: dict[str, int]) -> Renewal:
@@ -49,7 +51,7 @@ def _renewal(held: dict[str, Any], evicted: dict[str, int]) -> Renewal:
 @pytest.fixture
 def renewals(monkeypatch: pytest.MonkeyPatch) -> _Renewals:
     calls = _Renewals()
-    monkeypatch.setattr(ownership, "renew", calls)
+    monkeypatch.setattr(ownership, "renew_each", calls)
     monkeypatch.setattr(renewal, "PACED_GROUP", 2)
     return calls
 
@@ -86,7 +88,7 @@ def test_an_evicted_workflows_claim_is_renewed_with_a_long_ttl_and_only_when_tha
     """A dormant claim (its workflow evicted) costs one row written per DORMANT_TTL_MULTIPLIER - 1
     TTLs, not one per renew interval; a claim resident again, then evicted again, is renewed as
     dormant at once (its resident renewals gave it the short TTL); one taken again at a new epoch
-    too; one found lost is not recorded as renewed."""
+    too; one found lost, or skipped (its row held by a transaction), is not recorded as renewed."""
     monkeypatch.setattr(renewal, "PACED_GROUP", 100)
     ttl, long_ttl = timedelta(seconds=30), timedelta(seconds=30) * renewal.DORMANT_TTL_MULTIPLIER
     held = {"busy": types.SimpleNamespace(epoch=1)}
@@ -94,15 +96,22 @@ def test_an_evicted_workflows_claim_is_renewed_with_a_long_ttl_and_only_when_tha
     found = _renewal(held, evicted)
     now = [1000.0]
     found.clock = lambda: now[0]
+    found._jitter = lambda ttl: 0.0  # type: ignore[method-assign]  # due times exact (else up to a TTL early)
     renewals.lost = {"c"}
     found._renew(*found.due(1000.0), 0.0, threading.Event())
     assert list(zip(renewals.calls, renewals.ttls, strict=True)) == [(["busy"], ttl), (["a", "b", "c"], long_ttl)]
 
     renewals.calls.clear(), renewals.ttls.clear()
     renewals.lost = set()
-    now[0] = 1000.0 + 5
-    found._renew(*found.due(1000.0 + 5), 0.0, threading.Event())  # the next pass: only the resident one
+    renewals.skipped = {"c"}
+    now[0] = 1000.0 + 4
+    found._renew(*found.due(1000.0 + 4), 0.0, threading.Event())  # the next pass: only the resident one
     assert renewals.calls == [["busy"], ["c"]]  # and "c", whose renewal found it lost (not recorded)
+    renewals.calls.clear()
+    renewals.skipped = set()
+    now[0] = 1000.0 + 5
+    found._renew(*found.due(1000.0 + 5), 0.0, threading.Event())
+    assert renewals.calls == [["busy"], ["c"]]  # "c" again: that renewal skipped its row (not recorded)
 
     # "a" is recalled (resident: renewed with the TTL), then evicted again; "b" is taken again at epoch 2.
     del evicted["a"]

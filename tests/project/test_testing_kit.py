@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 import weft_django as weft
-from weft_django.models import Step, Workflow, WorkflowClaim
+from weft_django.models import Engine, Step, Workflow, WorkflowClaim
 from weft_django.testing import FrozenEngine, expire_claims, owns, running_engine, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -112,7 +112,10 @@ def test_freeze_past_claim_waits_on_the_database_clock_then_late_writes_are_refu
     claim = WorkflowClaim.objects.get(workflow_id=handle.id)
     from weft_django.store.clock import db_clock
 
-    assert claim.expires_at + grace < db_clock()  # past TTL + grace: any engine may take it over now
+    # Lapsed: past its expiry + grace, or (frozen between a renewal and the heartbeat after it) past its
+    # engine's heartbeat + TTL + grace (ADR 0014): any engine may take it over now.
+    beat = Engine.objects.get(pk="kit-zombie").heartbeat_at
+    assert claim.expires_at + grace < db_clock() or beat + ttl + grace < db_clock()
     weft_engines("kit-rescuer", weft=FAST)
     assert frozen.wait_for_takeover() == {handle.id: "kit-rescuer"}
     frozen.thaw()
@@ -135,7 +138,6 @@ def test_freeze_past_claim_with_expire_does_not_wait_a_ttl(weft_engines):
 
 @pytest.mark.subprocess
 def test_freezing_an_engine_that_holds_nothing_is_refused(weft_engines):
-    from weft_django.models import Engine
 
     idle = weft_engines("kit-idle")
     wait_for(lambda: Engine.objects.filter(pk="kit-idle").exists(), 30, message="engine start")

@@ -420,16 +420,16 @@ class Engine:
     def _claim(
         self, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str], force: bool, scan: bool = True
     ) -> bool:
-        """Claim what is due (``force``: a wake-up named a workflow we do not hold; ``scan``: a
-        maintenance tick) and load it, with the workflows waiting to be reloaded."""
+        """Claim what is due (``force``: a wake-up named a workflow we do not hold; ``scan``: a maintenance
+        tick) and load it, with the workflows waiting to be reloaded (kept there until the load is done)."""
         claimed = self.claimer.claim(force=force, scan=scan)
-        reload, self._reload = self._reload, {}
-        claimed.update({wid: epoch for wid, epoch in reload.items() if wid not in claimed})
+        self.residency.forget(claimed)  # claimed again at a new epoch: an evicted entry of theirs is stale
+        claimed.update({wid: epoch for wid, epoch in self._reload.items() if wid not in claimed})
         if not claimed:
             return False
-        # Runs, steps, applied updates, timers, admitted updates: on PostgreSQL read by the acquire itself
-        # (store/claims/taking.py) or in one round trip per chunk of ids (store/histories.py).
+        # Read by the acquire itself (store/claims/taking.py) or one round trip per chunk (store/histories.py).
         self.loader.load(claimed, now, writes, changed, preloaded=claimed.loaded, preloaded_for=claimed.loaded_for)
+        self._reload = {}
         self._publish_epochs()
         return True
 

@@ -5,6 +5,7 @@ store-wide lease itself (``StoreLease``): acquired by the loop, renewed here."""
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -147,6 +148,7 @@ class Renewal:
         # renewal). Only this thread reads or writes it.
         self._dormant: dict[str, tuple[int, float]] = {}
         self.clock: Callable[[], float] = time.monotonic  # when a dormant claim was renewed
+        self._random = random.Random()
 
     def publish(self, held: Mapping[str, Held], evicted: dict[str, int] | None = None) -> None:
         """The loop's dicts of the claims it holds, read at each renewal: ``held``, its live contexts
@@ -205,8 +207,10 @@ class Renewal:
                     resident, dormant = self.due(self.clock())
                     if not self.lease.renew():
                         self.wake.up()
-                    self._renew(resident, dormant, interval, stop)
-                    engines.heartbeat_engine(self.engine_id, self.using)
+                    try:
+                        self._renew(resident, dormant, interval, stop)
+                    finally:  # the heartbeat keeps the dormant claims: written even if a group failed
+                        engines.heartbeat_engine(self.engine_id, self.using)
                 except DatabaseError as exc:  # a storage error is not a loss: try again next tick
                     self.on_failure(exc)
                     logger.warning("claim renewal failed engine=%s error=%s", self.engine_id, exc)
@@ -232,12 +236,19 @@ class Renewal:
             if stop.wait(max(0.0, began + offset - time.monotonic())):
                 return
             sent = self.clock()
-            lost = ownership.renew(self.engine_id, {wid: epochs[wid] for wid in group}, group_ttl, self.using)
-            if epochs is dormant:
-                self._dormant.update({wid: (epochs[wid], sent + again) for wid in group if wid not in lost})
+            renewed, lost = ownership.renew_each(
+                self.engine_id, {wid: epochs[wid] for wid in group}, group_ttl, self.using
+            )
+            if epochs is dormant:  # only those renewed: one skipped (its row held) is due again next pass
+                self._dormant.update({wid: (epochs[wid], sent + again - self._jitter(ttl)) for wid in renewed})
             lost = self._still_held(lost, epochs)
             if lost:
                 self.wake.report_lost(lost)
+
+    def _jitter(self, ttl: timedelta) -> float:
+        """Up to one TTL earlier: the dormant claims renewed in one pass come due again over a TTL, not
+        all in one pass."""
+        return self._random.uniform(0.0, ttl.total_seconds())
 
     def _still_held(self, lost: set[str], epochs: dict[str, int]) -> set[str]:
         """The lost claims the loop still holds at the epoch renewed: one it dropped, or took again at

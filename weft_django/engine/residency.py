@@ -58,6 +58,13 @@ class Residency:
                 self.recalls += 1
                 self.reload(wid, epoch)
 
+    def forget(self, workflow_ids: Iterable[str]) -> None:
+        """Drop the evicted entries of these workflows: claimed again at a new epoch, the engine lost the
+        claim it evicted them under (a dormant claim's loss is found late: at its next renewal or recall)."""
+        if self.evicted:
+            for wid in workflow_ids:
+                self.evicted.pop(wid, None)
+
     def evict(self, owned: dict[str, Owned], busy: Callable[[str], bool]) -> list[Owned]:
         """Evict idle parked workflows until at most ``limit`` are resident, oldest loaded first.
         ``busy(wid)``: the workflow has writes waiting for a commit. Returns the evicted ones (their

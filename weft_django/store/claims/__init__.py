@@ -48,7 +48,7 @@ from .lifecycle import (
     unheld_claim_sql,
     write_claim,
 )
-from .renewal import renew
+from .renewal import renew, renew_each
 
 __all__ = [
     "CHUNK",
@@ -77,6 +77,7 @@ __all__ = [
     "release_cte_sql",
     "release_locked_claims",
     "renew",
+    "renew_each",
     "rotate_epoch",
     "start_delayed",
     "take_over",

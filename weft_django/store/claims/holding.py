@@ -177,7 +177,10 @@ def acquire(
         return _claim_pg(_EXPIRED_PG, [*lapsed, limit], engine_id, ttl, using)
     if grace is not None:
         now = _python_now()
-        return _acquire_one_writer(engine_id, _LAPSED_ONE_WRITER, [now - grace, now - ttl - grace], limit, ttl, using)
+        # heartbeat_at is written by the ORM (naive, in the connection's time zone): compared as the ORM
+        # would write this instant; the claims' expiry is written by this module's raw statements.
+        beat = backend(using).connection.ops.adapt_datetimefield_value(now - ttl - grace)
+        return _acquire_one_writer(engine_id, _LAPSED_ONE_WRITER, [now - grace, beat], limit, ttl, using)
     return _acquire_one_writer(engine_id, None, [], limit, ttl, using, served=served)
 
 

@@ -85,8 +85,14 @@ def renew(engine_id: str, owned: dict[str, int], ttl: timedelta, using: str) -> 
         The ids found lost (another epoch or holder on a plain re-read); rows skipped because a
         commit holds them are neither renewed nor lost.
     """
+    return renew_each(engine_id, owned, ttl, using)[1]
+
+
+def renew_each(engine_id: str, owned: dict[str, int], ttl: timedelta, using: str) -> tuple[set[str], set[str]]:
+    """:func:`renew`, saying which claims it renewed. Returns (the ids renewed, the ids found lost):
+    an id in neither was skipped (a transaction held its row)."""
     if not owned:
-        return set()
+        return set(), set()
     found = backend(using)
     ids = sorted(owned)
     epochs = [owned[i] for i in ids]
@@ -111,10 +117,10 @@ def renew(engine_id: str, owned: dict[str, int], ttl: timedelta, using: str) -> 
                     renewed.update(mine)
         missing = [wid for wid in ids if wid not in renewed]
         if not missing:
-            return set()
+            return renewed, set()
         marks = ", ".join(["%s"] * len(missing))
         cursor.execute(
             f"SELECT workflow_id, epoch, engine_id FROM {CLAIM_TABLE} WHERE workflow_id IN ({marks})", missing
         )
         current = {wid: (epoch, holder) for wid, epoch, holder in cursor.fetchall()}
-    return {wid for wid in missing if current.get(wid) != (owned[wid], engine_id)}
+    return renewed, {wid for wid in missing if current.get(wid) != (owned[wid], engine_id)}
