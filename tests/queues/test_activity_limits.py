@@ -157,3 +157,38 @@ def test_local_activity_options_with_limits_is_a_definition_error(base, override
 
     with pytest.raises(weft.WorkflowDefinitionError, match="local=True"):
         fine.options(**override)
+
+
+def test_a_slot_is_released_before_its_outcome_is_handled():
+    """The slot of an attempt whose outcome the loop takes is released in that same pass, before the
+    outcome's step (and maybe the run's end) is committed: it never outlives the run it served. Before
+    the fix, an outcome that landed between the pass's slot check and ``take_outcomes`` left its slot
+    held until the next maintenance pass (seen as a flaky cross-engine test)."""
+    import json
+    import threading
+    import uuid
+
+    from django.utils import timezone
+
+    from weft_django.conf import get_settings
+    from weft_django.engine.activities import AttemptTask
+    from weft_django.engine.executors import ActivityExecutors
+    from weft_django.registry import registry
+
+    definition = registry.activities["tests.testapp.queue_workflows.limited_work"]
+    done = threading.Event()
+    executors = ActivityExecutors("slot-engine", 2, done.set, lambda task, text: None, "default", get_settings())
+    try:
+        args = json.dumps({"args": [0.2]})
+        task = AttemptTask("w-slot", str(uuid.uuid4()), 1, 1, 1, definition, args, timezone.now(), None)
+        executors.submit(task)
+        assert list(ActivitySlot.objects.filter(released_at__isnull=True).values_list("workflow_id", flat=True)) == [
+            "w-slot"
+        ]
+        executors.poll(set())  # the pass looks at its slots while the attempt still runs
+        assert done.wait(10)
+        [outcome] = executors.take_outcomes()  # the outcome lands after that look
+        assert outcome.task is task
+        assert not ActivitySlot.objects.filter(released_at__isnull=True).exists()
+    finally:
+        executors.shutdown(5)

@@ -99,19 +99,33 @@ class ActivityExecutors:
         return self._celery
 
     def take_outcomes(self) -> list[AttemptOutcome]:
-        """The outcomes reported since the last call, in order."""
+        """The outcomes reported since the last call, in order. Their attempts' activity slots are
+        released first: an outcome's step (and maybe its run's end) is committed later in this pass, so
+        a slot never outlives the run it served (an executor forgets an attempt before reporting it)."""
         outcomes = []
         while True:
             try:
                 outcomes.append(self.outcomes.get_nowait())
             except queue.Empty:
-                return outcomes
+                break
+        if outcomes and self.limiter.held:
+            self.limiter.release_finished({task.key for task in self.running})
+        return outcomes
 
     @property
     def polls(self) -> bool:
         """Whether outcomes arrive through the database (remote workers), found only by ``poll``, or
-        attempts wait for an activity slot."""
-        return self._celery is not None or self.limiter.busy
+        attempts wait for an activity slot, or a slot waits to be released."""
+        return self._celery is not None or self.limiter.busy or self._releasable
+
+    @property
+    def _releasable(self) -> bool:
+        """Whether a slot is held for an attempt no longer running (one stopped before it ran reports
+        no outcome): the next pass releases it."""
+        if not self.limiter.held:
+            return False
+        running = {task.key for task in self.running}
+        return any(key not in running for key in self.limiter.held)
 
     @property
     def busy(self) -> bool:
