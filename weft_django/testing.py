@@ -219,12 +219,12 @@ class EngineProcess:
 
         from .conf import DEFAULTS
         from .durations import to_timedelta
-        from .engine.ownership import TAKEOVER_GRACE_MULTIPLIER
+        from .store.claims import takeover_grace
 
         merged = {**DEFAULTS, **getattr(settings, "WEFT", {}), **self.weft}
         ttl = to_timedelta(merged["WORKFLOW_CLAIM_TTL"], "WORKFLOW_CLAIM_TTL")
         renew = to_timedelta(merged["WORKFLOW_CLAIM_RENEW_INTERVAL"], "WORKFLOW_CLAIM_RENEW_INTERVAL")
-        return ttl, renew * TAKEOVER_GRACE_MULTIPLIER
+        return ttl, takeover_grace(renew)
 
     def _settle_in_flight_statements(self, timeout: float = 30.0) -> None:
         """After SIGSTOP, a statement (a COMMIT) the engine sent just before may still be running on the

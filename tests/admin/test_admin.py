@@ -183,11 +183,12 @@ def test_ownership_view_lists_engines_and_claims(admin_client, runs):
     assert engines["engine-x"].state == "alive" and engines["engine-x"].claims_held == 2
     assert engines["engine-x"].claims_lapsed == 1
     assert engines["engine-dead"].state == "dead" and engines["engine-dead"].claims_held == 1
+    assert engines["engine-dead"].claims_lapsed == 1  # unexpired, but its engine is silent (ADR 0014)
     claims = {item["row"].workflow_id: item["row"] for item in response.context["claims"]}
     assert set(claims) == {"owned", "lapsed", "free"}
-    assert claims["lapsed"].lapsed and not claims["owned"].lapsed
+    assert claims["lapsed"].lapsed and claims["free"].lapsed and not claims["owned"].lapsed
     summary = response.context["summary"]
-    assert (summary.held, summary.lapsed, summary.engines_alive, summary.engines_dead) == (3, 1, 1, 1)
+    assert (summary.held, summary.lapsed, summary.engines_alive, summary.engines_dead) == (3, 2, 1, 1)
     assert "weft-state-dead" in html and "weft-row-lapsed" in html
 
 

@@ -15,16 +15,16 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
-from django.db.models import Count
+from django.db.models import Count, OuterRef, QuerySet, Subquery
 
 from ..models import Engine, Timer, Workflow, WorkflowClaim
 from ..status import ACTIVE_STATUSES, WORKFLOW_SCOPED_TIMERS, WorkflowStatus
 from ..store.backend import backend
+from ..store.claims import TAKEOVER_GRACE_MULTIPLIER, lapsed, takeover_grace
 from .formatting import format_duration
 
 OK, WARNING, ERROR, SKIPPED = "ok", "warning", "error", "skipped"
 OVERDUE_TIMER_SLACK = timedelta(minutes=1)
-LAPSE_GRACE_RENEWALS = 2  # takeover waits this many renew intervals past expiry (engine/ownership.py)
 DETAIL_LIMIT = 10
 
 
@@ -96,21 +96,35 @@ def _settings(using: str) -> Finding:
     )
 
 
-def _lapsed_claims(using: str, now: datetime, renew: timedelta) -> Finding:
-    cutoff = now - renew * LAPSE_GRACE_RENEWALS
-    lapsed = WorkflowClaim.objects.using(using).filter(engine_id__isnull=False, expires_at__lt=cutoff)
-    count = lapsed.count()
+def _heartbeat(using: str) -> QuerySet[Any]:
+    return Engine.objects.using(using).filter(pk=OuterRef("engine_id")).values("heartbeat_at")[:1]
+
+
+def _lapsed_claims(using: str, now: datetime, ttl: timedelta, renew: timedelta) -> Finding:
+    """Claims past their takeover grace (expired, or their holder silent for longer than the TTL, more
+    than the grace ago: store/claims/lapse.py) that nobody took over."""
+    grace = takeover_grace(renew)
+    found = WorkflowClaim.objects.using(using).filter(lapsed(using, now, ttl, grace))
+    count = found.count()
     if not count:
         return Finding("lapsed claims", OK, "no claim is past its takeover grace")
     details = [
-        f"{c.workflow_id} held by {c.engine_id} (epoch {c.epoch}) expired {format_duration(now - c.expires_at)} ago"
-        for c in lapsed.order_by("expires_at")[:DETAIL_LIMIT]
+        f"{c.workflow_id} held by {c.engine_id} (epoch {c.epoch}) "
+        + (
+            f"expired {format_duration(now - c.expires_at)} ago"
+            if c.expires_at < now
+            else f"its engine silent for {format_duration(now - c.holder_heartbeat)}"
+        )
+        for c in found.annotate(holder_heartbeat=Subquery(_heartbeat(using))).order_by("expires_at", "workflow_id")[
+            :DETAIL_LIMIT
+        ]
         if c.expires_at is not None
     ]
     return Finding(
         "lapsed claims",
         ERROR,
-        f"{count} claim(s) expired more than {LAPSE_GRACE_RENEWALS} renew intervals ago and nobody took them over",
+        f"{count} claim(s) lapsed (expired, or their engine silent for longer than the claim TTL) more than "
+        f"{TAKEOVER_GRACE_MULTIPLIER} renew intervals ago and nobody took them over",
         details,
         "Start an engine (`python manage.py weft_engine`): a live engine takes lapsed claims over.",
     )
@@ -255,7 +269,7 @@ def doctor(using: str) -> list[Finding]:
     ttl, renew = settings.workflow_claim_ttl, settings.workflow_claim_renew_interval
     checks: list[Callable[[], Finding]] = [
         lambda: _no_live_engine(using, now, ttl, settings.background_tasks == "manual"),
-        lambda: _lapsed_claims(using, now, renew),
+        lambda: _lapsed_claims(using, now, ttl, renew),
         lambda: _overdue_timers(using, wf_now),
         lambda: _dead_engines(using, now, ttl),
         lambda: _stuck(using),

@@ -9,19 +9,28 @@ from django.contrib import admin, messages
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 
+from ..conf import database_alias, get_settings
 from ..exceptions import InvalidFilterError
 from ..models import Schedule
 from ..registry import declared_attributes
 from ..status import ACTIVE_STATUSES, TERMINAL_STATUSES
+from ..store.claims import lapsed
 from ..store.visibility import narrow
 from ..visibility import parse_where, selection
 from .clocks import claim_now
 
 
+def _lapsed(request: HttpRequest, *, expires: str, engine: str) -> Q:
+    """Held claims that lapsed: expired, or their holder silent for longer than the TTL (ADR 0014)."""
+    ttl = get_settings().workflow_claim_ttl
+    return lapsed(database_alias(), claim_now(request), ttl, expires=expires, engine=engine)
+
+
 class OwnershipFilter(admin.SimpleListFilter):
-    """owned: an engine holds an unexpired claim; lapsed: the holder's claim expired (an engine will
-    take it over, or none is alive); unowned: no engine holds it. Reads the ``owner_engine`` and
-    ``claim_expires_at`` annotations of WorkflowAdmin.get_queryset."""
+    """owned: an engine holds a claim that has not lapsed; lapsed: the claim expired or its holder has
+    been silent for longer than the TTL (an engine will take it over, or none is alive); unowned: no
+    engine holds it. Reads the ``owner_engine`` and ``claim_expires_at`` annotations of
+    WorkflowAdmin.get_queryset."""
 
     title = "ownership"
     parameter_name = "ownership"
@@ -34,9 +43,8 @@ class OwnershipFilter(admin.SimpleListFilter):
         if value == "unowned":
             return queryset.filter(owner_engine__isnull=True)
         if value in ("owned", "lapsed"):
-            now = claim_now(request)
-            expiry = Q(claim_expires_at__lt=now) if value == "lapsed" else Q(claim_expires_at__gte=now)
-            return queryset.filter(Q(owner_engine__isnull=False) & expiry)
+            gone = _lapsed(request, expires="claim_expires_at", engine="owner_engine")
+            return queryset.filter(gone if value == "lapsed" else Q(owner_engine__isnull=False) & ~gone)
         return None
 
 
@@ -56,7 +64,8 @@ class ActivityFilter(admin.SimpleListFilter):
 
 
 class ClaimStateFilter(admin.SimpleListFilter):
-    """For the claims changelist: held (unexpired), lapsed (held, expired), released (no holder)."""
+    """For the claims changelist: held (not lapsed), lapsed (held, expired or its holder silent for
+    longer than the TTL), released (no holder)."""
 
     title = "claim state"
     parameter_name = "claim"
@@ -68,10 +77,9 @@ class ClaimStateFilter(admin.SimpleListFilter):
         value = self.value()
         if value == "released":
             return queryset.filter(engine_id__isnull=True)
-        if value == "held":
-            return queryset.filter(engine_id__isnull=False, expires_at__gte=claim_now(request))
-        if value == "lapsed":
-            return queryset.filter(engine_id__isnull=False, expires_at__lt=claim_now(request))
+        if value in ("held", "lapsed"):
+            gone = _lapsed(request, expires="expires_at", engine="engine_id")
+            return queryset.filter(gone if value == "lapsed" else Q(engine_id__isnull=False) & ~gone)
         return None
 
 

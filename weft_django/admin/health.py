@@ -15,12 +15,14 @@ from django.db.models.functions import Cast, Concat
 from ..models import Engine, Step, Workflow, WorkflowClaim
 from ..status import WorkflowStatus
 from ..store import runs
+from ..store.claims import has_lapsed, lapsed
 
 ALIVE, STOPPED, DEAD = "alive", "stopped", "dead"
 
 
 def with_ownership(queryset: QuerySet[Workflow], using: str, *, timers: bool = False) -> QuerySet[Workflow]:
-    """Annotate workflows with their claim (``owner_engine``, ``claim_epoch``, ``claim_expires_at``),
+    """Annotate workflows with their claim (``owner_engine``, ``claim_epoch``, ``claim_expires_at``, and
+    ``owner_heartbeat``: the holder's last heartbeat, for ``claim_lapsed``),
     their last recorded step (``last_step``, "#seq kind name") and, with ``timers``, their
     ``pending_timers`` count: correlated subqueries, so a page of rows stays one query."""
     claim = WorkflowClaim.objects.using(using).filter(pk=OuterRef("pk"))
@@ -40,10 +42,23 @@ def with_ownership(queryset: QuerySet[Workflow], using: str, *, timers: bool = F
         claim_epoch=Subquery(claim.values("epoch")[:1]),
         claim_expires_at=Subquery(claim.values("expires_at")[:1]),
         last_step=Subquery(last_step, output_field=CharField()),
-    )
+    ).annotate(owner_heartbeat=_heartbeat(using, "owner_engine"))
     if timers:
         queryset = queryset.annotate(pending_timers=runs.pending_timers(using))
     return queryset
+
+
+def _heartbeat(using: str, engine: str) -> Subquery:
+    """The heartbeat of the engine named by the field ``engine`` (None: no such engine row)."""
+    return Subquery(Engine.objects.using(using).filter(pk=OuterRef(engine)).values("heartbeat_at")[:1])
+
+
+def claim_lapsed(workflow: Workflow, now: datetime, ttl: timedelta) -> bool:
+    """Whether a workflow annotated by ``with_ownership`` has a held claim that lapsed: expired, or its
+    holder silent for longer than the TTL (store/claims/lapse.py)."""
+    if getattr(workflow, "owner_engine", None) is None:
+        return False
+    return has_lapsed(getattr(workflow, "claim_expires_at", None), getattr(workflow, "owner_heartbeat", None), now, ttl)
 
 
 def current_step(workflow: Workflow) -> str | None:
@@ -97,13 +112,14 @@ def engine_rows(using: str, now: datetime, ttl: timedelta) -> list[EngineRow]:
     rows = []
     for engine in Engine.objects.using(using).order_by("-heartbeat_at"):
         counts = held.get(engine.id, {})
+        silent = engine.heartbeat_at < now - ttl  # every claim it holds has lapsed (lapse.py)
         rows.append(
             EngineRow(
                 engine,
                 engine_state(engine, now, ttl),
                 now - engine.heartbeat_at,
                 counts.get("n", 0),
-                counts.get("lapsed", 0),
+                counts.get("n", 0) if silent else counts.get("lapsed", 0),
             )
         )
     order = {ALIVE: 0, DEAD: 1, STOPPED: 2}
@@ -130,12 +146,16 @@ class ClaimRow:
         return data
 
 
-def claim_rows(using: str, now: datetime, *, held_only: bool = True, limit: int | None = 200) -> list[ClaimRow]:
-    """Claims (held ones by default), soonest expiry first, with their workflow's type and status."""
+def claim_rows(
+    using: str, now: datetime, ttl: timedelta, *, held_only: bool = True, limit: int | None = 200
+) -> list[ClaimRow]:
+    """Claims (held ones by default), soonest expiry first, with their workflow's type and status and
+    whether they lapsed (expired, or their holder silent for longer than ``ttl``)."""
     workflow = Workflow.objects.using(using).filter(pk=OuterRef("pk"))
     claims = WorkflowClaim.objects.using(using).annotate(
         workflow_type=Subquery(workflow.values("workflow_type")[:1]),
         status=Subquery(workflow.values("status")[:1]),
+        holder_heartbeat=_heartbeat(using, "engine_id"),
     )
     if held_only:
         claims = claims.filter(engine_id__isnull=False)
@@ -155,7 +175,7 @@ def claim_rows(using: str, now: datetime, *, held_only: bool = True, limit: int 
                 claim.claimed_at,
                 claim.expires_at,
                 expires_in,
-                claim.engine_id is not None and expires_in is not None and expires_in < timedelta(0),
+                claim.engine_id is not None and has_lapsed(claim.expires_at, claim.holder_heartbeat, now, ttl),
             )
         )
     return rows
@@ -170,10 +190,10 @@ class OwnershipSummary:
     engines_dead: int
 
 
-def ownership_summary(using: str, now: datetime, engines: list[EngineRow]) -> OwnershipSummary:
+def ownership_summary(using: str, now: datetime, ttl: timedelta, engines: list[EngineRow]) -> OwnershipSummary:
     counts = WorkflowClaim.objects.using(using).aggregate(
         held=Count("pk", filter=Q(engine_id__isnull=False)),
-        lapsed=Count("pk", filter=Q(engine_id__isnull=False, expires_at__lt=now)),
+        lapsed=Count("pk", filter=lapsed(using, now, ttl)),
     )
     held_ids = WorkflowClaim.objects.using(using).filter(engine_id__isnull=False).values("workflow_id")
     running_unowned = (

@@ -17,6 +17,7 @@ from django.utils.safestring import SafeString
 
 from ..conf import database_alias, get_settings
 from ..models import BufferedSignal, Engine, PendingUpdate, Timer, WorkflowClaim
+from ..store.claims import has_lapsed
 from .clocks import claim_now, workflow_now
 from .filters import ClaimStateFilter
 from .formatting import error_summary, format_duration, moment, pretty_json, pretty_payload, relative, state_badge
@@ -90,8 +91,14 @@ class WorkflowClaimAdmin(ReadOnlyAdmin):
     expires_at_display = moment_column("expires_at", "expires at")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        holder = Engine.objects.using(database_alias()).filter(pk=OuterRef("engine_id"))
         return (
-            super().get_queryset(request).annotate(observed_at=Value(claim_now(request), output_field=DateTimeField()))
+            super()
+            .get_queryset(request)
+            .annotate(
+                observed_at=Value(claim_now(request), output_field=DateTimeField()),
+                holder_heartbeat=Subquery(holder.values("heartbeat_at")[:1]),
+            )
         )
 
     @admin.display(description="expires")
@@ -101,6 +108,11 @@ class WorkflowClaimAdmin(ReadOnlyAdmin):
         now = obj.observed_at  # type: ignore[attr-defined]
         if obj.expires_at < now:
             return format_html('<span class="weft-lapsed">lapsed {}</span>', relative(obj.expires_at, now))
+        heartbeat = obj.holder_heartbeat  # type: ignore[attr-defined]
+        if has_lapsed(obj.expires_at, heartbeat, now, get_settings().workflow_claim_ttl):
+            return format_html(
+                '<span class="weft-lapsed">lapsed: engine silent since {}</span>', relative(heartbeat, now)
+            )
         return relative(obj.expires_at, now)
 
     @admin.display(description="last held by", ordering="last_engine_id")

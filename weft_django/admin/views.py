@@ -69,8 +69,8 @@ def ownership(modeladmin: WeftModelAdmin, request: HttpRequest) -> TemplateRespo
     now = claim_now(request)
     ttl = settings.workflow_claim_ttl
     engines = health.engine_rows(using, now, ttl)
-    claims = health.claim_rows(using, now, limit=200)
-    summary = health.ownership_summary(using, now, engines)
+    claims = health.claim_rows(using, now, ttl, limit=200)
+    summary = health.ownership_summary(using, now, ttl, engines)
     engine_items = [
         {
             "row": row,

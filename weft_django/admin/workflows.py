@@ -18,6 +18,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from ..conf import get_settings
 from ..exceptions import InvalidArgumentError
 from ..models import BufferedSignal, PendingUpdate, Step, Timer, Workflow
 from ..status import ACTIVE_STATUSES, TERMINAL_STATUSES, WorkflowStatus
@@ -50,6 +51,12 @@ def _claim_expiry(obj: Any) -> SafeString | str:
     if expires_at < now:
         return format_html(
             '<span class="weft-lapsed" title="{}">lapsed {}</span>', expires_at, relative(expires_at, now)
+        )
+    if health.claim_lapsed(obj, now, get_settings().workflow_claim_ttl):
+        return format_html(
+            '<span class="weft-lapsed" title="expires {}">lapsed: engine silent since {}</span>',
+            expires_at,
+            relative(obj.owner_heartbeat, now),
         )
     return format_html('<span title="{}">{}</span>', expires_at, relative(expires_at, now))
 

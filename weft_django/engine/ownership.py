@@ -22,18 +22,17 @@ from .. import events
 from ..conf import WeftSettings
 from ..exceptions import OwnershipModeMismatchError
 from ..store import claims, engines
-from ..store.claims import taking
+from ..store.claims import TAKEOVER_GRACE_MULTIPLIER, taking
 from ..store.clock import db_now
 from ..store.histories import Loaded
 from ..store.notify import send
 
 logger = logging.getLogger(__name__)
-TAKEOVER_GRACE_MULTIPLIER = 2
 
 
 def takeover_grace(settings: WeftSettings) -> timedelta:
     """How long after its expiry a claim may be taken over: TAKEOVER_GRACE_MULTIPLIER renew intervals."""
-    return settings.workflow_claim_renew_interval * TAKEOVER_GRACE_MULTIPLIER
+    return claims.takeover_grace(settings.workflow_claim_renew_interval)
 
 
 def acquire(
@@ -55,7 +54,7 @@ def acquire(
     Returns:
         {workflow_id: (new epoch, previous holder)}.
     """
-    grace = renew_interval * TAKEOVER_GRACE_MULTIPLIER if takeover else None
+    grace = claims.takeover_grace(renew_interval) if takeover else None
     return claims.acquire(
         engine_id, limit=limit, ttl=ttl, using=using, grace=grace, holders=holders, served=None if takeover else served
     )
@@ -143,7 +142,7 @@ def check_mode_marker(engine_id: str, mode: str, using: str) -> None:
 def acquire_store_lease(engine_id: str, *, ttl: timedelta, renew_interval: timedelta, using: str) -> int | None:
     """Take the store-wide lease if nobody holds it or its holder's lease expired more than the grace
     ago (the same rule as a workflow claim). Returns the new lease epoch, or None."""
-    grace = renew_interval * TAKEOVER_GRACE_MULTIPLIER
+    grace = claims.takeover_grace(renew_interval)
     return engines.acquire_store_lease(engine_id, ttl=ttl, grace=grace, using=using)
 
 

@@ -52,12 +52,14 @@ def when(value: datetime | None) -> str:
     return when_text(value)  # never raises: a time out of the local zone's range is shown in UTC, marked
 
 
-def claim_expiry(expires_at: datetime | None, now: datetime) -> str | None:
+def claim_expiry(expires_at: datetime | None, now: datetime, *, lapsed: bool) -> str | None:
+    """The claim's expiry, relative to ``now``, marked when the claim lapsed (``admin.health``'s rule:
+    expired, or its holder silent for longer than the TTL)."""
     from ..admin.formatting import relative
 
     if expires_at is None:
         return None
-    return relative(expires_at, now) + (" (lapsed)" if expires_at < now else "")
+    return relative(expires_at, now) + (" (lapsed)" if lapsed else "")
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -199,7 +199,8 @@ class Command(BaseCommand):
     # -- reading ---------------------------------------------------------------------------------
     def _list(self, options: dict[str, Any]) -> None:
         from ...admin.formatting import short_step, status_text
-        from ...admin.health import current_step, with_ownership
+        from ...admin.health import claim_lapsed, current_step, with_ownership
+        from ...conf import get_settings
         from ...models import Workflow
         from ...store.clock import db_clock
 
@@ -226,7 +227,7 @@ class Command(BaseCommand):
         if not described:
             self._print("No workflows match.")
             return
-        now = db_clock(self._using)
+        now, ttl = db_clock(self._using), get_settings().workflow_claim_ttl
         headers = ("ID", "TYPE", "STATUS", "OWNER", "EPOCH", "CLAIM EXPIRES", "STEP", "CREATED")
         self._print(
             table(
@@ -238,11 +239,13 @@ class Command(BaseCommand):
                         status_text(d["status"]),
                         d["owner_engine"],
                         d["epoch"],
-                        claim_expiry(d["claim_expires_at"], now) if d["owner_engine"] else None,
+                        claim_expiry(d["claim_expires_at"], now, lapsed=claim_lapsed(row, now, ttl))
+                        if d["owner_engine"]
+                        else None,
                         short_step(d["current_step"]),
                         when(d["created_at"]),
                     )
-                    for d in described
+                    for d, row in zip(described, rows, strict=True)
                 ],
             )
         )
@@ -342,10 +345,12 @@ class Command(BaseCommand):
 
     def _claims(self, options: dict[str, Any]) -> None:
         from ...admin.health import claim_rows
+        from ...conf import get_settings
         from ...store.clock import db_clock
 
         now = db_clock(self._using)
-        rows = claim_rows(self._using, now, held_only=not options["all"], limit=options["limit"])
+        ttl = get_settings().workflow_claim_ttl
+        rows = claim_rows(self._using, now, ttl, held_only=not options["all"], limit=options["limit"])
         if options["json"]:
             self._print_json([row.as_dict() for row in rows])
             return
@@ -363,7 +368,7 @@ class Command(BaseCommand):
                         r.status,
                         r.engine_id,
                         r.epoch,
-                        claim_expiry(r.expires_at, now),
+                        claim_expiry(r.expires_at, now, lapsed=r.lapsed),
                     )
                     for r in rows
                 ],

@@ -4,6 +4,7 @@ checks it).
 - ``holding``: acquire, renew, release, take over, and the fence locks of an engine's commits;
 - ``renewal``: extending the claims an engine holds, in chunks, and the lost ones it finds;
 - ``admission``: the claims of runs a queue admitted (the admitting engine holds them);
+- ``lapse``: when a held claim has lapsed, as the admin and the doctor show it (the takeover rule, read-only);
 - ``lifecycle``: the unheld claim of a new run (start, children, schedules), epoch rotation by the
   transitions, cancel's family lock, the test kit's claim edits.
 
@@ -36,6 +37,7 @@ from .holding import (
     take_over,
     why_lost,
 )
+from .lapse import TAKEOVER_GRACE_MULTIPLIER, has_lapsed, holder_silent, lapsed, takeover_grace
 from .lifecycle import (
     FAMILY_LOCK_ROUNDS,
     active_descendants,
@@ -55,6 +57,7 @@ __all__ = [
     "CLAIM_TABLE",
     "FAMILY_LOCK_ROUNDS",
     "FENCE_CTE",
+    "TAKEOVER_GRACE_MULTIPLIER",
     "WORKFLOW_TABLE",
     "acquire",
     "active_descendants",
@@ -62,11 +65,14 @@ __all__ = [
     "classify_unheld",
     "delete_claims",
     "expire_claims",
+    "has_lapsed",
     "held_claims",
     "hold_admitted",
     "holder",
+    "holder_silent",
     "holders",
     "insert_unheld",
+    "lapsed",
     "lock_at_epochs",
     "lock_batch_and_family",
     "lock_claim",
@@ -81,6 +87,7 @@ __all__ = [
     "rotate_epoch",
     "start_delayed",
     "take_over",
+    "takeover_grace",
     "unheld_claim_sql",
     "why_lost",
     "write_claim",

@@ -1,0 +1,65 @@
+"""When a held claim has lapsed, as the readers (admin, ``weft`` command, doctor) show it: the takeover
+rule of ``holding.py`` in ORM form, read-only.
+
+A held claim has lapsed when its expiry is past, or when its holder's heartbeat is more than the claim
+TTL old (the expiry a claim renewed at that heartbeat would have had): an engine renews the claims of
+its evicted workflows only once per nine TTLs (ADR 0014), so a dead engine's dormant claims expire late
+and only its heartbeat shows that they are orphaned. Another engine takes a lapsed claim over once the
+takeover grace (``TAKEOVER_GRACE_MULTIPLIER`` renew intervals) has passed as well.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db.models import Exists, OuterRef, Q
+
+from ...models import Engine
+
+TAKEOVER_GRACE_MULTIPLIER = 2
+
+
+def takeover_grace(renew_interval: timedelta) -> timedelta:
+    """How long after it lapsed a claim may be taken over: ``TAKEOVER_GRACE_MULTIPLIER`` renew intervals."""
+    return renew_interval * TAKEOVER_GRACE_MULTIPLIER
+
+
+def holder_silent(using: str, since: datetime, *, engine: str = "engine_id") -> Exists:
+    """An expression for querysets of claims (or of rows annotated with their holder): whether the
+    holder named by the field ``engine`` has not written a heartbeat since ``since``.
+
+    Args:
+        using: the connection alias.
+        since: the heartbeat cutoff (now minus the claim TTL, plus any grace).
+        engine: the field or annotation that names the holder.
+    """
+    return Exists(Engine.objects.using(using).filter(pk=OuterRef(engine), heartbeat_at__lt=since))
+
+
+def lapsed(
+    using: str,
+    now: datetime,
+    ttl: timedelta,
+    grace: timedelta = timedelta(0),
+    *,
+    expires: str = "expires_at",
+    engine: str = "engine_id",
+) -> Q:
+    """A filter of held claims that have lapsed ``grace`` ago or more (see the module docstring).
+
+    Args:
+        using: the connection alias.
+        now: the database clock's reading.
+        ttl: WEFT["WORKFLOW_CLAIM_TTL"].
+        grace: how long past the lapse (0: lapsed at all; the takeover grace: due for takeover).
+        expires, engine: the fields (or annotations) of the claim's expiry and holder.
+    """
+    return Q(**{f"{engine}__isnull": False}) & (
+        Q(**{f"{expires}__lt": now - grace}) | Q(holder_silent(using, now - ttl - grace, engine=engine))
+    )
+
+
+def has_lapsed(expires_at: datetime | None, heartbeat_at: datetime | None, now: datetime, ttl: timedelta) -> bool:
+    """The same rule for one held claim already read, with its holder's heartbeat (None: no engine row)."""
+    expired = expires_at is not None and expires_at < now
+    return expired or (heartbeat_at is not None and heartbeat_at < now - ttl)
