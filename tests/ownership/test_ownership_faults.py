@@ -136,6 +136,50 @@ def test_renewal_updates_without_locking_first_and_waits_only_briefly_for_a_row_
     assert after["plain-0"] > before["plain-0"] and after["plain-2"] > before["plain-2"]
 
 
+@pytest.mark.postgres
+def test_after_one_chunk_waited_for_a_held_row_the_passs_later_chunks_skip_at_once(monkeypatch):
+    """A row held past PLAIN_LOCK_WAIT_MS is likely a user's open transaction that holds more rows: the
+    chunks after it in the same pass skip locked rows at once instead of waiting PLAIN_LOCK_WAIT_MS
+    each (with many chunks, the wait added up). The next pass tries the plain form again."""
+    import threading
+
+    from django.db import connections
+    from django.test.utils import CaptureQueriesContext
+
+    from weft_django.store.claims import renewal
+
+    monkeypatch.setattr(renewal, "RENEW_CHUNK", 2)
+    ids = [f"held-{i}" for i in range(6)]
+    for wid in ids:
+        weft.start("tests.sum", args=[1, 2], id=wid)
+    got = ownership.acquire("engine-a", limit=10, ttl=_td(30), renew_interval=_td(5), using="default")
+    epochs = {wid: got[wid][0] for wid in ids}
+    held, release = threading.Event(), threading.Event()
+
+    def user_transaction() -> None:
+        with transaction.atomic():
+            list(WorkflowClaim.objects.select_for_update().filter(workflow_id__in=["held-0", "held-2"]))
+            held.set()
+            release.wait(30)
+        connections.close_all()
+
+    thread = threading.Thread(target=user_transaction)
+    thread.start()
+    try:
+        assert held.wait(10)
+        with CaptureQueriesContext(connections["default"]) as busy:
+            assert ownership.renew("engine-a", epochs, _td(60), "default") == set()
+    finally:
+        release.set()
+        thread.join()
+    renewals = [q["sql"] for q in busy.captured_queries if "weft_django_workflowclaim" in q["sql"]]
+    kinds = ["skip" if "SKIP LOCKED" in sql else "plain" for sql in renewals if "UPDATE" in sql]
+    assert kinds == ["plain", "skip", "skip", "skip"]  # chunk 1 waited, then skipped; chunks 2 and 3 skip at once
+    with CaptureQueriesContext(connections["default"]) as quiet:
+        assert ownership.renew("engine-a", epochs, _td(60), "default") == set()
+    assert not any("SKIP LOCKED" in q["sql"] for q in quiet.captured_queries)
+
+
 def test_renewal_reports_a_claim_taken_by_another_epoch():
     weft.start("tests.sum", args=[1, 2], id="fence-4")
     epoch = _claim("engine-a", "fence-4")

@@ -57,21 +57,26 @@ def _lock_wait_ended(exc: OperationalError) -> bool:
     )
 
 
-def _renew_pg(cursor: Any, ids: list[str], epochs: list[int], engine_id: str, ttl: timedelta, using: str) -> set[str]:
-    """One chunk: the plain UPDATE, waiting at most PLAIN_LOCK_WAIT_MS for a row another transaction
-    holds; if it had to wait longer (its transaction rolled back), the same chunk skipping locked rows.
-    Inside a caller's transaction only the latter (its settings would outlive the chunk)."""
-    if not transaction.get_connection(using).in_atomic_block:
+def _renew_pg(
+    cursor: Any, ids: list[str], epochs: list[int], engine_id: str, ttl: timedelta, using: str, *, plain: bool
+) -> tuple[set[str], bool]:
+    """One chunk: with ``plain``, the plain UPDATE, waiting at most PLAIN_LOCK_WAIT_MS for a row another
+    transaction holds; if it had to wait longer (its transaction rolled back), or without ``plain``, the
+    same chunk skipping locked rows. Inside a caller's transaction only the latter (its settings would
+    outlive the chunk). Returns (the ids renewed, whether the plain form may be tried next): a row held
+    past the wait is likely a user's open transaction, so the pass's later chunks skip at once rather
+    than wait PLAIN_LOCK_WAIT_MS each."""
+    if plain and not transaction.get_connection(using).in_atomic_block:
         try:
             with transaction.atomic(using=using):
                 cursor.execute(_PLAIN_SETTINGS, [str(PLAIN_LOCK_WAIT_MS)])
                 cursor.execute(_PLAIN, [_ms(ttl), ids, epochs, engine_id])
-                return {row[0] for row in cursor.fetchall()}
+                return {row[0] for row in cursor.fetchall()}, True
         except OperationalError as exc:
             if not _lock_wait_ended(exc):
                 raise
     cursor.execute(_SKIPPING, [ids, epochs, engine_id, _ms(ttl)])
-    return {row[0] for row in cursor.fetchall()}
+    return {row[0] for row in cursor.fetchall()}, False
 
 
 def renew(engine_id: str, owned: dict[str, int], ttl: timedelta, using: str) -> set[str]:
@@ -98,10 +103,11 @@ def renew_each(engine_id: str, owned: dict[str, int], ttl: timedelta, using: str
     epochs = [owned[i] for i in ids]
     with found.connection.cursor() as cursor:
         if found.skips_locked:  # one short transaction per chunk: each holds its rows' locks briefly
-            renewed = set()
+            renewed, plain = set(), True
             for at in range(0, len(ids), RENEW_CHUNK):
                 part, part_epochs = ids[at : at + RENEW_CHUNK], epochs[at : at + RENEW_CHUNK]
-                renewed |= _renew_pg(cursor, part, part_epochs, engine_id, ttl, using)
+                done, plain = _renew_pg(cursor, part, part_epochs, engine_id, ttl, using, plain=plain)
+                renewed |= done
         else:
             with transaction.atomic(using=using):  # SQLite: one writer at a time, no row locks
                 now = _python_now()
