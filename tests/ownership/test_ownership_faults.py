@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
+from collections.abc import Iterator
 
 import pytest
 from django.db import connection, transaction
@@ -91,31 +94,24 @@ def test_renewal_skips_a_row_held_by_a_commit_without_losing_it():
     assert lost == set()  # skipped, not lost
 
 
-@pytest.mark.postgres
-def test_renewal_updates_without_locking_first_and_waits_only_briefly_for_a_row_a_transaction_holds():
-    """The usual chunk is one plain UPDATE (no row lock taken before it: a third less time and WAL).
-    A row a user's open transaction holds makes that UPDATE give up after PLAIN_LOCK_WAIT_MS; the chunk
-    is renewed again skipping the row, which is neither renewed nor lost. The holder here never lets go
-    while the renewal runs: a renewal that waited for it would never return."""
-    import threading
-
-    from django.db import connections
-    from django.test.utils import CaptureQueriesContext
-
-    ids = [f"plain-{i}" for i in range(3)]
+def _held_by_engine_a(*ids: str) -> dict[str, int]:
+    """Start these workflows and let engine-a acquire them; returns their epochs."""
     for wid in ids:
         weft.start("tests.sum", args=[1, 2], id=wid)
     got = ownership.acquire("engine-a", limit=10, ttl=_td(30), renew_interval=_td(5), using="default")
-    epochs = {wid: got[wid][0] for wid in ids}
-    with CaptureQueriesContext(connections["default"]) as quiet:
-        assert ownership.renew("engine-a", epochs, _td(30), "default") == set()
-    assert not any("SKIP LOCKED" in q["sql"] for q in quiet.captured_queries)
-    before = dict(WorkflowClaim.objects.filter(workflow_id__in=ids).values_list("workflow_id", "expires_at"))
+    return {wid: got[wid][0] for wid in ids}
+
+
+@contextlib.contextmanager
+def _rows_held_by_a_user_transaction(*workflow_ids: str) -> Iterator[None]:
+    """These claim rows locked (FOR UPDATE) by another connection's open transaction, for the block."""
+    from django.db import connections
+
     held, release = threading.Event(), threading.Event()
 
     def user_transaction() -> None:
         with transaction.atomic():
-            WorkflowClaim.objects.select_for_update().get(workflow_id="plain-1")
+            list(WorkflowClaim.objects.select_for_update().filter(workflow_id__in=workflow_ids))
             held.set()
             release.wait(30)
         connections.close_all()
@@ -124,11 +120,30 @@ def test_renewal_updates_without_locking_first_and_waits_only_briefly_for_a_row_
     thread.start()
     try:
         assert held.wait(10)
-        with CaptureQueriesContext(connections["default"]) as busy:
-            lost = ownership.renew("engine-a", epochs, _td(60), "default")
+        yield
     finally:
         release.set()
         thread.join()
+
+
+@pytest.mark.postgres
+def test_renewal_updates_without_locking_first_and_waits_only_briefly_for_a_row_a_transaction_holds():
+    """The usual chunk is one plain UPDATE (no row lock taken before it: a third less time and WAL).
+    A row a user's open transaction holds makes that UPDATE give up after PLAIN_LOCK_WAIT_MS; the chunk
+    is renewed again skipping the row, which is neither renewed nor lost. The holder here never lets go
+    while the renewal runs: a renewal that waited for it would never return."""
+
+    from django.db import connections
+    from django.test.utils import CaptureQueriesContext
+
+    ids = [f"plain-{i}" for i in range(3)]
+    epochs = _held_by_engine_a(*ids)
+    with CaptureQueriesContext(connections["default"]) as quiet:
+        assert ownership.renew("engine-a", epochs, _td(30), "default") == set()
+    assert not any("SKIP LOCKED" in q["sql"] for q in quiet.captured_queries)
+    before = dict(WorkflowClaim.objects.filter(workflow_id__in=ids).values_list("workflow_id", "expires_at"))
+    with _rows_held_by_a_user_transaction("plain-1"), CaptureQueriesContext(connections["default"]) as busy:
+        lost = ownership.renew("engine-a", epochs, _td(60), "default")
     assert lost == set()  # skipped, not lost
     assert any("SKIP LOCKED" in q["sql"] for q in busy.captured_queries)  # the chunk again, skipping
     after = dict(WorkflowClaim.objects.filter(workflow_id__in=ids).values_list("workflow_id", "expires_at"))
@@ -141,7 +156,6 @@ def test_after_one_chunk_waited_for_a_held_row_the_passs_later_chunks_skip_at_on
     """A row held past PLAIN_LOCK_WAIT_MS is likely a user's open transaction that holds more rows: the
     chunks after it in the same pass skip locked rows at once instead of waiting PLAIN_LOCK_WAIT_MS
     each (with many chunks, the wait added up). The next pass tries the plain form again."""
-    import threading
 
     from django.db import connections
     from django.test.utils import CaptureQueriesContext
@@ -150,28 +164,9 @@ def test_after_one_chunk_waited_for_a_held_row_the_passs_later_chunks_skip_at_on
 
     monkeypatch.setattr(renewal, "RENEW_CHUNK", 2)
     ids = [f"held-{i}" for i in range(6)]
-    for wid in ids:
-        weft.start("tests.sum", args=[1, 2], id=wid)
-    got = ownership.acquire("engine-a", limit=10, ttl=_td(30), renew_interval=_td(5), using="default")
-    epochs = {wid: got[wid][0] for wid in ids}
-    held, release = threading.Event(), threading.Event()
-
-    def user_transaction() -> None:
-        with transaction.atomic():
-            list(WorkflowClaim.objects.select_for_update().filter(workflow_id__in=["held-0", "held-2"]))
-            held.set()
-            release.wait(30)
-        connections.close_all()
-
-    thread = threading.Thread(target=user_transaction)
-    thread.start()
-    try:
-        assert held.wait(10)
-        with CaptureQueriesContext(connections["default"]) as busy:
-            assert ownership.renew("engine-a", epochs, _td(60), "default") == set()
-    finally:
-        release.set()
-        thread.join()
+    epochs = _held_by_engine_a(*ids)
+    with _rows_held_by_a_user_transaction("held-0", "held-2"), CaptureQueriesContext(connections["default"]) as busy:
+        assert ownership.renew("engine-a", epochs, _td(60), "default") == set()
     renewals = [q["sql"] for q in busy.captured_queries if "weft_django_workflowclaim" in q["sql"]]
     kinds = ["skip" if "SKIP LOCKED" in sql else "plain" for sql in renewals if "UPDATE" in sql]
     assert kinds == ["plain", "skip", "skip", "skip"]  # chunk 1 waited, then skipped; chunks 2 and 3 skip at once
@@ -201,10 +196,7 @@ def test_renewal_runs_in_chunks_and_reports_what_each_lost(monkeypatch):
 
     monkeypatch.setattr(renewal, "RENEW_CHUNK", 2)
     ids = [f"chunk-{i}" for i in range(5)]
-    for wid in ids:
-        weft.start("tests.sum", args=[1, 2], id=wid)
-    got = ownership.acquire("engine-a", limit=10, ttl=_td(30), renew_interval=_td(5), using="default")
-    epochs = {wid: got[wid][0] for wid in ids}
+    epochs = _held_by_engine_a(*ids)
     _expire("chunk-3")
     ownership.acquire("engine-b", limit=10, ttl=_td(30), renew_interval=_td(5), using="default", takeover=True)
     _expire("chunk-0")  # still ours: renewed again
