@@ -33,7 +33,9 @@ class _Renewals:
         self.skipped: set[str] = set()  # rows another transaction held: neither renewed nor lost
         self.after_call = threading.Event()  # set after each call (the engine stopping meanwhile)
 
-    def __call__(self, engine_id: str, owned: dict[str, int], ttl: timedelta, using: str) -> tuple[set[str], set[str]]:
+    def __call__(
+        self, engine_id: str, owned: dict[str, int], ttl: timedelta, using: str, each_pass: Any = None
+    ) -> tuple[set[str], set[str]]:
         self.calls.append(sorted(owned))
         self.ttls.append(ttl)
         self.after_call.set()
@@ -147,7 +149,9 @@ def test_the_dormant_record_shares_the_loops_ids_and_one_tuple_per_group_and_epo
     monkeypatch.setattr(renewal, "PACED_GROUP", 3)
     renewals.skipped = {"e3"}
 
-    def copies(engine_id: str, owned: dict[str, int], ttl: timedelta, using: str) -> tuple[set[str], set[str]]:
+    def copies(
+        engine_id: str, owned: dict[str, int], ttl: timedelta, using: str, each_pass: Any = None
+    ) -> tuple[set[str], set[str]]:
         renewed, lost = _Renewals.__call__(renewals, engine_id, owned, ttl, using)
         return {("#" + wid)[1:] for wid in renewed}, lost  # new string objects, as rows from the database
 

@@ -155,24 +155,43 @@ def test_renewal_updates_without_locking_first_and_waits_only_briefly_for_a_row_
 def test_after_one_chunk_waited_for_a_held_row_the_passs_later_chunks_skip_at_once(monkeypatch):
     """A row held past PLAIN_LOCK_WAIT_MS is likely a user's open transaction that holds more rows: the
     chunks after it in the same pass skip locked rows at once instead of waiting PLAIN_LOCK_WAIT_MS
-    each (with many chunks, the wait added up). The next pass tries the plain form again."""
+    each (with many chunks, the wait added up), in one call of the store's renewal and across the
+    engine's renewal groups (one call each; a helper's review found the first version reset it per
+    call). The next pass tries the plain form again."""
+    import types
 
     from django.db import connections
     from django.test.utils import CaptureQueriesContext
 
+    from weft_django.engine import renewal as engine_renewal
+    from weft_django.engine.wake import Wake
     from weft_django.store.claims import renewal
 
     monkeypatch.setattr(renewal, "RENEW_CHUNK", 2)
     ids = [f"held-{i}" for i in range(6)]
     epochs = _held_by_engine_a(*ids)
-    with _rows_held_by_a_user_transaction("held-0", "held-2"), CaptureQueriesContext(connections["default"]) as busy:
-        assert ownership.renew("engine-a", epochs, _td(60), "default") == set()
-    renewals = [q["sql"] for q in busy.captured_queries if "weft_django_workflowclaim" in q["sql"]]
-    kinds = ["skip" if "SKIP LOCKED" in sql else "plain" for sql in renewals if "UPDATE" in sql]
-    assert kinds == ["plain", "skip", "skip", "skip"]  # chunk 1 waited, then skipped; chunks 2 and 3 skip at once
-    with CaptureQueriesContext(connections["default"]) as quiet:
-        assert ownership.renew("engine-a", epochs, _td(60), "default") == set()
-    assert not any("SKIP LOCKED" in q["sql"] for q in quiet.captured_queries)
+    # The engine's renewal thread: one call of renew_each per group (PACED_GROUP claims), one pass.
+    monkeypatch.setattr(engine_renewal, "PACED_GROUP", 2)
+    settings = types.SimpleNamespace(workflow_claim_ttl=_td(60))
+    thread = engine_renewal.Renewal("engine-a", settings, "default", _td(0), Wake("held"), None, lambda exc: None)  # type: ignore[arg-type]
+    thread.publish({wid: types.SimpleNamespace(epoch=epoch) for wid, epoch in epochs.items()})
+
+    def renewal_pass() -> list[str]:
+        with CaptureQueriesContext(connections["default"]) as captured:
+            thread._renew(*thread.due(0.0), 0.0, threading.Event())
+        renewals = [q["sql"] for q in captured.captured_queries if "weft_django_workflowclaim" in q["sql"]]
+        return ["skip" if "SKIP LOCKED" in sql else "plain" for sql in renewals if "UPDATE" in sql]
+
+    for renew in (lambda: ownership.renew("engine-a", epochs, _td(60), "default"), renewal_pass):
+        with (
+            _rows_held_by_a_user_transaction("held-0", "held-2"),
+            CaptureQueriesContext(connections["default"]) as busy,
+        ):
+            renew()
+        renewals = [q["sql"] for q in busy.captured_queries if "weft_django_workflowclaim" in q["sql"]]
+        kinds = ["skip" if "SKIP LOCKED" in sql else "plain" for sql in renewals if "UPDATE" in sql]
+        assert kinds == ["plain", "skip", "skip", "skip"]  # chunk 1 waited, then skipped; 2 and 3 skip at once
+    assert renewal_pass() == ["plain", "plain", "plain"]  # the next pass tries the plain form again
 
 
 def test_renewal_reports_a_claim_taken_by_another_epoch():

@@ -23,6 +23,7 @@ from ..conf import WeftSettings
 from ..exceptions import OwnershipModeMismatchError
 from ..store import claims, engines
 from ..store.claims import TAKEOVER_GRACE_MULTIPLIER, taking
+from ..store.claims.renewal import RenewalPass
 from ..store.clock import db_now
 from ..store.histories import Loaded
 from ..store.notify import send
@@ -94,10 +95,13 @@ def renew(engine_id: str, owned: dict[str, int], ttl: timedelta, using: str) -> 
     return claims.renew(engine_id, owned, ttl, using)
 
 
-def renew_each(engine_id: str, owned: dict[str, int], ttl: timedelta, using: str) -> tuple[set[str], set[str]]:
+def renew_each(
+    engine_id: str, owned: dict[str, int], ttl: timedelta, using: str, *, each_pass: RenewalPass | None = None
+) -> tuple[set[str], set[str]]:
     """``renew``, saying which claims it renewed. Returns (the ids renewed, the ids found lost); an id
-    in neither was skipped (a transaction held its row: renewed next time)."""
-    return claims.renew_each(engine_id, owned, ttl, using)
+    in neither was skipped (a transaction held its row: renewed next time). ``each_pass``: the renewal
+    pass the call is part of (after a held row, its later calls skip held rows at once)."""
+    return claims.renew_each(engine_id, owned, ttl, using, each_pass=each_pass)
 
 
 def release(engine_id: str, owned: dict[str, int], using: str) -> None:

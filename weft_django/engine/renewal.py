@@ -18,7 +18,7 @@ from ..conf import WeftSettings
 from ..exceptions import EngineLeaseAcquisitionTimeoutError
 from ..store import engines
 from ..store import sessions as store_sessions
-from ..store.claims.renewal import RENEW_CHUNK
+from ..store.claims.renewal import RENEW_CHUNK, RenewalPass
 from . import ownership
 from .wake import Wake
 
@@ -235,13 +235,13 @@ class Renewal:
         again = (long_ttl - ttl).total_seconds()
         groups = [(ids, ttl, resident) for ids in _groups(resident)]
         groups += [(ids, long_ttl, dormant) for ids in _groups(dormant)]
-        began = time.monotonic()
+        began, each_pass = time.monotonic(), RenewalPass()  # after a held row, later groups skip held rows at once
         for offset, (group, group_ttl, epochs) in zip(paced_offsets(len(groups), interval), groups, strict=True):
             if stop.wait(max(0.0, began + offset - time.monotonic())):
                 return
             sent = self.clock()
             renewed, lost = ownership.renew_each(
-                self.engine_id, {wid: epochs[wid] for wid in group}, group_ttl, self.using
+                self.engine_id, {wid: epochs[wid] for wid in group}, group_ttl, self.using, each_pass=each_pass
             )
             if epochs is dormant:  # only those renewed: one skipped (its row held) is due again next pass
                 self._record_dormant(group, renewed, epochs, sent + again - self._jitter(ttl))

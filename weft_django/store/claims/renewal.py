@@ -5,6 +5,7 @@ epoch or holder)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -57,6 +58,15 @@ def _lock_wait_ended(exc: OperationalError) -> bool:
     )
 
 
+@dataclass
+class RenewalPass:
+    """What one renewal pass has learned, carried across its calls of :func:`renew_each` (the engine
+    renews in groups, one call each): ``plain`` turns False once a statement gave up waiting for a held
+    row, and the pass's later statements then skip held rows at once."""
+
+    plain: bool = True
+
+
 def _renew_pg(
     cursor: Any, ids: list[str], epochs: list[int], engine_id: str, ttl: timedelta, using: str, *, plain: bool
 ) -> tuple[set[str], bool]:
@@ -93,9 +103,13 @@ def renew(engine_id: str, owned: dict[str, int], ttl: timedelta, using: str) -> 
     return renew_each(engine_id, owned, ttl, using)[1]
 
 
-def renew_each(engine_id: str, owned: dict[str, int], ttl: timedelta, using: str) -> tuple[set[str], set[str]]:
+def renew_each(
+    engine_id: str, owned: dict[str, int], ttl: timedelta, using: str, *, each_pass: RenewalPass | None = None
+) -> tuple[set[str], set[str]]:
     """:func:`renew`, saying which claims it renewed. Returns (the ids renewed, the ids found lost):
-    an id in neither was skipped (a transaction held its row)."""
+    an id in neither was skipped (a transaction held its row). ``each_pass``: the pass this call is
+    part of (None: a pass of its own)."""
+    each_pass = each_pass if each_pass is not None else RenewalPass()
     if not owned:
         return set(), set()
     found = backend(using)
@@ -103,10 +117,12 @@ def renew_each(engine_id: str, owned: dict[str, int], ttl: timedelta, using: str
     epochs = [owned[i] for i in ids]
     with found.connection.cursor() as cursor:
         if found.skips_locked:  # one short transaction per chunk: each holds its rows' locks briefly
-            renewed, plain = set(), True
+            renewed = set()
             for at in range(0, len(ids), RENEW_CHUNK):
                 part, part_epochs = ids[at : at + RENEW_CHUNK], epochs[at : at + RENEW_CHUNK]
-                done, plain = _renew_pg(cursor, part, part_epochs, engine_id, ttl, using, plain=plain)
+                done, each_pass.plain = _renew_pg(
+                    cursor, part, part_epochs, engine_id, ttl, using, plain=each_pass.plain
+                )
                 renewed |= done
         else:
             with transaction.atomic(using=using):  # SQLite: one writer at a time, no row locks
