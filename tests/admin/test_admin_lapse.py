@@ -62,3 +62,15 @@ def test_the_cli_and_the_doctor_agree(dormant):
     found = next(c for c in report["checks"] if c["check"] == "lapsed claims")
     [detail] = found["details"]
     assert detail.startswith("sleeper held by engine-gone (epoch ") and "its engine silent for 10" in detail
+
+
+def test_the_changelists_render_with_invalid_weft_settings_using_the_default_ttl(admin_client, dormant):
+    """A broken WEFT setting is ``manage.py check``'s to report; the admin still shows the claims (with
+    the default claim TTL for the silent-engine rule)."""
+    from django.test import override_settings
+
+    with override_settings(WEFT={"WORKFLOW_CLAIM_TTL": "soon"}):
+        for url in (f"{ADMIN}/workflow/?ownership=lapsed", f"{ADMIN}/workflowclaim/?claim=lapsed"):
+            response = admin_client.get(url)
+            assert response.status_code == 200
+            assert [row.pk for row in response.context["cl"].result_list] == ["sleeper"]

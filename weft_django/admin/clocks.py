@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.http import HttpRequest
 
-from ..conf import database_alias
+from ..conf import DEFAULTS, database_alias, get_settings
+from ..durations import to_timedelta
+from ..exceptions import ConfigurationError
 from ..store.clock import db_clock, db_now
 
 
@@ -26,3 +28,16 @@ def workflow_now(request: HttpRequest) -> datetime:
         now = db_now(database_alias())
         request._weft_workflow_now = now  # type: ignore[attr-defined]
     return now
+
+
+def claim_ttl(request: HttpRequest) -> timedelta:
+    """WEFT["WORKFLOW_CLAIM_TTL"] (when a silent engine's claims count as lapsed), once per request. With
+    invalid WEFT settings, the default: the pages still render (``manage.py check`` names the problem)."""
+    ttl: timedelta | None = getattr(request, "_weft_claim_ttl", None)
+    if ttl is None:
+        try:
+            ttl = get_settings().workflow_claim_ttl
+        except ConfigurationError:
+            ttl = to_timedelta(DEFAULTS["WORKFLOW_CLAIM_TTL"], "WORKFLOW_CLAIM_TTL")
+        request._weft_claim_ttl = ttl  # type: ignore[attr-defined]
+    return ttl

@@ -9,7 +9,7 @@ from django.contrib import admin, messages
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 
-from ..conf import database_alias, get_settings
+from ..conf import database_alias
 from ..exceptions import InvalidFilterError
 from ..models import Schedule
 from ..registry import declared_attributes
@@ -17,13 +17,12 @@ from ..status import ACTIVE_STATUSES, TERMINAL_STATUSES
 from ..store.claims import lapsed
 from ..store.visibility import narrow
 from ..visibility import parse_where, selection
-from .clocks import claim_now
+from .clocks import claim_now, claim_ttl
 
 
 def _lapsed(request: HttpRequest, *, expires: str, engine: str) -> Q:
     """Held claims that lapsed: expired, or their holder silent for longer than the TTL (ADR 0014)."""
-    ttl = get_settings().workflow_claim_ttl
-    return lapsed(database_alias(), claim_now(request), ttl, expires=expires, engine=engine)
+    return lapsed(database_alias(), claim_now(request), claim_ttl(request), expires=expires, engine=engine)
 
 
 class OwnershipFilter(admin.SimpleListFilter):

@@ -15,7 +15,7 @@ from django.db.models.functions import Cast, Concat
 from ..models import Engine, Step, Workflow, WorkflowClaim
 from ..status import WorkflowStatus
 from ..store import runs
-from ..store.claims import has_lapsed, lapsed
+from ..store.claims import has_lapsed, holder_silent, lapsed
 
 ALIVE, STOPPED, DEAD = "alive", "stopped", "dead"
 
@@ -149,8 +149,9 @@ class ClaimRow:
 def claim_rows(
     using: str, now: datetime, ttl: timedelta, *, held_only: bool = True, limit: int | None = 200
 ) -> list[ClaimRow]:
-    """Claims (held ones by default), soonest expiry first, with their workflow's type and status and
-    whether they lapsed (expired, or their holder silent for longer than ``ttl``)."""
+    """Claims (held ones by default): those of silent engines first, then soonest expiry first, with
+    their workflow's type and status and whether they lapsed (expired, or their holder silent for
+    longer than ``ttl``)."""
     workflow = Workflow.objects.using(using).filter(pk=OuterRef("pk"))
     claims = WorkflowClaim.objects.using(using).annotate(
         workflow_type=Subquery(workflow.values("workflow_type")[:1]),
@@ -159,7 +160,9 @@ def claim_rows(
     )
     if held_only:
         claims = claims.filter(engine_id__isnull=False)
-    claims = claims.order_by("expires_at", "workflow_id")
+    # Soonest expiry first, after the claims of silent engines (dormant ones expire ten TTLs out, and
+    # would fall past the limit while the summary counts them as lapsed).
+    claims = claims.annotate(silent=holder_silent(using, now - ttl)).order_by("-silent", "expires_at", "workflow_id")
     if limit is not None:
         claims = claims[:limit]
     rows = []

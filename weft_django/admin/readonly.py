@@ -17,8 +17,8 @@ from django.utils.safestring import SafeString
 
 from ..conf import database_alias, get_settings
 from ..models import BufferedSignal, Engine, PendingUpdate, Timer, WorkflowClaim
-from ..store.claims import has_lapsed
-from .clocks import claim_now, workflow_now
+from ..store.claims import holder_silent
+from .clocks import claim_now, claim_ttl, workflow_now
 from .filters import ClaimStateFilter
 from .formatting import error_summary, format_duration, moment, pretty_json, pretty_payload, relative, state_badge
 from .health import engine_state
@@ -91,13 +91,15 @@ class WorkflowClaimAdmin(ReadOnlyAdmin):
     expires_at_display = moment_column("expires_at", "expires at")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        holder = Engine.objects.using(database_alias()).filter(pk=OuterRef("engine_id"))
+        using, now = database_alias(), claim_now(request)
+        holder = Engine.objects.using(using).filter(pk=OuterRef("engine_id"))
         return (
             super()
             .get_queryset(request)
             .annotate(
-                observed_at=Value(claim_now(request), output_field=DateTimeField()),
+                observed_at=Value(now, output_field=DateTimeField()),
                 holder_heartbeat=Subquery(holder.values("heartbeat_at")[:1]),
+                holder_silent=holder_silent(using, now - claim_ttl(request)),
             )
         )
 
@@ -109,7 +111,7 @@ class WorkflowClaimAdmin(ReadOnlyAdmin):
         if obj.expires_at < now:
             return format_html('<span class="weft-lapsed">lapsed {}</span>', relative(obj.expires_at, now))
         heartbeat = obj.holder_heartbeat  # type: ignore[attr-defined]
-        if has_lapsed(obj.expires_at, heartbeat, now, get_settings().workflow_claim_ttl):
+        if obj.holder_silent:  # type: ignore[attr-defined]  # its engine silent for longer than the TTL
             return format_html(
                 '<span class="weft-lapsed">lapsed: engine silent since {}</span>', relative(heartbeat, now)
             )

@@ -18,15 +18,15 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from ..conf import get_settings
 from ..exceptions import InvalidArgumentError
 from ..models import BufferedSignal, PendingUpdate, Step, Timer, Workflow
 from ..status import ACTIVE_STATUSES, TERMINAL_STATUSES, WorkflowStatus
+from ..store.claims import holder_silent
 from ..store.visibility import read as search_attributes_of
 from ..validation import validate_reason
 from . import actions, health, views, visibility
 from .base import WeftModelAdmin
-from .clocks import claim_now, workflow_now
+from .clocks import claim_now, claim_ttl, workflow_now
 from .filters import (
     ActivityFilter,
     AttributeFilter,
@@ -52,7 +52,7 @@ def _claim_expiry(obj: Any) -> SafeString | str:
         return format_html(
             '<span class="weft-lapsed" title="{}">lapsed {}</span>', expires_at, relative(expires_at, now)
         )
-    if health.claim_lapsed(obj, now, get_settings().workflow_claim_ttl):
+    if getattr(obj, "owner_silent", False):  # its engine silent for longer than the TTL (lapse.py)
         return format_html(
             '<span class="weft-lapsed" title="expires {}">lapsed: engine silent since {}</span>',
             expires_at,
@@ -196,8 +196,10 @@ class WorkflowAdmin(WeftModelAdmin):
         """Workflows with their claim (holder, epoch, expiry) and last step, as subqueries: the
         changelist stays one query however many rows it shows."""
         queryset = super().get_queryset(request).using(self.weft_alias)
+        now = claim_now(request)
         return health.with_ownership(queryset, self.weft_alias).annotate(
-            observed_at=Value(claim_now(request), output_field=DateTimeField())
+            observed_at=Value(now, output_field=DateTimeField()),
+            owner_silent=holder_silent(self.weft_alias, now - claim_ttl(request), engine="owner_engine"),
         )
 
     def get_search_results(
