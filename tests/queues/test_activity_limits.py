@@ -187,8 +187,10 @@ def test_a_slot_is_released_before_its_outcome_is_handled():
         ]
         executors.poll(set())  # the pass looks at its slots while the attempt still runs
         assert done.wait(10)
+        assert executors.busy  # nothing runs, but a slot waits for release: the engine is not idle yet
         [outcome] = executors.take_outcomes()  # the outcome lands after that look
         assert outcome.task is task
         assert not ActivitySlot.objects.filter(released_at__isnull=True).exists()
+        assert not executors.busy
     finally:
         executors.shutdown(5)

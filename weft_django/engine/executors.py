@@ -129,8 +129,9 @@ class ActivityExecutors:
 
     @property
     def busy(self) -> bool:
-        """Whether an attempt is running or waiting for an activity slot."""
-        return bool(self.running) or self.limiter.busy
+        """Whether an attempt is running or waiting for an activity slot, or a slot waits to be released
+        (the test kit's idle check: a run may end before its last slot is released)."""
+        return bool(self.running) or self.limiter.busy or self._releasable
 
     @property
     def saturated(self) -> bool:
