@@ -74,3 +74,6 @@ def test_the_changelists_render_with_invalid_weft_settings_using_the_default_ttl
             response = admin_client.get(url)
             assert response.status_code == 200
             assert [row.pk for row in response.context["cl"].result_list] == ["sleeper"]
+        engines = admin_client.get(f"{ADMIN}/engine/")
+        assert engines.status_code == 200
+        assert "weft-state-dead" in engines.content.decode() and "weft-state-alive" in engines.content.decode()

@@ -8,14 +8,14 @@ from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin.utils import quote
-from django.db.models import Count, DateTimeField, IntegerField, OuterRef, QuerySet, Subquery, Value
+from django.db.models import Count, DateTimeField, DurationField, IntegerField, OuterRef, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from ..conf import database_alias, get_settings
+from ..conf import database_alias
 from ..models import BufferedSignal, Engine, PendingUpdate, Timer, WorkflowClaim
 from ..store.claims import holder_silent
 from .clocks import claim_now, claim_ttl, workflow_now
@@ -173,12 +173,13 @@ class EngineAdmin(ReadOnlyAdmin):
             .annotate(
                 held=Coalesce(Subquery(held, output_field=IntegerField()), 0),
                 observed_at=Value(claim_now(request), output_field=DateTimeField()),
+                observed_ttl=Value(claim_ttl(request), output_field=DurationField()),
             )
         )
 
     @admin.display(description="state")
     def state_display(self, obj: Engine) -> SafeString:
-        return state_badge(engine_state(obj, obj.observed_at, get_settings().workflow_claim_ttl))  # type: ignore[attr-defined]
+        return state_badge(engine_state(obj, obj.observed_at, obj.observed_ttl))  # type: ignore[attr-defined]
 
     @admin.display(description="last heartbeat", ordering="heartbeat_at")
     def heartbeat_display(self, obj: Engine) -> str:
