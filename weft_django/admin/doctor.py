@@ -15,12 +15,12 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
-from django.db.models import Count, OuterRef, QuerySet, Subquery
+from django.db.models import Count
 
 from ..models import Engine, Timer, Workflow, WorkflowClaim
 from ..status import ACTIVE_STATUSES, WORKFLOW_SCOPED_TIMERS, WorkflowStatus
 from ..store.backend import backend
-from ..store.claims import TAKEOVER_GRACE_MULTIPLIER, lapsed, takeover_grace
+from ..store.claims import TAKEOVER_GRACE_MULTIPLIER, holder_heartbeat, lapsed, takeover_grace
 from .formatting import format_duration
 
 OK, WARNING, ERROR, SKIPPED = "ok", "warning", "error", "skipped"
@@ -96,10 +96,6 @@ def _settings(using: str) -> Finding:
     )
 
 
-def _heartbeat(using: str) -> QuerySet[Any]:
-    return Engine.objects.using(using).filter(pk=OuterRef("engine_id")).values("heartbeat_at")[:1]
-
-
 def _lapsed_claims(using: str, now: datetime, ttl: timedelta, renew: timedelta) -> Finding:
     """Claims past their takeover grace (expired, or their holder silent for longer than the TTL, more
     than the grace ago: store/claims/lapse.py) that nobody took over."""
@@ -115,7 +111,7 @@ def _lapsed_claims(using: str, now: datetime, ttl: timedelta, renew: timedelta) 
             if c.expires_at < now
             else f"its engine silent for {format_duration(now - c.holder_heartbeat)}"
         )
-        for c in found.annotate(holder_heartbeat=Subquery(_heartbeat(using))).order_by("expires_at", "workflow_id")[
+        for c in found.annotate(holder_heartbeat=holder_heartbeat(using)).order_by("expires_at", "workflow_id")[
             :DETAIL_LIMIT
         ]
         if c.expires_at is not None

@@ -142,3 +142,20 @@ def short_step(label: str | None) -> str | None:
     if len(parts) == 3 and parts[1] == "activity":
         return f"{parts[0]} {parts[1]} {parts[2].rsplit('.', 1)[-1]}"
     return label
+
+
+def claim_expiry_badge(expires_at: datetime, heartbeat: datetime | None, silent: bool, now: datetime) -> SafeString:
+    """A held claim's expiry relative to ``now``, red when it lapsed: "lapsed ..." once expired, "lapsed:
+    engine silent since ..." when its engine has been silent for longer than the TTL (``silent``, from
+    ``store.claims.holder_silent``)."""
+    if expires_at < now:
+        return format_html(
+            '<span class="weft-lapsed" title="{}">lapsed {}</span>', expires_at, relative(expires_at, now)
+        )
+    if silent:
+        return format_html(
+            '<span class="weft-lapsed" title="expires {}">lapsed: engine silent since {}</span>',
+            expires_at,
+            relative(heartbeat, now),
+        )
+    return format_html('<span title="{}">{}</span>', expires_at, relative(expires_at, now))

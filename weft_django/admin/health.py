@@ -15,7 +15,7 @@ from django.db.models.functions import Cast, Concat
 from ..models import Engine, Step, Workflow, WorkflowClaim
 from ..status import WorkflowStatus
 from ..store import runs
-from ..store.claims import has_lapsed, holder_silent, lapsed
+from ..store.claims import has_lapsed, holder_heartbeat, holder_silent, lapsed
 
 ALIVE, STOPPED, DEAD = "alive", "stopped", "dead"
 
@@ -42,15 +42,10 @@ def with_ownership(queryset: QuerySet[Workflow], using: str, *, timers: bool = F
         claim_epoch=Subquery(claim.values("epoch")[:1]),
         claim_expires_at=Subquery(claim.values("expires_at")[:1]),
         last_step=Subquery(last_step, output_field=CharField()),
-    ).annotate(owner_heartbeat=_heartbeat(using, "owner_engine"))
+    ).annotate(owner_heartbeat=holder_heartbeat(using, engine="owner_engine"))
     if timers:
         queryset = queryset.annotate(pending_timers=runs.pending_timers(using))
     return queryset
-
-
-def _heartbeat(using: str, engine: str) -> Subquery:
-    """The heartbeat of the engine named by the field ``engine`` (None: no such engine row)."""
-    return Subquery(Engine.objects.using(using).filter(pk=OuterRef(engine)).values("heartbeat_at")[:1])
 
 
 def claim_lapsed(workflow: Workflow, now: datetime, ttl: timedelta) -> bool:
@@ -156,7 +151,7 @@ def claim_rows(
     claims = WorkflowClaim.objects.using(using).annotate(
         workflow_type=Subquery(workflow.values("workflow_type")[:1]),
         status=Subquery(workflow.values("status")[:1]),
-        holder_heartbeat=_heartbeat(using, "engine_id"),
+        holder_heartbeat=holder_heartbeat(using),
     )
     if held_only:
         claims = claims.filter(engine_id__isnull=False)

@@ -17,10 +17,19 @@ from django.utils.safestring import SafeString
 
 from ..conf import database_alias
 from ..models import BufferedSignal, Engine, PendingUpdate, Timer, WorkflowClaim
-from ..store.claims import holder_silent
+from ..store.claims import holder_heartbeat, holder_silent
 from .clocks import claim_now, claim_ttl, workflow_now
 from .filters import ClaimStateFilter
-from .formatting import error_summary, format_duration, moment, pretty_json, pretty_payload, relative, state_badge
+from .formatting import (
+    claim_expiry_badge,
+    error_summary,
+    format_duration,
+    moment,
+    pretty_json,
+    pretty_payload,
+    relative,
+    state_badge,
+)
 from .health import engine_state
 
 
@@ -92,13 +101,12 @@ class WorkflowClaimAdmin(ReadOnlyAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         using, now = database_alias(), claim_now(request)
-        holder = Engine.objects.using(using).filter(pk=OuterRef("engine_id"))
         return (
             super()
             .get_queryset(request)
             .annotate(
                 observed_at=Value(now, output_field=DateTimeField()),
-                holder_heartbeat=Subquery(holder.values("heartbeat_at")[:1]),
+                holder_heartbeat=holder_heartbeat(using),
                 holder_silent=holder_silent(using, now - claim_ttl(request)),
             )
         )
@@ -107,15 +115,7 @@ class WorkflowClaimAdmin(ReadOnlyAdmin):
     def expiry_display(self, obj: WorkflowClaim) -> SafeString | str:
         if obj.engine_id is None or obj.expires_at is None:
             return "released" if obj.engine_id is None else "-"
-        now = obj.observed_at  # type: ignore[attr-defined]
-        if obj.expires_at < now:
-            return format_html('<span class="weft-lapsed">lapsed {}</span>', relative(obj.expires_at, now))
-        heartbeat = obj.holder_heartbeat  # type: ignore[attr-defined]
-        if obj.holder_silent:  # type: ignore[attr-defined]  # its engine silent for longer than the TTL
-            return format_html(
-                '<span class="weft-lapsed">lapsed: engine silent since {}</span>', relative(heartbeat, now)
-            )
-        return relative(obj.expires_at, now)
+        return claim_expiry_badge(obj.expires_at, obj.holder_heartbeat, obj.holder_silent, obj.observed_at)  # type: ignore[attr-defined]
 
     @admin.display(description="last held by", ordering="last_engine_id")
     def last_holder_display(self, obj: WorkflowClaim) -> str:

@@ -35,7 +35,16 @@ from .filters import (
     ScheduleFilter,
     search_by_attributes,
 )
-from .formatting import error_summary, moment, pretty_json, pretty_payload, relative, short_step, status_badge
+from .formatting import (
+    claim_expiry_badge,
+    error_summary,
+    moment,
+    pretty_json,
+    pretty_payload,
+    relative,
+    short_step,
+    status_badge,
+)
 from .run_chain import run_chain
 from .timeline import build_timeline
 
@@ -47,18 +56,7 @@ def _claim_expiry(obj: Any) -> SafeString | str:
     expires_at = getattr(obj, "claim_expires_at", None)
     if getattr(obj, "owner_engine", None) is None or expires_at is None:
         return "-"
-    now = obj.observed_at
-    if expires_at < now:
-        return format_html(
-            '<span class="weft-lapsed" title="{}">lapsed {}</span>', expires_at, relative(expires_at, now)
-        )
-    if getattr(obj, "owner_silent", False):  # its engine silent for longer than the TTL (lapse.py)
-        return format_html(
-            '<span class="weft-lapsed" title="expires {}">lapsed: engine silent since {}</span>',
-            expires_at,
-            relative(obj.owner_heartbeat, now),
-        )
-    return format_html('<span title="{}">{}</span>', expires_at, relative(expires_at, now))
+    return claim_expiry_badge(expires_at, obj.owner_heartbeat, obj.owner_silent, obj.observed_at)
 
 
 def _pre(text: str) -> SafeString:

@@ -37,7 +37,7 @@ from .holding import (
     take_over,
     why_lost,
 )
-from .lapse import TAKEOVER_GRACE_MULTIPLIER, has_lapsed, holder_silent, lapsed, takeover_grace
+from .lapse import TAKEOVER_GRACE_MULTIPLIER, has_lapsed, holder_heartbeat, holder_silent, lapsed, takeover_grace
 from .lifecycle import (
     FAMILY_LOCK_ROUNDS,
     active_descendants,
@@ -69,6 +69,7 @@ __all__ = [
     "held_claims",
     "hold_admitted",
     "holder",
+    "holder_heartbeat",
     "holder_silent",
     "holders",
     "insert_unheld",

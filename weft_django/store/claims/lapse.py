@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, OuterRef, Q, Subquery
 
 from ...models import Engine
 
@@ -22,6 +22,17 @@ TAKEOVER_GRACE_MULTIPLIER = 2
 def takeover_grace(renew_interval: timedelta) -> timedelta:
     """How long after it lapsed a claim may be taken over: ``TAKEOVER_GRACE_MULTIPLIER`` renew intervals."""
     return renew_interval * TAKEOVER_GRACE_MULTIPLIER
+
+
+def holder_heartbeat(using: str, *, engine: str = "engine_id") -> Subquery:
+    """An expression for querysets of claims (or of rows annotated with their holder): the last
+    heartbeat of the holder named by the field ``engine`` (None: no such engine row).
+
+    Args:
+        using: the connection alias.
+        engine: the field or annotation that names the holder.
+    """
+    return Subquery(Engine.objects.using(using).filter(pk=OuterRef(engine)).values("heartbeat_at")[:1])
 
 
 def holder_silent(using: str, since: datetime, *, engine: str = "engine_id") -> Exists:
