@@ -224,18 +224,3 @@ def test_an_acquire_and_load_that_fails_falls_back_to_acquire_then_load(monkeypa
         assert sorted(engine.owned) == ids
     finally:
         engine.shutdown()
-
-
-def test_the_acquire_does_not_wait_for_its_flush_and_leaves_the_session_durable():
-    """The claim-only transaction commits without waiting for its WAL flush (the fenced commit after it
-    waits for its own, which flushes the acquire too); SET LOCAL keeps that to the acquire: the
-    connection's next commit, the engine's fenced commit, is durable as configured."""
-    ids = _parked_batch()
-    with CaptureQueriesContext(connections["default"]) as captured:
-        claimed, _ = taking.acquire_and_load("al-1", limit=10, ttl=TTL, using="default")
-    assert sorted(claimed) == ids
-    [batch] = [q["sql"] for q in captured.captured_queries if not q["sql"].startswith("PREPARE ")]
-    assert "SET LOCAL synchronous_commit TO OFF" in batch
-    with connections["default"].cursor() as cursor:
-        cursor.execute("SHOW synchronous_commit")
-        assert cursor.fetchone()[0] == "on"

@@ -49,12 +49,6 @@ _PLAN_IN_ORDER = "SET LOCAL enable_sort = off"
 # scans once they had grown: one engine fell from 1,374 to 221 workflows/s, benchmarks/bulk_starts.py,
 # session 10). The claim statement's enable_sort goes back to its default first.
 _PLAN_FOR_FEW_IDS = ("SET LOCAL enable_sort TO DEFAULT", *prepared.KEYED_PLAN)
-# The acquire's commit does not wait for its WAL flush: it writes claims only (as renewal does), and the
-# first thing that rests on a claim, the fenced commit after it, waits for its own flush, which the WAL's
-# order makes a flush of the acquire too. A crash that loses the acquire loses a claim nobody relied on:
-# the fence of the next commit finds the old holder and epoch and refuses it.
-_RELAXED_COMMIT = "SET LOCAL synchronous_commit TO OFF"
-_AFTER_CLAIM = (_RELAXED_COMMIT, *_PLAN_FOR_FEW_IDS)
 _LOADS = load_statements(_TAKEN_IDS)  # the last one (admitted updates) takes ADMITTED_PARAM
 _CLAIM_ALL = _claim_and_note(False)
 _CLAIM_SERVED = _claim_and_note(True)
@@ -68,7 +62,7 @@ def _statements(claim_sql: str, claim_params: list[Any]) -> list[tuple[str, list
     return [
         (_PLAN_IN_ORDER, None),
         (claim_sql, claim_params),
-        *((setting, None) for setting in _AFTER_CLAIM),
+        *((setting, None) for setting in _PLAN_FOR_FEW_IDS),
         *loads,
         (_LOADS[-1], [ADMITTED_PARAM]),
     ]
@@ -121,7 +115,7 @@ def acquire_and_load(
         claimed = {wid: (epoch, previous) for wid, epoch, previous in cursor.fetchall() if wid is not None}
         loaded = empty_loaded()
         try:
-            if not all(cursor.nextset() for _ in range(len(_AFTER_CLAIM) + 1)):  # past the SETs
+            if not all(cursor.nextset() for _ in range(len(_PLAN_FOR_FEW_IDS) + 1)):  # past the SETs
                 raise RuntimeError("the acquire-and-load batch returned only the claims")
             read_loaded(cursor, using, loaded)
         except Exception:  # a row that cannot be converted: the caller's load finds and isolates it
