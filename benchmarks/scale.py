@@ -478,7 +478,7 @@ def scenario_timers(options: argparse.Namespace, stamp: str) -> dict[str, Any]:
             with connection.execute_wrapper(capture):
                 for chore in engine.periodic:
                     chore.last_run = 0.0
-                engine._last_takeover_scan = 0.0
+                engine.claimer.last_takeover_scan = 0.0
                 time.sleep(poll)
                 engine._wake.clear()
                 engine.tick()

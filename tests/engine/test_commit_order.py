@@ -330,7 +330,7 @@ def test_deferred_writes_are_retried_after_carry_retry_not_only_on_the_next_poll
         engine._carried = {handle.id: WorkflowWrites(handle.id, owned.run_id, owned.epoch, clear_stuck=True)}
         engine._carry_retry_at = time.monotonic() + 60
         engine._last_maintenance = time.monotonic()
-        engine._last_takeover_scan = engine._last_claim_scan = time.monotonic()
+        engine.claimer.last_takeover_scan = engine.claimer.last_claim_scan = time.monotonic()
         engine._queries_waiting = False
         assert engine._quiet(claim=False), "not due yet: a pass would find nothing to do"
         engine._carry_retry_at = time.monotonic() - 0.001

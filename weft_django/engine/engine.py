@@ -139,8 +139,6 @@ class Engine:
     _wake = _delegate("wake", "event")
     _lost = _delegate("wake", "lost")
     _queries_waiting = _delegate("wake", "queries_waiting")
-    _last_claim_scan = _delegate("claimer", "last_claim_scan")
-    _last_takeover_scan = _delegate("claimer", "last_takeover_scan")
     _on_notify = _delegate("wake", "on_notify")
     _recheck_wait_until = _delegate("progress", "recheck_wait_until")
 
@@ -413,8 +411,7 @@ class Engine:
         return True
 
     # -- claiming ------------------------------------------------------------------------------
-    def _saturated(self) -> bool:
-        """Whether the activity threads have as many attempts waiting as they run (claim no more)."""
+    def _saturated(self) -> bool:  # whether the activity threads have as many attempts waiting as they run
         return self.executor.saturated
 
     def _claim(
@@ -423,6 +420,9 @@ class Engine:
         """Claim what is due (``force``: a wake-up named a workflow we do not hold; ``scan``: a maintenance
         tick) and load it, with the workflows waiting to be reloaded (kept there until the load is done)."""
         claimed = self.claimer.claim(force=force, scan=scan)
+        for wid in [wid for wid in claimed if wid in self.owned]:  # its claim went away unseen (a missed
+            writes.pop(wid, None)  # wake-up) and came back to us: the old context and its writes are stale
+            self._drop(wid, reason="claim taken again at a new epoch")
         self.residency.forget(claimed)  # claimed again at a new epoch: an evicted entry of theirs is stale
         claimed.update({wid: epoch for wid, epoch in self._reload.items() if wid not in claimed})
         if not claimed:
