@@ -80,6 +80,9 @@ class Claimer:
         self.last_takeover_scan = 0.0
         self.last_full_takeover_scan = 0.0
         self.take_over_now = False  # take the claims of other engines on the next pass
+        # Claims a pass committed before one of its later statements failed (the pass raised): handed
+        # over by the next claim(), released by a shutdown before it.
+        self.stranded: dict[str, int] = {}
         self._warned_engines: set[str] = set()
         unknown = sorted(set(served or ()) - set(settings.queues))
         if unknown:
@@ -128,10 +131,22 @@ class Claimer:
         Args:
             force: a wake-up named a workflow this engine does not hold (acquire now).
             scan: a maintenance pass (acquire if POLL_INTERVAL passed, fire due delayed starts).
+
+        Raises:
+            DatabaseError: a statement failed; what the pass claimed before it is returned by the next call.
         """
+        claimed = Claimed(self.stranded)
+        self.stranded = {}
+        try:
+            self._claim_into(claimed, force=force, scan=scan)
+        except DatabaseError:  # what was claimed before the failure is committed: the next pass loads it
+            self.stranded = dict(claimed)
+            raise
+        return claimed
+
+    def _claim_into(self, claimed: Claimed, *, force: bool, scan: bool) -> None:
         poll = self.settings.poll_interval.total_seconds()
         clock = time.monotonic()
-        claimed = Claimed()
         throttled = self._throttled(clock)
         # A full batch or new children: look again now; so too once a throttle that held work back ends.
         requested = self.last_claim_scan == 0.0 or (self._held_back and not throttled)
@@ -183,7 +198,6 @@ class Claimer:
             claimed.update({wid: epoch for wid, (epoch, _) in got.items()})
             if len(got) >= self.capacity:
                 self.last_takeover_scan = 0.0  # a full pass: start the next one at once
-        return claimed
 
     def _throttled(self, clock: float) -> bool:
         """Whether new unheld workflows are acquired only once per maintenance pass (about once per

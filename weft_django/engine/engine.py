@@ -102,11 +102,17 @@ class Engine:
         self.periodic = builtin_tasks()
         self.wake = Wake(self.engine_id)
         self.lease = StoreLease(self.engine_id, self.settings, self.using)
-        taken_over = functools.partial(events.claim_taken_over, self)
-        self.claimer = Claimer(
-            self.engine_id, self.settings, self.using, taken_over, served=queues, saturated=self._saturated
-        )
         self._session_limit = sessions.session_limit(self.settings)  # a frozen engine's locks end then
+        commit_atomic = store_sessions.bounded_commit(
+            functools.partial(commit_atomic_attempt, self.engine_id, self.using), self.using, self._session_limit
+        )
+        self.executor = ActivityExecutors(
+            self.engine_id, self.concurrency, self.wake.up, commit_atomic, self.using, self.settings
+        )
+        taken_over, saturated = functools.partial(events.claim_taken_over, self), lambda: self.executor.saturated
+        self.claimer = Claimer(
+            self.engine_id, self.settings, self.using, taken_over, served=queues, saturated=saturated
+        )
         renewal_failed = functools.partial(events.renewal_failed, self)
         self.renewal = Renewal(
             self.engine_id, self.settings, self.using, self._session_limit, self.wake, self.lease, renewal_failed
@@ -127,12 +133,6 @@ class Engine:
         self._carry_retry_at = 0.0
         self._last_maintenance = 0.0  # time.monotonic() when the maintenance scans last ran
         self.clock = PassClock(self.using)
-        commit_atomic = store_sessions.bounded_commit(
-            functools.partial(commit_atomic_attempt, self.engine_id, self.using), self.using, self._session_limit
-        )
-        self.executor = ActivityExecutors(
-            self.engine_id, self.concurrency, self.wake.up, commit_atomic, self.using, self.settings
-        )
 
     # The parts' state under the loop's old private names (engine/messages.py and tests use them).
     _lock = _delegate("wake", "lock")
@@ -230,7 +230,8 @@ class Engine:
         self._threads_stop.set()
         self.executor.shutdown(0)
         try:
-            ownership.release(self.engine_id, self.residency.take_all(self.owned), self.using)
+            held = {**self.claimer.stranded, **self._reload, **self.residency.take_all(self.owned)}
+            ownership.release(self.engine_id, held, self.using)
             events.claims_released(self, len(self.owned))
             self.lease.release()
             engines.stop_engine(self.engine_id, self.using)
@@ -287,15 +288,15 @@ class Engine:
             return contain_tick_failure(self, exc)
 
     def _tick(self, claim: bool) -> bool:
-        lost, notified, rescan, carried, read = self.wake.take()
-        self.residency.recall(notified, lost)  # an evicted workflow named by a wake-up is loaded again
+        lost_at, notified, rescan, carried, read = self.wake.take()
+        self.residency.recall(notified, lost_at)  # an evicted workflow named by a wake-up is loaded again
+        lost = {wid for wid, epoch in lost_at.items() if wid in self.owned and self.owned[wid].epoch == epoch}
         if not (lost or notified or rescan) and self._quiet(claim):
             return False
         now = self._workflow_now(fresh=rescan)
-        busy = False
+        busy = bool(lost)
         notified_owned = [wid for wid in notified if wid in self.owned]
         if lost:
-            busy = True
             self._depose(lost)
         # Writes deferred by the last pass come first: this pass's writes for the same workflow join them.
         writes: dict[str, WorkflowWrites] = {wid: w for wid, w in self._carried.items() if wid in self.owned}
@@ -411,9 +412,6 @@ class Engine:
         return True
 
     # -- claiming ------------------------------------------------------------------------------
-    def _saturated(self) -> bool:  # whether the activity threads have as many attempts waiting as they run
-        return self.executor.saturated
-
     def _claim(
         self, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str], force: bool, scan: bool = True
     ) -> bool:
@@ -427,6 +425,7 @@ class Engine:
         claimed.update({wid: epoch for wid, epoch in self._reload.items() if wid not in claimed})
         if not claimed:
             return False
+        self._reload = dict(claimed)  # until loaded: a load that raises leaves them to a later pass
         # Read by the acquire itself (store/claims/taking.py) or one round trip per chunk (store/histories.py).
         self.loader.load(claimed, now, writes, changed, preloaded=claimed.loaded, preloaded_for=claimed.loaded_for)
         self._reload = {}

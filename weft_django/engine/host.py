@@ -9,7 +9,7 @@ wherever the loop passes itself.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -22,7 +22,7 @@ from .owned import Owned
 class ResidencyHost(Protocol):
     """What the host's ``residency`` (engine/residency.py's Residency) offers through it."""
 
-    def recall(self, workflow_ids: Iterable[str], lost: Iterable[str] = ()) -> None: ...
+    def recall(self, workflow_ids: Iterable[str], lost: Mapping[str, int] | None = None) -> None: ...
 
     def interval(self, engine: EngineHost) -> float: ...
 
@@ -41,7 +41,7 @@ class EngineHost(Protocol):
     _reload: dict[str, int]
     _lock: threading.Lock
     _wake: threading.Event
-    _lost: set[str]
+    _lost: dict[str, int]
     _queries_waiting: bool
 
     @property

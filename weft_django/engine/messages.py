@@ -318,7 +318,7 @@ def deliver_updates(
         return True
     if result.lost:
         with engine._lock:
-            engine._lost |= set(result.lost)
+            engine._lost.update({wid: epochs[wid] for wid in result.lost})
         engine._wake.set()
     for wid in result.busy:  # its claim row was locked by another transaction: nothing was settled
         _look_again(engine, wid)
@@ -490,7 +490,7 @@ def answer_queries(engine: EngineHost, now: datetime, writes: dict[str, Workflow
         allow_user_code(using)  # query handlers are workflow code
         taken = mailbox.take_queries(engine.engine_id, QUERY_BATCH, using)
         held = claims.holders({row[1] for row in taken}, using)
-        stale: set[str] = set()
+        stale: dict[str, int] = {}
         for pk, wid, name, arg, has_arg in taken:
             owned = engine.owned.get(wid)
             epoch, holder = held.get(wid, (None, None))
@@ -503,7 +503,7 @@ def answer_queries(engine: EngineHost, now: datetime, writes: dict[str, Workflow
                 continue  # claimed by us and about to be loaded: answered on a later pass
             elif holder is not None:
                 if owned is not None:
-                    stale.add(wid)  # our live context is stale: it must not answer
+                    stale[wid] = owned.epoch  # our live context is stale: it must not answer
                 message = NOT_OWNED.format(wid=wid, me=engine.engine_id)
                 fields = _failed("not_owned", "WorkflowNotLocallyOwnedError", message, holder=holder)
             else:
@@ -515,7 +515,7 @@ def answer_queries(engine: EngineHost, now: datetime, writes: dict[str, Workflow
             send_many("a", answered, using)
     if stale:
         with engine._lock:
-            engine._lost |= stale
+            engine._lost.update(stale)
         engine._wake.set()
     return bool(answered)
 

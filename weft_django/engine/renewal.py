@@ -247,7 +247,7 @@ class Renewal:
                 self._record_dormant(group, renewed, epochs, sent + again - self._jitter(ttl))
             lost = self._still_held(lost, epochs)
             if lost:
-                self.wake.report_lost(lost)
+                self.wake.report_lost({wid: epochs[wid] for wid in lost})
 
     def _record_dormant(self, group: list[str], renewed: set[str], epochs: dict[str, int], due: float) -> None:
         """Record the claims of ``group`` that were renewed as dormant, next due at ``due``: keyed by the

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 
 from ..operations import WaitForSignal, WaitForUpdate
@@ -45,11 +45,12 @@ class Residency:
         self.recalls = 0
         self._short: tuple[float, int] | None = None  # after a short scan: (retry at, resident count then)
 
-    def recall(self, workflow_ids: Iterable[str], lost: Iterable[str] = ()) -> None:
+    def recall(self, workflow_ids: Iterable[str], lost: Mapping[str, int] | None = None) -> None:
         """Load these evicted workflows again on the next pass (they got mail or a wake-up); forget
-        the evicted ones whose claim was found ``lost``."""
-        for wid in lost:
-            self.evicted.pop(wid, None)
+        the evicted ones whose claim was found ``lost`` at the epoch they were evicted at."""
+        for wid, gone in (lost or {}).items():
+            if self.evicted.get(wid) == gone:
+                del self.evicted[wid]
         if not self.evicted:
             return
         for wid in workflow_ids:

@@ -25,7 +25,9 @@ class Wake:
         # Signals S: wake-ups carried, by workflow id, in the order they arrived (their commit order).
         self.carried: dict[str, list[BufferedRow]] = {}
         self.rescan = True  # look at everything (a new or reconnected listener, a ":*" wake-up)
-        self.lost: set[str] = set()  # workflows whose claim renewal (or a settlement) found gone
+        # Workflows whose claim renewal (or a settlement) found gone, with the epoch found gone: the loop
+        # may have claimed one again at a new epoch since, which such a report is no loss of.
+        self.lost: dict[str, int] = {}
         self.queries_waiting = True  # a "q:<engine id>" wake-up: query requests addressed to us
 
     def up(self) -> None:
@@ -73,18 +75,19 @@ class Wake:
         if wake:
             self.event.set()
 
-    def report_lost(self, workflow_ids: set[str]) -> None:
-        """These workflows' claims are gone: the next pass stops driving them."""
+    def report_lost(self, lost: dict[str, int]) -> None:
+        """These workflows' claims are gone at these epochs: the next pass stops driving the contexts
+        still at them."""
         with self.lock:
-            self.lost |= workflow_ids
+            self.lost.update(lost)
         self.event.set()
 
-    def take(self) -> tuple[set[str], set[str], bool, dict[str, list[BufferedRow]], set[str]]:
+    def take(self) -> tuple[dict[str, int], set[str], bool, dict[str, list[BufferedRow]], set[str]]:
         """What arrived since the last pass, cleared: (lost claims, every workflow named, rescan, the
         signals ``S:`` wake-ups carried by workflow id, the workflows whose mailbox must be read: a
         ``w:`` or ``look_at`` named them)."""
         with self.lock:
-            lost, self.lost = self.lost, set()
+            lost, self.lost = self.lost, {}
             read, self.notified = self.notified, set()
             looks, self.looks = self.looks, set()
             carried, self.carried = self.carried, {}
