@@ -248,7 +248,8 @@ def deliver_updates(
     def deliver(pk: Any, wid: str, name: str, payload: str, batch: dict[str, WorkflowWrites]) -> None:
         owned = live[wid]
         run = owned.run
-        if not _settleable(engine, owned, writes):
+        if not _settleable(engine, owned, writes):  # an earlier update of this batch answered (respond()):
+            _look_again(engine, wid)  # this one is settled on a later pass, once that answer is durable
             return
         assert run.frontier is not None
         w = batch.get(wid)
