@@ -335,6 +335,7 @@ def _retry_fields(row: dict[str, Any], using: str) -> dict[str, Any]:
     seq = _failing_step_seq(row, using)
     if seq is not None:
         Step.objects.using(using).filter(run_id=row["run_id"], seq=seq).delete()
+        mailbox.forget_child_end(row["run_id"], seq, using)  # a child step: its child's end is told again
     # A run in a queue re-enters it like a new start: pending until an engine admits it, which sets
     # its execution deadline from its execution_timeout again (store/queues.py admit).
     queued = {"status": WorkflowStatus.PENDING, "admitted_at": None, "started_at": None, "execution_deadline": None}

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from django.db import IntegrityError, transaction
 
 from ..models import Workflow
+from ..status import TERMINAL_STATUSES
 from . import claims
 from .epochs import next_epoch
 from .mailbox import CHILD_MAILBOX_PREFIX, child_mailbox_name, report_child_end
@@ -92,6 +93,8 @@ def start_children(
                 if on_started is not None:
                     on_started(child, using)  # the signal waits for the parent's commit
         except IntegrityError:
+            if _report_own_child(child, now, using):
+                continue
             report_child_end(
                 child.child_id,
                 child.parent_id,
@@ -108,3 +111,25 @@ def start_children(
             )
     send_many("w", list(claimed), using)
     return claimed
+
+
+def _report_own_child(child: ChildStart, now: datetime, using: str) -> bool:
+    """Whether the id taken is this very child of this parent's step (the parent was retried from that
+    step): then its end, if it ended, is reported again; a child still running reports its own."""
+    own = {"parent_id": child.parent_id, "parent_run_id": child.parent_run_id, "parent_seq": child.parent_seq}
+    found = Workflow.objects.using(using).filter(id=child.child_id, **own).values("status", "result", "error").first()
+    if found is None:
+        return False
+    if found["status"] in TERMINAL_STATUSES:
+        report_child_end(
+            child.child_id,
+            child.parent_id,
+            child.parent_run_id,
+            child.parent_seq,
+            found["status"],
+            found["result"],
+            found["error"],
+            now,
+            using,
+        )
+    return True

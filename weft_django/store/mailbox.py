@@ -110,6 +110,17 @@ def child_mailbox_name(seq: int) -> str:
     return f"{CHILD_MAILBOX_PREFIX}{seq}"
 
 
+def forget_child_end(run_id: Any, seq: int, using: str) -> None:
+    """Delete the record of the end of the child started at step ``seq`` of run ``run_id``, whatever its
+    state (a retry removed that step: the child's end, reported again, must find its place free).
+
+    Args:
+        run_id: the parent run; ``seq``: the child step; ``using``: the connection alias.
+    """
+    name = child_mailbox_name(seq)
+    BufferedSignal.objects.using(using).filter(run_id=run_id, name=name, signal_id=name).delete()
+
+
 def report_child_end(
     child_id: str,
     parent_id: str,
