@@ -12,14 +12,23 @@ import weft_django as weft
 from tests.testapp import deploy_chain  # noqa: F401 - registers tests.deploys.counter
 from tests.testapp.workflows import add
 from weft_django.codec import decode
-from weft_django.conf import database_alias
+from weft_django.conf import database_alias, get_settings
 from weft_django.context import WorkflowContext
+from weft_django.engine import messages as engine_messages
 from weft_django.exceptions import PayloadNotSerializableError, WorkflowDefinitionError, WorkflowTerminalError
 from weft_django.models import BufferedSignal, ContinuedRun, Step, Workflow, WorkflowClaim
 from weft_django.store import continuation
 from weft_django.testing import run_until_idle, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class _Host:
+    """What the engine's message cleanup reads of its engine."""
+
+    engine_id = "cleanup-test"
+    using = database_alias()
+    settings = get_settings()
 
 
 @weft.workflow(name="tests.deploys.parent")
@@ -84,6 +93,37 @@ def test_a_signal_that_commits_for_the_old_run_after_it_continued_is_carried_ove
     )
     assert continuation.carry_late(database_alias()) == 1
     assert str(BufferedSignal.objects.get(pk=late.pk).run_id) == new
+    run_until_idle()
+    assert handle.result(timeout=10) == {"runs": 3, "total": 6}
+
+
+def test_the_sweep_never_drops_a_late_signal_of_a_continued_run_that_it_did_not_carry_yet(monkeypatch):
+    """A late signal that commits between the sweep's carrying part and its dropping part (or one past
+    the carrying part's 1,000 rows) waits for the next sweep; the dropping part dropped it (found by a
+    helper's review, session 17), although signal() had returned and the workflow still ran."""
+    handle = weft.start("tests.deploys.counter", args=[1, 0], id="cn-late-race")
+    handle.signal("add", 1)
+    run_until_idle()
+    ((old, _new),) = _chain(handle.id)
+    real = continuation.carry_late
+
+    def then_a_late_signal(using):
+        moved = real(using)
+        BufferedSignal.objects.create(
+            workflow_id=handle.id,
+            run_id=old,
+            name="add",
+            payload="5",
+            created_at=Workflow.objects.get(id=handle.id).updated_at,
+        )
+        return moved
+
+    monkeypatch.setattr(continuation, "carry_late", then_a_late_signal)
+    engine_messages.cleanup_messages(_Host(), Workflow.objects.get(id=handle.id).updated_at)
+    monkeypatch.setattr(continuation, "carry_late", real)
+    late = BufferedSignal.objects.get(workflow_id=handle.id, run_id=old, name="add", payload="5")
+    assert late.state == "buffered", "the late signal was dropped instead of carried"
+    assert continuation.carry_late(database_alias()) == 1
     run_until_idle()
     assert handle.result(timeout=10) == {"runs": 3, "total": 6}
 

@@ -8,10 +8,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, Q, Subquery
 
 from ..codec import encode
-from ..models import BufferedSignal, PendingUpdate, QueryRequest, Timer, Workflow, WorkflowClaim
+from ..models import BufferedSignal, ContinuedRun, PendingUpdate, QueryRequest, Timer, Workflow, WorkflowClaim
 from ..status import ACTIVE_STATUSES, QueryStatus, SignalState, UpdateStatus, WorkflowStatus
 from . import notify, prepared
 from .backend import backend
@@ -331,18 +331,32 @@ def _same_run_active(using: str) -> Any:
     )
 
 
+def _to_be_carried(model: Any, key: str, using: str) -> Q:
+    """Rows of a run that continued as new, of a workflow still active, whose ``key`` its current run
+    does not have: the sweep's carrying part (store/continuation.carry_late, at most 1,000 a pass) moves
+    them to the current run, so they are never dropped or failed as late, whenever they committed."""
+    current = Workflow.objects.using(using).filter(pk=OuterRef("workflow_id"), status__in=list(ACTIVE_STATUSES))
+    on_current = model.objects.using(using).filter(
+        workflow_id=OuterRef("workflow_id"), run_id=Subquery(current.values("run_id")[:1]), **{key: OuterRef(key)}
+    )
+    continued = ContinuedRun.objects.using(using).filter(run_id=OuterRef("run_id"))
+    return Q(Exists(continued), Exists(current), ~Exists(on_current))
+
+
 def drop_late_signals(using: str) -> int:
     """Mark dropped the buffered signals whose run is no longer active (at most CLEANUP_BATCH).
 
     signal() takes no lock (a slow caller must never stall the owner or renewal), so a signal can
     commit while the run's terminal commit is in flight, after the statement that drops the run's
     unconsumed signals read them. signal() returned normally (the signal was recorded); the run ended
-    without consuming it, so it is dropped, as one sent a moment earlier would have been. Returns how
-    many were marked."""
+    without consuming it, so it is dropped, as one sent a moment earlier would have been. A signal of a
+    run that continued as new is kept for the sweep's carrying part (``_to_be_carried``), unless the
+    current run has its id already or it is a child's end record. Returns how many were marked."""
     signals = BufferedSignal.objects.using(using)
     late = list(
         signals.filter(state=SignalState.BUFFERED)
         .exclude(Exists(_same_run_active(using)))
+        .exclude(_to_be_carried(BufferedSignal, "signal_id", using) & ~Q(name__startswith=CHILD_MAILBOX_PREFIX))
         .values_list("pk", flat=True)[:CLEANUP_BATCH]
     )
     if not late:
@@ -375,6 +389,7 @@ def cleanup(now: datetime, cutoff: datetime, grace: timedelta, using: str) -> in
     orphaned = list(
         updates.filter(status__in=[UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED], created_at__lt=now - grace)
         .exclude(Exists(_same_run_active(using)))
+        .exclude(Q(status=UpdateStatus.ADMITTED) & _to_be_carried(PendingUpdate, "idempotency_key", using))
         .values_list("pk", flat=True)[:CLEANUP_BATCH]
     )
     if orphaned:  # runs that ended through a transition, which closes admitted updates only
