@@ -140,7 +140,9 @@ def _take(
     if not family:
         return Fence(claims.lock_ids(ids, using, wait=wait))
     runs = {wid: str(run) for wid, run in Workflow.objects.using(using).filter(pk__in=ids).values_list("pk", "run_id")}
-    wanted: set[str] = set(ids)
+    # The family is read first and locked with the runs in ONE statement in workflow_id order (a child's
+    # id may sort below its parent's: locked after it, two family transitions could deadlock).
+    wanted: set[str] = set(ids) | {child for group in active_descendants(runs, using).values() for child in group}
     locked: set[str] = set()
     held: set[str] = set()
     for _ in range(FAMILY_LOCK_ROUNDS):
