@@ -178,3 +178,30 @@ def test_the_late_carry_moves_one_of_two_old_runs_signals_with_the_same_id():
     assert mailbox.drop_late_signals(database_alias()) == 1  # the other is a duplicate of the carried id
     run_until_idle()
     assert handle.result(timeout=10) == {"runs": 3, "total": 7}
+
+
+@weft.activity(name="tests.deploys.noop_local", local=True)
+def _noop_local() -> str:
+    return "fast"
+
+
+@weft.workflow(name="tests.deploys.child_then_continue")
+def _child_then_continue(ctx, n: int):  # type: ignore[no-untyped-def]
+    """Run 0 asks for a child and, in the same pass, a local activity wins the race and the run
+    continues as new: the child's start and the continuation are in one commit."""
+    if n == 0:
+        yield ctx.race([ctx.start_child("tests.signals", id="cn-same-commit-kid"), ctx.run(_noop_local)])
+        return ctx.continue_as_new(1)
+    return "done"
+
+
+def test_a_child_asked_for_in_the_commit_that_continues_the_run_is_not_left_running():
+    """A run that continues as new closes its children per their policy before the commit starts the
+    children it asked for: a child started after that escaped its ``terminate`` policy and kept running
+    as the child of a run that had ended (found by a helper's review, session 17). A run that ends in
+    the commit that asked for a child never starts it; one that continues now does the same."""
+    handle = weft.start("tests.deploys.child_then_continue", args=[0], id="cn-same-commit")
+    run_until_idle()
+    assert handle.result(timeout=5) == "done"
+    assert ContinuedRun.objects.filter(workflow_id=handle.id).exists()
+    assert not Workflow.objects.filter(pk="cn-same-commit-kid", status="running").exists()

@@ -267,7 +267,9 @@ def _close_families(
             hooks.close_children(w.workflow_id, w.run_id, w.finish.status, using)
         if w.parent is not None:
             report_child_end(w.workflow_id, *w.parent, w.finish.status, w.finish.result, w.finish.error, now, using)
-    starts = [child for w in batch if w.finish is None for child in w.children]
+    # A run that ends or continues as new in this commit has had its children closed above (or by
+    # continue_runs): the children it asked for in the same pass are not started after that.
+    starts = [child for w in batch if w.finish is None and w.continued is None for child in w.children]
     return start_children(engine_id, starts, now, claim_ttl, using, hooks.child_started) if starts else {}
 
 
