@@ -205,3 +205,33 @@ def test_a_child_asked_for_in_the_commit_that_continues_the_run_is_not_left_runn
     assert handle.result(timeout=5) == "done"
     assert ContinuedRun.objects.filter(workflow_id=handle.id).exists()
     assert not Workflow.objects.filter(pk="cn-same-commit-kid", status="running").exists()
+
+
+@weft.workflow(name="tests.deploys.slow_kid")
+def _slow_kid(ctx):  # type: ignore[no-untyped-def]
+    yield ctx.sleep("10s")
+    return "kid done"
+
+
+@weft.workflow(name="tests.deploys.race_kid_then_continue")
+def _race_kid_then_continue(ctx, n: int):  # type: ignore[no-untyped-def]
+    if n == 0:
+        yield ctx.race([ctx.start_child("tests.deploys.slow_kid", id="cn-kid-ends-too"), ctx.sleep("10s")])
+        return ctx.continue_as_new(1)
+    return "done"
+
+
+def test_a_child_that_ends_in_the_commit_that_continues_its_parent_keeps_its_own_end(weft_clock):
+    """The parent continues as new and its (terminate-policy) child completes in the same commit. The
+    child's end stands: the continuation finds it no longer active. On the ORM path (SQLite) the
+    continuation ran before the batch's ends were written, cancelled the child, and the child's own
+    end then overwrote that (a completed row with a cancel reason, two end events; found by a
+    helper's review, session 17)."""
+    handle = weft.start("tests.deploys.race_kid_then_continue", args=[0], id="cn-kid-parent")
+    run_until_idle()
+    assert Workflow.objects.get(pk="cn-kid-ends-too").status == "running"
+    weft_clock.advance(11)  # both sleeps are due: one pass ends the child and continues the parent
+    run_until_idle()
+    assert handle.result(timeout=5) == "done"
+    kid = Workflow.objects.get(pk="cn-kid-ends-too")
+    assert (kid.status, kid.cancel_reason) == ("completed", None)

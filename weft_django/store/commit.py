@@ -311,7 +311,6 @@ def _apply(
     visibility.write_batch(batch, using)
     for w in batch:
         mailbox.consume_signals(w.signals_consumed, using)
-    continuation.continue_runs(engine_id, [w for w in batch if w.continued is not None], now, using, hooks)
     finished = [w for w in batch if w.finish is not None]
     if finished:  # one UPDATE for every run this commit ends
         Workflow.objects.using(using).bulk_update(
@@ -339,6 +338,9 @@ def _apply(
             [(w.workflow_id, w.finish.status, w.finish.result, w.finish.error, w.run_id) for w in finished if w.finish],
             using,
         )
+    # After the batch's ends, as in the one-statement path: a child of a continuing run that ends in
+    # this very commit is no longer active, so the continuation does not close it.
+    continuation.continue_runs(engine_id, [w for w in batch if w.continued is not None], now, using, hooks)
     parents = [w.workflow_id for w in finished if w.started_children]
     with_children = _with_active_children(parents, using) if parents else set()
     return _close_families(engine_id, batch, finished, with_children, now, claim_ttl, using, hooks)
