@@ -257,3 +257,46 @@ def test_the_old_runs_running_children_are_closed_per_their_policy():
     child = Workflow.objects.get(id="cn-orphan")
     assert child.status == "cancelled"
     assert child.cancel_reason == 'parent workflow "cn-closer" was continued as new'
+
+
+def test_an_update_admitted_to_the_old_run_as_it_continued_is_carried_not_failed_at_once():
+    """``update()`` read the run id before the continuation committed and admitted the update to the
+    old run. Its caller, waiting, must let the sweep carry it to the new run: before the fix (found by
+    a helper's review, session 17) its first look found the old run gone and failed the update with
+    WorkflowTerminalError, although the workflow was running its next run."""
+    import threading
+
+    from weft_django.models import PendingUpdate
+    from weft_django.queries_and_updates import await_update
+    from weft_django.waits import Wait
+
+    handle = weft.start("tests.deploys.update_chain", args=[0], id="cn-update-late")
+    run_until_idle()
+    handle.signal("next")
+    run_until_idle()
+    ((old, _new),) = _chain(handle.id)
+    late = PendingUpdate.objects.create(
+        workflow_id=handle.id,
+        run_id=old,
+        name="bump",
+        payload="21",
+        created_at=Workflow.objects.get(id=handle.id).updated_at,
+    )
+    outcome: list[object] = []
+
+    def caller() -> None:
+        try:
+            with Wait(database_alias(), 30, threading.Event()) as wait:
+                outcome.append(await_update(handle.id, "bump", str(late.pk), wait))
+        except Exception as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=caller)
+    thread.start()
+    thread.join(timeout=1.0)  # a caller that gives up does so at its first look
+    assert thread.is_alive() and not outcome, f"the caller gave up on a late update: {outcome}"
+    assert continuation.carry_late(database_alias()) == 1
+    run_until_idle()
+    thread.join(timeout=30)
+    assert outcome == [42]
+    assert handle.result(timeout=10) == 21
