@@ -156,12 +156,14 @@ class ThreadExecutor:
         self._on_done = on_done
         self._commit_atomic = commit_atomic
         self._using = using
-        self._running: dict[tuple[str, int, int, int], AttemptTask] = {}
+        # By the task itself (its id(), the task kept alive here), not its key: after a reload at the same
+        # epoch a stopped attempt still running and its new attempt share (run, seq, attempt, epoch).
+        self._running: dict[int, AttemptTask] = {}
         self._lock = threading.Lock()
 
     def submit(self, task: AttemptTask) -> None:
         with self._lock:
-            self._running[task.key] = task
+            self._running[id(task)] = task
             # One more thread while every thread may be busy, up to the concurrency.
             if len(self._workers) < min(self._concurrency, len(self._running)):
                 worker = threading.Thread(target=self._work, name=f"weft-activity_{len(self._workers)}", daemon=True)
@@ -206,8 +208,7 @@ class ThreadExecutor:
             # Stopped while queued (its workflow finished, was deposed or reloaded): the engine no
             # longer waits for it, so do not run the user's code at all.
             with self._lock:
-                if self._running.get(task.key) is task:
-                    del self._running[task.key]
+                self._running.pop(id(task), None)
             self._on_done()
             return
         task.start_clock()
@@ -230,7 +231,7 @@ class ThreadExecutor:
             bind(None)
             close_old_connections()
             with self._lock:
-                self._running.pop(task.key, None)
+                self._running.pop(id(task), None)
         self.outcomes.put(outcome)
         self._on_done()
 

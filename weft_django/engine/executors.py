@@ -109,7 +109,7 @@ class ActivityExecutors:
             except queue.Empty:
                 break
         if outcomes and self.limiter.held:
-            self.limiter.release_finished({task.key for task in self.running})
+            self.limiter.release_finished(self.running)
         return outcomes
 
     @property
@@ -124,7 +124,7 @@ class ActivityExecutors:
         no outcome): the next pass releases it."""
         if not self.limiter.held:
             return False
-        running = {task.key for task in self.running}
+        running = {id(task) for task in self.running}
         return any(key not in running for key in self.limiter.held)
 
     @property
@@ -151,7 +151,7 @@ class ActivityExecutors:
         if self._celery is not None:
             self._celery.poll(notified)
         if self.limiter.held:
-            self.limiter.release_finished({task.key for task in self.running})
+            self.limiter.release_finished(self.running)
         self.limiter.retry(self._submit)
 
     def shutdown(self, wait_seconds: float) -> None:

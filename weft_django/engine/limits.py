@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.db import DatabaseError
@@ -48,7 +48,9 @@ class ActivityLimiter:
         self.using = using
         self.wake = wake
         self.waiting: list[AttemptTask] = []
-        self.held: dict[tuple[str, int, int, int], int] = {}  # attempt key -> slot id
+        # id() of the attempt's task -> (the task, kept alive so its id is not reused; its slot id). By the
+        # task, not its key: a stopped attempt still running and its reload's share (run, seq, attempt, epoch).
+        self.held: dict[int, tuple[AttemptTask, int]] = {}
         self._next_try = 0.0
         self._timer: threading.Timer | None = None
 
@@ -86,7 +88,7 @@ class ActivityLimiter:
         if slot is None:
             refused.add((name, key) if why == "key" else name)
             return False
-        self.held[task.key] = slot
+        self.held[id(task)] = (task, slot)
         return True
 
     def retry(self, submit: Callable[[AttemptTask], None]) -> None:
@@ -108,18 +110,20 @@ class ActivityLimiter:
         if still:
             self._retry_later()
 
-    def release_finished(self, running: set[tuple[str, int, int, int]]) -> None:
-        """Release the slots of attempts no longer running in the executor."""
-        done = [key for key in self.held if key not in running]
+    def release_finished(self, running: Iterable[AttemptTask]) -> None:
+        """Release the slots of attempts no longer running in the executor (``running``: those that are)."""
+        alive = {id(task) for task in running}
+        done = {key: self.held[key] for key in self.held if key not in alive}
         if not done:
             return
-        slots = [self.held.pop(key) for key in done]
+        for key in done:
+            del self.held[key]
+        slots = [slot for _, slot in done.values()]
         try:
             release_slots(slots, self.using)
         except DatabaseError as exc:  # they stop counting when the claim moves; try again next time
             logger.warning("activity slots not released slots=%s error=%s", slots, exc)
-            for key, slot in zip(done, slots, strict=True):
-                self.held[key] = slot
+            self.held.update(done)
 
     def _retry_later(self) -> None:
         if self._timer is not None and self._timer.is_alive():
