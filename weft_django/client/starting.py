@@ -16,8 +16,13 @@ from django.db import IntegrityError, transaction
 
 from .. import codec, events, tracing, transitions
 from ..conf import warn_if_invalid
-from ..exceptions import IdempotencyKeyPurgedError, InvalidArgumentError, WorkflowAlreadyExistsError
-from ..models import IdempotencyKey, Workflow
+from ..exceptions import (
+    IdempotencyKeyPurgedError,
+    InvalidArgumentError,
+    WorkflowAlreadyExistsError,
+    WorkflowTerminalError,
+)
+from ..models import ContinuedRun, IdempotencyKey, Workflow
 from ..queries_and_updates import admit, update_on_thread
 from ..queueing import queue_options
 from ..registry import WorkflowDefinition, resolve_workflow
@@ -111,13 +116,17 @@ def _insert_run(plan: _Plan, workflow_id: str, using: str, *, savepoint: bool = 
         raise IntegrityError(f"workflow id {workflow_id!r} or idempotency key {plan.idempotency_key!r} is taken")
 
 
-def _replace_run(plan: _Plan, workflow_id: str, using: str) -> bool:
-    """on_conflict="start_new": a new run over a terminal one. False when the id is free again."""
+def _replace_run(plan: _Plan, workflow_id: str, using: str, *, or_keep: bool = False) -> bool | None:
+    """on_conflict="start_new": a new run over a terminal one. False when the id is free again.
+    ``or_keep``: a run that is no longer terminal when locked (another call started one over it
+    meanwhile) is kept and None returned; without it, that raises WorkflowAlreadyExistsError."""
     existing = transitions.lock_workflow(workflow_id, using)
     if existing is None:
         return False
     _check_type(workflow_id, existing["workflow_type"], plan.definition)
     if existing["status"] not in TERMINAL_STATUSES:
+        if or_keep:
+            return None
         raise WorkflowAlreadyExistsError(
             f'Workflow "{workflow_id}" is still {existing["status"]}; on_conflict="start_new" replaces '
             f"only a finished run. Cancel it first, or use another id."
@@ -173,7 +182,11 @@ def _existing_for_key(key: str, definition: WorkflowDefinition, using: str) -> W
     if mapping is None:
         return None
     current = Workflow.objects.using(using).filter(pk=mapping.workflow_id).values("run_id", "workflow_type").first()
-    if mapping.purged_at is not None or current is None or current["run_id"] != mapping.run_id:
+    # The run it started may have continued as new: its chain (ContinuedRun rows, deleted when a new run
+    # replaces the workflow) is still this workflow's.
+    continued = ContinuedRun.objects.using(using).filter(workflow_id=mapping.workflow_id, run_id=mapping.run_id)
+    moved = current is not None and current["run_id"] != mapping.run_id and not continued.exists()
+    if mapping.purged_at is not None or current is None or moved:
         when = f" on {mapping.purged_at:%Y-%m-%d %H:%M:%S %Z}" if mapping.purged_at else ""
         raise IdempotencyKeyPurgedError(
             f'Idempotency key "{key}" started workflow "{mapping.workflow_id}", whose run was '
@@ -392,8 +405,11 @@ def _with_run(plan: _Plan, workflow_id: str, using: str, deliver: Any) -> bool:
                     continue  # purged meanwhile: insert again
                 _check_type(workflow_id, existing["workflow_type"], plan.definition)
                 started = existing["status"] in TERMINAL_STATUSES
-                if started and not _replace_run(plan, workflow_id, using):
-                    continue
+                if started:
+                    replaced = _replace_run(plan, workflow_id, using, or_keep=True)
+                    if replaced is False:
+                        continue  # purged meanwhile: insert again
+                    started = bool(replaced)  # None: another call started a run over it meanwhile: deliver to that
             if deliver(started):
                 return started
     raise WorkflowAlreadyExistsError(  # pragma: no cover - the run kept ending and restarting
@@ -410,7 +426,12 @@ def _admit_starting(
     admitted: list[str] = []
 
     def deliver(started: bool) -> bool:
-        admitted.append(admit(workflow_id, name, text, key, wait, alias, plan.trace_context))
+        try:
+            admitted.append(admit(workflow_id, name, text, key, wait, alias, plan.trace_context))
+        except WorkflowTerminalError:
+            if started:
+                raise
+            return False  # the run ended after it was read: go round (a new run is started over it)
         return True
 
     for attempt in range(transitions.MAX_ATTEMPTS):
