@@ -59,7 +59,9 @@ def release_waiting(runs: list[dict[str, Any]], now: datetime, using: str) -> st
         return None
     run = waiting[0]
     definition = registry.latest.get(run["workflow_type"])
-    queue, priority, key = (None, 0, None) if definition is None else _queue_of(definition)
+    if definition is None:  # an engine of another deploy cannot tell whether it waits in a queue: leave it
+        return None
+    queue, priority, key = _queue_of(definition)
     if queue is not None:
         if not queues.enter_queue(run["id"], queue, priority, key, using):
             return None  # its claim is locked elsewhere (a cancel): the next pass tries again
