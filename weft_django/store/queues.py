@@ -162,13 +162,20 @@ def _free_slots(engine_id: str, queue: QueueConfig, limit: int, now: datetime, u
 
 def _choose(queue: str, free: int, using: str) -> list[str]:
     """The next ``free`` waiting runs in order, at most one per concurrency key and none whose key an
-    admitted, not ended run holds."""
-    in_use = set(_active(queue, using).filter(concurrency_key__isnull=False).values_list("concurrency_key", flat=True))
-    waiting = Workflow.objects.using(using).filter(queue=queue, status=WorkflowStatus.PENDING, admitted_at__isnull=True)
+    admitted, not ended run holds. Each page is read past the keys in use (or chosen already), in SQL:
+    a long backlog of one busy key never fills the pages and starves the runs behind it."""
+    held = _active(queue, using).filter(concurrency_key__isnull=False).values("concurrency_key")
+    in_use = {row["concurrency_key"] for row in held}
+    waiting = (
+        Workflow.objects.using(using)
+        .filter(queue=queue, status=WorkflowStatus.PENDING, admitted_at__isnull=True)
+        .exclude(concurrency_key__in=held)
+    )
     chosen: list[str] = []
+    taken: set[str] = set()  # keys chosen in this admission: a few (at most ``free``)
     after: tuple[int, datetime, str] | None = None
     for _ in range(MAX_PAGES):
-        page = waiting
+        page = waiting.exclude(concurrency_key__in=sorted(taken)) if taken else waiting
         if after is not None:
             priority, created, wid = after
             page = page.filter(
@@ -183,9 +190,9 @@ def _choose(queue: str, free: int, using: str) -> list[str]:
         )
         for wid, _priority, _created, key in rows:
             if key is not None:
-                if key in in_use:
+                if key in in_use or key in taken:
                     continue
-                in_use.add(key)
+                taken.add(key)
             chosen.append(wid)
             if len(chosen) >= free:
                 return chosen
