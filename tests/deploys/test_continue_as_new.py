@@ -5,6 +5,7 @@ child gets the last run's result; bad input is refused with typed errors and not
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import pytest
 
@@ -48,6 +49,13 @@ def continue_unserialisable(ctx):
     yield ctx.continue_as_new(object())
 
 
+def _on_old_run(model: Any, workflow_id: str, old_run: str, **fields: Any) -> Any:
+    """A row a sender wrote for a run after it continued as new (it read the run id before the
+    continuation committed)."""
+    created_at = Workflow.objects.get(id=workflow_id).updated_at
+    return model.objects.create(workflow_id=workflow_id, run_id=old_run, created_at=created_at, **fields)
+
+
 def _chain(workflow_id: str) -> list[tuple[str, str]]:
     rows = ContinuedRun.objects.filter(workflow_id=workflow_id).order_by("finished_at", "id")
     return [(str(row.run_id), str(row.next_run_id)) for row in rows]
@@ -84,13 +92,7 @@ def test_a_signal_that_commits_for_the_old_run_after_it_continued_is_carried_ove
     run_until_idle()
     ((old, new),) = _chain(handle.id)
     # A sender that read the row before the continuation committed wrote the old run's id.
-    late = BufferedSignal.objects.create(
-        workflow_id=handle.id,
-        run_id=old,
-        name="add",
-        payload="5",
-        created_at=Workflow.objects.get(id=handle.id).updated_at,
-    )
+    late = _on_old_run(BufferedSignal, handle.id, old, name="add", payload="5")
     assert continuation.carry_late(database_alias()) == 1
     assert str(BufferedSignal.objects.get(pk=late.pk).run_id) == new
     run_until_idle()
@@ -109,13 +111,7 @@ def test_the_sweep_never_drops_a_late_signal_of_a_continued_run_that_it_did_not_
 
     def then_a_late_signal(using):
         moved = real(using)
-        BufferedSignal.objects.create(
-            workflow_id=handle.id,
-            run_id=old,
-            name="add",
-            payload="5",
-            created_at=Workflow.objects.get(id=handle.id).updated_at,
-        )
+        _on_old_run(BufferedSignal, handle.id, old, name="add", payload="5")
         return moved
 
     monkeypatch.setattr(continuation, "carry_late", then_a_late_signal)
@@ -275,13 +271,7 @@ def test_an_update_admitted_to_the_old_run_as_it_continued_is_carried_not_failed
     handle.signal("next")
     run_until_idle()
     ((old, _new),) = _chain(handle.id)
-    late = PendingUpdate.objects.create(
-        workflow_id=handle.id,
-        run_id=old,
-        name="bump",
-        payload="21",
-        created_at=Workflow.objects.get(id=handle.id).updated_at,
-    )
+    late = _on_old_run(PendingUpdate, handle.id, old, name="bump", payload="21")
     outcome: list[object] = []
 
     def caller() -> None:
