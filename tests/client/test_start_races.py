@@ -41,6 +41,7 @@ def _in_another_thread(action: Any) -> None:
     assert not failed, failed
 
 
+@pytest.mark.postgres  # the other call writes while this one's transaction is open: SQLite has one writer
 def test_start_or_signal_signals_the_run_another_call_started_over_the_finished_one(monkeypatch):
     weft.start("tests.signals", id="sos-race")
     Workflow.objects.filter(pk="sos-race").update(status="completed")
@@ -59,6 +60,7 @@ def test_start_or_signal_signals_the_run_another_call_started_over_the_finished_
     assert sorted(BufferedSignal.objects.filter(run_id=run_id).values_list("payload", flat=True)) == ['"A"', '"B"']
 
 
+@pytest.mark.postgres  # the cancel writes while this call's transaction is open: SQLite has one writer
 def test_start_with_update_starts_a_new_run_when_the_running_one_ends_before_the_admission(monkeypatch):
     weft.start("tests.msg_counter", args=[1], id="swu-race")
     first_run = Workflow.objects.get(pk="swu-race").run_id
