@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, OuterRef, Subquery
+from django.db.models import OuterRef, Subquery
 
 from . import codec, transitions
 from .exceptions import (
@@ -26,8 +26,8 @@ from .exceptions import (
     WorkflowNotFoundError,
     WorkflowTerminalError,
 )
-from .models import ContinuedRun, PendingUpdate, QueryRequest, Workflow, WorkflowClaim
-from .status import ACTIVE_STATUSES, TERMINAL_STATUSES, QueryStatus, UpdateStatus, WorkflowStatus
+from .models import PendingUpdate, QueryRequest, Workflow, WorkflowClaim
+from .status import TERMINAL_STATUSES, QueryStatus, UpdateStatus, WorkflowStatus
 from .store import mailbox
 from .store.clock import db_now
 from .validation import validate_key, validate_name
@@ -252,17 +252,17 @@ def await_update(workflow_id: str, name: str, update_id: str, wait: Wait) -> Any
         Workflow.objects.using(alias).filter(pk=OuterRef("workflow_id"), run_id=OuterRef("run_id")).values("status")[:1]
     )
     # An update admitted to a run as it continued as new is carried to the next run by the mailbox sweep
-    # (store/continuation.carry_late) while the workflow is active: its caller waits for that.
-    carried = Exists(ContinuedRun.objects.using(alias).filter(run_id=OuterRef("run_id"))) & Exists(
-        Workflow.objects.using(alias).filter(pk=OuterRef("workflow_id"), status__in=list(ACTIVE_STATUSES))
+    # while the workflow is active (mailbox.to_be_carried): its caller waits for that.
+    carried = PendingUpdate.objects.using(alias).filter(
+        mailbox.to_be_carried(PendingUpdate, "idempotency_key", alias), pk=update_id, status=UpdateStatus.ADMITTED
     )
     final = False
     while True:
         row = (
             PendingUpdate.objects.using(alias)
             .filter(pk=update_id)
-            .annotate(run_status=run_status, carried=carried)
-            .values("status", "result", "error", "issues", "run_status", "carried")
+            .annotate(run_status=run_status)
+            .values("status", "result", "error", "issues", "run_status")
             .first()
         )
         if row is None:
@@ -271,7 +271,7 @@ def await_update(workflow_id: str, name: str, update_id: str, wait: Wait) -> Any
             )
         if row["status"] in _SETTLED:
             return _update_outcome(workflow_id, name, row)
-        ended = row["run_status"] is None and not (row["carried"] and row["status"] == UpdateStatus.ADMITTED)
+        ended = row["run_status"] is None and not carried.exists()
         if ended or row["run_status"] in TERMINAL_STATUSES:
             # The run ended without answering (a transition, or an admission that raced the end):
             # nothing can apply it any more (no engine holds a finished run), so close it.

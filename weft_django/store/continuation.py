@@ -149,16 +149,13 @@ def _move_late(rows: Any, state: str, waiting: str, key: str, current: Any, usin
     of several with one key on earlier runs only the lowest pk moves: the UPDATE never makes two rows
     of one key on a run. Returns (the workflows moved to, how many rows)."""
     continued = ContinuedRun.objects.using(using).values("run_id")
-    same_on_current = rows.model.objects.using(using).filter(
-        workflow_id=OuterRef("workflow_id"), run_id=Subquery(current.values("run_id")[:1]), **{key: OuterRef(key)}
-    )
     earlier_same = rows.model.objects.using(using).filter(
         workflow_id=OuterRef("workflow_id"),
         run_id__in=continued,
         pk__lt=OuterRef("pk"),
         **{key: OuterRef(key), state: waiting},
     )
-    late = rows.filter(Exists(current), ~Exists(same_on_current), ~Exists(earlier_same), run_id__in=continued)
+    late = rows.filter(mailbox.to_be_carried(rows.model, key, using), ~Exists(earlier_same))
     # Read first, write only what was found (on SQLite an UPDATE that matches nothing still locks).
     found = dict(late.filter(**{state: waiting}).values_list("pk", "workflow_id")[:1000])
     if not found:

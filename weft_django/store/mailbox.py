@@ -331,10 +331,11 @@ def _same_run_active(using: str) -> Any:
     )
 
 
-def _to_be_carried(model: Any, key: str, using: str) -> Q:
-    """Rows of a run that continued as new, of a workflow still active, whose ``key`` its current run
-    does not have: the sweep's carrying part (store/continuation.carry_late, at most 1,000 a pass) moves
-    them to the current run, so they are never dropped or failed as late, whenever they committed."""
+def to_be_carried(model: Any, key: str, using: str) -> Q:
+    """The carry rule, for rows of ``model`` (signals, updates): of a run that continued as new, of a
+    workflow still active, with a ``key`` its current run does not have. The sweep's carrying part
+    (store/continuation.carry_late, at most 1,000 a pass) moves them to the current run; they are never
+    dropped or failed as late, whenever they committed, and ``update()`` waits for the move."""
     current = Workflow.objects.using(using).filter(pk=OuterRef("workflow_id"), status__in=list(ACTIVE_STATUSES))
     on_current = model.objects.using(using).filter(
         workflow_id=OuterRef("workflow_id"), run_id=Subquery(current.values("run_id")[:1]), **{key: OuterRef(key)}
@@ -350,13 +351,13 @@ def drop_late_signals(using: str) -> int:
     commit while the run's terminal commit is in flight, after the statement that drops the run's
     unconsumed signals read them. signal() returned normally (the signal was recorded); the run ended
     without consuming it, so it is dropped, as one sent a moment earlier would have been. A signal of a
-    run that continued as new is kept for the sweep's carrying part (``_to_be_carried``), unless the
+    run that continued as new is kept for the sweep's carrying part (``to_be_carried``), unless the
     current run has its id already or it is a child's end record. Returns how many were marked."""
     signals = BufferedSignal.objects.using(using)
     late = list(
         signals.filter(state=SignalState.BUFFERED)
         .exclude(Exists(_same_run_active(using)))
-        .exclude(_to_be_carried(BufferedSignal, "signal_id", using) & ~Q(name__startswith=CHILD_MAILBOX_PREFIX))
+        .exclude(to_be_carried(BufferedSignal, "signal_id", using) & ~Q(name__startswith=CHILD_MAILBOX_PREFIX))
         .values_list("pk", flat=True)[:CLEANUP_BATCH]
     )
     if not late:
@@ -389,7 +390,7 @@ def cleanup(now: datetime, cutoff: datetime, grace: timedelta, using: str) -> in
     orphaned = list(
         updates.filter(status__in=[UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED], created_at__lt=now - grace)
         .exclude(Exists(_same_run_active(using)))
-        .exclude(Q(status=UpdateStatus.ADMITTED) & _to_be_carried(PendingUpdate, "idempotency_key", using))
+        .exclude(Q(status=UpdateStatus.ADMITTED) & to_be_carried(PendingUpdate, "idempotency_key", using))
         .values_list("pk", flat=True)[:CLEANUP_BATCH]
     )
     if orphaned:  # runs that ended through a transition, which closes admitted updates only

@@ -165,7 +165,6 @@ def _choose(queue: str, free: int, using: str) -> list[str]:
     admitted, not ended run holds. Each page is read past the keys in use (or chosen already), in SQL:
     a long backlog of one busy key never fills the pages and starves the runs behind it."""
     held = _active(queue, using).filter(concurrency_key__isnull=False).values("concurrency_key")
-    in_use = {row["concurrency_key"] for row in held}
     waiting = (
         Workflow.objects.using(using)
         .filter(queue=queue, status=WorkflowStatus.PENDING, admitted_at__isnull=True)
@@ -190,7 +189,7 @@ def _choose(queue: str, free: int, using: str) -> list[str]:
         )
         for wid, _priority, _created, key in rows:
             if key is not None:
-                if key in in_use or key in taken:
+                if key in taken:
                     continue
                 taken.add(key)
             chosen.append(wid)
