@@ -455,6 +455,8 @@ class Engine:
         self.refused_commits += len(result.lost)
         if result.lost:
             self._depose(set(result.lost), reason="fenced commit refused")
+        for owned in filter(None, map(self.owned.get, result.stale)):  # a step it believed running was settled
+            self._refused(owned)
         for writes in batch:
             if writes.workflow_id not in result.committed:
                 continue
@@ -556,14 +558,13 @@ class Engine:
         self._publish_epochs()
 
     def _refused(self, owned: Owned) -> None:
-        """An atomic activity's commit was refused: reload the workflow from the durable log."""
+        """An atomic attempt's commit disagrees with this context (refused, or settled a step): reload."""
         self.refused_commits += 1
         self._reload[owned.workflow_id] = owned.epoch
-        self._drop(owned.workflow_id, reason="an atomic activity's commit was refused; reloading")
+        self._drop(owned.workflow_id, reason="an atomic activity's commit disagrees with this context; reloading")
 
     def reload_all(self) -> None:
-        """Replay every owned workflow from what is durable (after a pass failed): nothing carried is
-        kept, every owned workflow is dropped and loaded again on the next pass."""
+        """After a pass failed: drop every owned workflow and nothing carried; reload them all from the log."""
         self._reload.update({wid: o.epoch for wid, o in self.owned.items()})
         self._carried = {}  # nothing of them is durable: the reload replays from what is
         self._drop_all(None)

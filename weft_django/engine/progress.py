@@ -488,6 +488,8 @@ class Progress:
         if fire_at is not None:
             self._arm_timer(owned, TimerKind.ACTIVITY_RETRY, task.seq, fire_at, writes, attempt=task.attempt + 1)
             return
+        if task.definition.atomic:  # an older context's attempt may have committed the step meanwhile
+            writes_of(owned, writes).guards[task.seq] = task.attempt
         self.settle(owned, steps.activity_failed(task, error, now), writes, changed)
 
     def expire_attempts(self, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]) -> None:
@@ -539,9 +541,13 @@ class Progress:
                 leaf_op = next(leaf.op for leaf in owned.run.pending_leaves() if leaf.seq == seq)
                 assert isinstance(leaf_op, RunActivity)
                 step = owned.run.steps[seq]
-                step.attempts = timer.attempt or step.attempts + 1
-                writes_of(owned, writes).steps.append(step)  # the attempt count is durable before dispatch
-                self.attention.queue(owned, self._task(owned, seq, leaf_op, step.attempts, step.started_at or now))
+                believed, step.attempts = step.attempts, timer.attempt or step.attempts + 1
+                pending = writes_of(owned, writes)
+                pending.steps.append(step)  # the attempt count is durable before dispatch
+                task = self._task(owned, seq, leaf_op, step.attempts, step.started_at or now)
+                if task.definition.atomic:  # an older context's attempt may have committed it meanwhile
+                    pending.guards[seq] = believed
+                self.attention.queue(owned, task)
             return
         leaf = next((lf for lf in owned.run.pending_leaves() if lf.seq == seq), None)
         fired = steps.timer_fired(kind, seq, leaf, now)

@@ -28,9 +28,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q
 
 from ..models import AppliedUpdate, Step, Timer, Workflow
-from ..status import ACTIVE_STATUSES, UpdateStatus
+from ..status import ACTIVE_STATUSES, StepStatus, UpdateStatus
 from . import claims, continuation, mailbox, notify, sessions, visibility
 from .backend import backend
 from .children import ChildStart, report_child_end, start_children
@@ -178,7 +179,9 @@ def fenced_commit(
 
     The fence never waits for a row another transaction holds (SKIP LOCKED): such a workflow is
     returned in ``busy`` with nothing written, so one user transaction holding one claim cannot stall
-    the rest of the batch; the engine carries its writes to the next pass.
+    the rest of the batch; the engine carries its writes to the next pass. A workflow one of whose
+    guarded steps another transaction settled (``WorkflowWrites.guards``) is returned in ``stale``,
+    nothing written: its context is stale.
 
     Args:
         engine_id: the committing engine; ``batch``: the workflows' writes; ``now``: workflow time.
@@ -196,6 +199,7 @@ def fenced_commit(
     ttl = claim_ttl or timedelta(seconds=30)
     held: set[str] = set()
     busy: set[str] = set()
+    stale: set[str] = set()
     children: dict[str, int] = {}
     if _fits_one_statement(batch, using) and not visibility.has_attributes(batch):
         held, deferred = commit_in_one_statement(engine_id, batch, now, using)
@@ -205,6 +209,8 @@ def fenced_commit(
         with transaction.atomic(using=using):
             locked, families_busy = _lock_general(engine_id, batch, using)
             kept = [w for w in batch if w.workflow_id in locked and w.workflow_id not in families_busy]
+            stale = settled_elsewhere(kept, using)  # their guarded step was settled by another transaction
+            kept = [w for w in kept if w.workflow_id not in stale]
             if kept:
                 children = _apply(engine_id, kept, now, using, ttl, hooks)
         held |= locked - families_busy
@@ -223,7 +229,13 @@ def fenced_commit(
             engine_id,
             sorted(busy),
         )
-    return FenceResult(held, lost, children, busy)
+    if stale:
+        logger.warning(
+            "fenced commit refused workflow(s) whose step another transaction settled engine=%s workflows=%s",
+            engine_id,
+            sorted(stale),
+        )
+    return FenceResult(held - stale, lost, children, busy, stale)
 
 
 def _lock_general(engine_id: str, batch: list[WorkflowWrites], using: str) -> tuple[set[str], set[str]]:
@@ -400,6 +412,31 @@ def write_steps(batch: list[WorkflowWrites], now: datetime, using: str) -> None:
             unique_fields=["run_id", "seq"],
             update_fields=["kind", "name", "status", "result", "error", "attempts", "epoch", "completed_at"],
         )
+
+
+def settled_elsewhere(batch: list[WorkflowWrites], using: str) -> set[str]:
+    """The workflows of ``batch`` with a guarded step (``WorkflowWrites.guards``) that is no longer
+    running at the attempt their context believes: an atomic attempt of an older context of the
+    workflow (reloaded at the same epoch) committed it. Called under the fence: every writer of a
+    step holds the workflow's claim lock, so what this reads cannot change before the commit. A
+    guarded step with no row yet is not settled (it is written by this very commit).
+
+    Args:
+        batch: the writes whose claims this transaction has locked.
+        using: the connection alias.
+    """
+    wanted = {(w.run_id, seq): (w.workflow_id, attempt) for w in batch for seq, attempt in w.guards.items()}
+    if not wanted:
+        return set()
+    where = Q()
+    for run, seq in wanted:
+        where |= Q(run_id=run, seq=seq)
+    rows = Step.objects.using(using).filter(where).values_list("run_id", "seq", "status", "attempts")
+    return {
+        wanted[(str(run), seq)][0]
+        for run, seq, status, attempts in rows
+        if (status, attempts) != (StepStatus.RUNNING, wanted[(str(run), seq)][1])
+    }
 
 
 def _with_active_children(workflow_ids: list[str], using: str) -> set[str]:

@@ -110,7 +110,7 @@ def fits_one_statement(batch: list[WorkflowWrites], using: str) -> bool:
     """Whether this commit can be ONE autocommit statement that takes the fence itself (PostgreSQL,
     outside any transaction): a small batch (ONE_STATEMENT_MAX_WORKFLOWS) that writes only steps,
     consumed signals and terminal states of runs that are nobody's child. Updates, timers, stuck
-    flags and children keep the general path."""
+    flags, children and guarded steps (checked after the fence) keep the general path."""
     found = backend(using)
     if not found.batches_statements or found.connection.in_atomic_block or not step_columns_known():
         return False
@@ -128,6 +128,7 @@ def fits_one_statement(batch: list[WorkflowWrites], using: str) -> bool:
             or w.children
             or w.parent
             or w.continued
+            or w.guards
         )
         for w in batch
     )

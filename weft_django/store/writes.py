@@ -111,6 +111,12 @@ class WorkflowWrites:
     # Whether the run may have children to close when it ends: the engine sets False for a run with no
     # child step in its history (then its end skips the descendant queries); True is always safe.
     started_children: bool = True
+    # Steps another transaction may settle (an atomic attempt commits its own step, and one of an older
+    # context of this workflow may still do so after a reload at the same epoch): seq -> the attempt
+    # this context believes is running. If such a step is no longer running at that attempt when the
+    # fence is taken, nothing of this workflow is written (FenceResult.stale): a settled step is never
+    # overwritten (store/runs.settled_elsewhere).
+    guards: dict[int, int] = dataclasses.field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
@@ -138,6 +144,9 @@ class FenceResult:
     # Still ours, but a row the commit needed (the claim, or a child's claim that a finishing run
     # closes) was locked by another transaction: nothing of theirs was written; retry next pass.
     busy: set[str] = dataclasses.field(default_factory=set)
+    # Still ours, but a guarded step (WorkflowWrites.guards) was settled by another transaction: nothing
+    # of theirs was written; their context is stale, reload it from the durable log.
+    stale: set[str] = dataclasses.field(default_factory=set)
 
 
 class UpdateRaceLost(Exception):
