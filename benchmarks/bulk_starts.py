@@ -1,7 +1,8 @@
 """Bulk and concurrent starts (issue 16, items 1 and 2), peers in the same run; prints tables.
 
     PYTHONPATH=$PWD /work/venv-bench/bin/python -m benchmarks.bulk_starts [--workflows 10000]
-        [--parts many,concurrent] [--systems weft,dbos,raw] [--per-client 400] [--json FILE]
+        [--parts many,concurrent] [--systems weft,dbos,raw] [--steps regular|local] [--per-client 400]
+        [--json FILE]
 
 Databases (dropped and re-created): ``<prefix>weft``, ``<prefix>dbos``, ``<prefix>raw`` with the prefix
 WEFT_BENCH_PEER_PREFIX (default here ``weft_bulk_``).
@@ -12,7 +13,10 @@ many: N workflows of three no-op activities (``bench.three_noop``) run to comple
     Against, in the same run: DBOS starting N with its fastest APIs from one client loop
     (``DBOS.start_workflow`` and ``queue.enqueue``, benchmarks/peer_apps/dbos_bench.py, the better of
     the two is the ratio's denominator) and the raw-SQL ceiling at 100 workflows' steps per transaction
-    (benchmarks/raw_sql.py, the same rows, no engine).
+    (benchmarks/raw_sql.py, the same rows, no engine). ``--steps local``: weft_django runs
+    ``bench.three_local`` (the same three no-op steps as local activities: in the engine's process,
+    results committed with the run's end, at-least-once, as DBOS steps are), and the ceiling is the raw
+    pattern of those rows (``raw_sql --pattern local``: 3 commits per group instead of 8).
 concurrent: ``weft.start(three_noop)`` from 1, 4 and 16 client threads of this process and from 4
     client processes, each client ``--per-client`` starts back to back, no engine running (the start
     path alone); starts/s over the wall time and p50/p99 of one start's latency. Each configuration
@@ -87,11 +91,13 @@ def weft_many(
     loop: bool = False,
     engines: int = 1,
     processes: int = 1,
+    steps: str = "regular",
 ) -> dict[str, Any]:
     import weft_django as weft
-    from benchmarks.benchapp.workflows import three_noop
+    from benchmarks.benchapp.workflows import three_local, three_noop
     from benchmarks.peer_apps.weft_bench import Engine, _completed, settle
 
+    workflow = three_local if steps == "local" else three_noop
     label = "loop" if loop else f"many{engines}" + (f"x{processes}" if processes > 1 else "")
     logs = {k: RESULTS / f"{stamp}-bulk-engine-{label}-{k}.log" for k in range(2, engines + 1)}
     others = [Engine(f"bulk-{k}", concurrency, log) for k, log in logs.items()]
@@ -100,7 +106,7 @@ def weft_many(
         for other in others:
             other.wait_ready()
         engine.wait_ready()
-        weft.start_many([weft.StartRequest(three_noop, args=[i]) for i in range(20)])  # warm-up
+        weft.start_many([weft.StartRequest(workflow, args=[i]) for i in range(20)])  # warm-up
         common.wait_until(lambda: _completed() >= 20, 60, what="warm-up")
         settle()
         before, cpu0 = common.db_counters(common.DATABASES["weft"]), _cpu([engine, *others])
@@ -109,9 +115,9 @@ def weft_many(
         sampler.start()
         t0 = time.perf_counter()
         if loop:  # the comparison: one weft.start() per workflow, back to back
-            handles = [weft.start(three_noop, args=[i]) for i in range(n)]
+            handles = [weft.start(workflow, args=[i]) for i in range(n)]
         else:
-            handles = weft.start_many([weft.StartRequest(three_noop, args=[i]) for i in range(n)])
+            handles = weft.start_many([weft.StartRequest(workflow, args=[i]) for i in range(n)])
         t_started = time.perf_counter()
         spy = _profile(engine.process.pid, 15, RESULTS / f"{stamp}-bulk-engine.pyspy") if profile else None
         assert all(isinstance(h, weft.WorkflowHandle) for h in handles)
@@ -162,14 +168,16 @@ def dbos_many(n: int, stamp: str) -> dict[str, Any]:
     return _subprocess([*command, "--latency", "1", "--signals", "1", "--no-progress"], out)
 
 
-def raw_many(n: int, stamp: str) -> dict[str, Any]:
+def raw_many(n: int, stamp: str, steps: str = "regular") -> dict[str, Any]:
     out = RESULTS / f"{stamp}-bulk-raw.json"
     command = [sys.executable, "-m", "benchmarks.raw_sql", "--workflows", str(n), "--batches", "100"]
+    command += ["--pattern", steps]
     return _subprocess([*command, "--json", str(out)], out)
 
 
 def report_many(
     n: int,
+    steps: str,
     weft: dict[str, Any],
     dbos: dict[str, Any],
     raw: dict[str, Any],
@@ -198,9 +206,11 @@ def report_many(
             )
     ceiling = next((m["workflows_per_s"] for m in raw.get("modes", []) if m["batch"] == 100), None)
     if ceiling:
-        rows.append(["raw SQL, 100 workflows' steps per transaction", _fmt(ceiling), "", _ratio(ceiling, w)])
+        pattern = next((m.get("pattern", "regular") for m in raw.get("modes", []) if m["batch"] == 100), "")
+        rows.append([f"raw SQL ({pattern}), 100 workflows per transaction", _fmt(ceiling), "", _ratio(ceiling, w)])
     lines = [
-        f"many: {n:,} workflows x 3 no-op steps, started at once, run to completion (one engine / one DBOS process)",
+        f"many: {n:,} workflows x 3 no-op steps ({steps} activities for weft_django), started at once, run to "
+        "completion (one engine / one DBOS process)",
         table(["system", "workflows/s", "starts/s", "peer / weft_django"], rows),
         f"weft_django / best DBOS: {_ratio(w, best)} (goal >= 25x); weft_django / raw-SQL 100-batch ceiling: "
         f"{(w / ceiling * 100) if w and ceiling else float('nan'):.0f}% (goal >= 80%)",
@@ -381,6 +391,7 @@ def main(argv: list[str] | None = None) -> None:
         default="weft,loop,dbos,raw",
         help="many: which (loop: weft start() loop; weft2: two engines; weftp2: weft_engine --processes 2)",
     )
+    parser.add_argument("--steps", choices=("regular", "local"), default="regular", help="many: weft's activities")
     parser.add_argument("--per-client", type=int, default=400, help="concurrent: starts per client")
     parser.add_argument("--rounds", type=int, default=2, help="concurrent: rounds (the three modes rotate)")
     parser.add_argument("--engine-concurrency", type=int, default=8, help="many: weft_engine --concurrency")
@@ -399,14 +410,14 @@ def main(argv: list[str] | None = None) -> None:
     found: dict[str, Any] = {"machine": meta, "command": " ".join(sys.argv)}
     lines = [f"date {meta['date']}; {meta['nproc']} CPUs; PostgreSQL {meta['postgresql']}; code {meta['git']}"]
     if "many" in parts:
-        n = options.workflows
+        n, steps = options.workflows, options.steps
         load: dict[str, float] = {}
         runners = {
-            "weft": lambda: weft_many(n, stamp, options.profile, options.engine_concurrency),
-            "weft_loop": lambda: weft_many(n, stamp, concurrency=options.engine_concurrency, loop=True),
-            "weft2": lambda: weft_many(n, stamp, concurrency=options.engine_concurrency, engines=2),
-            "weftp2": lambda: weft_many(n, stamp, concurrency=options.engine_concurrency, processes=2),
-            "raw": lambda: raw_many(n, stamp),
+            "weft": lambda: weft_many(n, stamp, options.profile, options.engine_concurrency, steps=steps),
+            "weft_loop": lambda: weft_many(n, stamp, concurrency=options.engine_concurrency, loop=True, steps=steps),
+            "weft2": lambda: weft_many(n, stamp, concurrency=options.engine_concurrency, engines=2, steps=steps),
+            "weftp2": lambda: weft_many(n, stamp, concurrency=options.engine_concurrency, processes=2, steps=steps),
+            "raw": lambda: raw_many(n, stamp, steps),
             "dbos": lambda: dbos_many(n, stamp),
         }
         for name, runner in runners.items():
@@ -419,7 +430,14 @@ def main(argv: list[str] | None = None) -> None:
         lines += [
             "",
             report_many(
-                n, found["weft"], found["dbos"], found["raw"], found["weft_loop"], found["weft2"], found["weftp2"]
+                n,
+                steps,
+                found["weft"],
+                found["dbos"],
+                found["raw"],
+                found["weft_loop"],
+                found["weft2"],
+                found["weftp2"],
             ),
         ]
         lines.append("load average (1 min) before each: " + ", ".join(f"{k} {v:.1f}" for k, v in load.items()))
