@@ -98,6 +98,7 @@ def weft_many(
     from benchmarks.peer_apps.weft_bench import Engine, _completed, settle
 
     workflow = three_local if steps == "local" else three_noop
+    name = "bench.three_local" if steps == "local" else "bench.three_noop"
     label = "loop" if loop else f"many{engines}" + (f"x{processes}" if processes > 1 else "")
     logs = {k: RESULTS / f"{stamp}-bulk-engine-{label}-{k}.log" for k in range(2, engines + 1)}
     others = [Engine(f"bulk-{k}", concurrency, log) for k, log in logs.items()]
@@ -107,10 +108,10 @@ def weft_many(
             other.wait_ready()
         engine.wait_ready()
         weft.start_many([weft.StartRequest(workflow, args=[i]) for i in range(20)])  # warm-up
-        common.wait_until(lambda: _completed() >= 20, 60, what="warm-up")
+        common.wait_until(lambda: _completed(name) >= 20, 60, what="warm-up")
         settle()
         before, cpu0 = common.db_counters(common.DATABASES["weft"]), _cpu([engine, *others])
-        base = _completed()
+        base = _completed(name)
         sampler = Sampler(clients_only=False)
         sampler.start()
         t0 = time.perf_counter()
@@ -122,7 +123,7 @@ def weft_many(
         spy = _profile(engine.process.pid, 15, RESULTS / f"{stamp}-bulk-engine.pyspy") if profile else None
         assert all(isinstance(h, weft.WorkflowHandle) for h in handles)
         deadline = time.monotonic() + 600
-        while _completed() - base < n:
+        while _completed(name) - base < n:
             if time.monotonic() > deadline:
                 raise TimeoutError("weft: not all completed within 600 s")
             time.sleep(0.02)

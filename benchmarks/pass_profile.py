@@ -3,6 +3,7 @@ drained by an engine in THIS process, pass by pass; prints the passes, the workf
 commit, and the loop thread's time per statement shape.
 
     PYTHONPATH=$PWD /work/venv-bench/bin/python -m benchmarks.pass_profile [--workflows 10000] [--concurrency 8]
+        [--steps regular|local]
 
 Database ``<WEFT_BENCH_PG_NAME or weft_pass_profile>`` (dropped and re-created). The engine is the
 library's ``Engine`` ticked in a loop (no subprocess), so the figures include this process's own
@@ -25,6 +26,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workflows", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument(
+        "--steps", choices=("regular", "local"), default="regular", help="bench.three_noop or three_local"
+    )
     options = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
     name = os.environ.setdefault("WEFT_BENCH_PG_NAME", "weft_pass_profile")
@@ -40,7 +44,7 @@ def main() -> None:
     from django.db import connection
 
     import weft_django as weft
-    from benchmarks.benchapp.workflows import three_noop
+    from benchmarks.benchapp.workflows import three_local, three_noop
     from weft_django.engine.engine import Engine
     from weft_django.models import Workflow
 
@@ -69,7 +73,8 @@ def main() -> None:
     engine._commit = counting_commit  # type: ignore[method-assign]
     engine.start()
     n = options.workflows
-    weft.start_many([weft.StartRequest(three_noop, args=[i]) for i in range(n)])
+    workflow = three_local if options.steps == "local" else three_noop
+    weft.start_many([weft.StartRequest(workflow, args=[i]) for i in range(n)])
     connection.execute_wrappers.append(timed)  # the engine's statements from here on (the loop runs here)
     started, passes, most = time.perf_counter(), 0, 0
     while True:

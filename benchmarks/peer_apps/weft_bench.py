@@ -90,10 +90,10 @@ class Engine:
         self._log.close()
 
 
-def _completed() -> int:
+def _completed(workflow_type: str = "bench.three_noop") -> int:
     from weft_django.models import Workflow
 
-    return Workflow.objects.filter(status="completed", workflow_type="bench.three_noop").count()
+    return Workflow.objects.filter(status="completed", workflow_type=workflow_type).count()
 
 
 def throughput(n: int, progress: bool) -> dict[str, Any]:
