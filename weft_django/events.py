@@ -252,6 +252,9 @@ def committed(engine: Any, batch: Iterable[WorkflowWrites], result: FenceResult)
     for reason in result.lost.values():
         counts.commits_refused += 1
         metrics.commit_refused(reason)
+    for _ in result.stale:  # a step its context believed running was settled by an atomic attempt
+        counts.commits_refused += 1
+        metrics.commit_refused("atomic")
 
 
 def _log_failed(engine: Any, writes: WorkflowWrites) -> None:

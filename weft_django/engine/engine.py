@@ -561,7 +561,7 @@ class Engine:
         """An atomic attempt's commit disagrees with this context (refused, or settled a step): reload."""
         self.refused_commits += 1
         self._reload[owned.workflow_id] = owned.epoch
-        self._drop(owned.workflow_id, reason="an atomic activity's commit disagrees with this context; reloading")
+        self._drop(owned.workflow_id, reason="refused: an atomic activity's commit disagrees; reloading")
 
     def reload_all(self) -> None:
         """After a pass failed: drop every owned workflow and nothing carried; reload them all from the log."""

@@ -484,12 +484,12 @@ class Progress:
         writes: dict[str, WorkflowWrites],
         changed: set[str],
     ) -> None:
+        if task.definition.atomic:  # an older context's attempt may have committed the step meanwhile
+            writes_of(owned, writes).guards[task.seq] = task.attempt
         fire_at = steps.retry_at(task, retryable, now)
         if fire_at is not None:
             self._arm_timer(owned, TimerKind.ACTIVITY_RETRY, task.seq, fire_at, writes, attempt=task.attempt + 1)
             return
-        if task.definition.atomic:  # an older context's attempt may have committed the step meanwhile
-            writes_of(owned, writes).guards[task.seq] = task.attempt
         self.settle(owned, steps.activity_failed(task, error, now), writes, changed)
 
     def expire_attempts(self, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]) -> None:

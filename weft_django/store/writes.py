@@ -115,7 +115,7 @@ class WorkflowWrites:
     # context of this workflow may still do so after a reload at the same epoch): seq -> the attempt
     # this context believes is running. If such a step is no longer running at that attempt when the
     # fence is taken, nothing of this workflow is written (FenceResult.stale): a settled step is never
-    # overwritten (store/runs.settled_elsewhere).
+    # overwritten (store/commit.settled_elsewhere).
     guards: dict[int, int] = dataclasses.field(default_factory=dict)
 
     @property
