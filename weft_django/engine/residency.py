@@ -41,6 +41,9 @@ class Residency:
         self.limit = limit
         self.reload = reload
         self.evicted: dict[str, int] = {}  # claim held, generator not in memory: workflow id -> epoch
+        # The mail mark (store.mailbox.held_with_mail) a sweep last recalled each workflow for: its
+        # context has read that mail, so the same mark on an evicted workflow is no reason to load it.
+        self._seen: dict[str, tuple[tuple[str, int, str], ...]] = {}
         self.evictions = 0
         self.recalls = 0
         self._short: tuple[float, int] | None = None  # after a short scan: (retry at, resident count then)
@@ -105,11 +108,21 @@ class Residency:
         return engine.settings.workflow_claim_renew_interval.total_seconds()
 
     def sweep(self, engine: EngineHost, now: datetime) -> bool:
-        """Recall the evicted workflows with a buffered signal or an admitted update (a lost wake-up)."""
+        """Recall the evicted workflows with a buffered signal or an admitted update they have not seen
+        (a lost wake-up). Mail a context read before it was evicted (a signal of a name it does not
+        wait for yet) is not a reason to load it again: a workflow recalled for a mark is not recalled
+        for the same mark, only once its mail changes (a new signal or update, or one taken)."""
         if not self.evicted:
+            self._seen = {}
             return False
         began = len(self.evicted)
-        self.recall(mailbox.held_with_mail(engine.engine_id, engine.using))
+        marks = mailbox.held_with_mail(engine.engine_id, engine.using)
+        new = [wid for wid, mark in marks.items() if wid in self.evicted and self._seen.get(wid) != mark]
+        # The marks of the workflows recalled now; the others keep theirs (a resident one's old mark:
+        # mail its context has not read yet must still recall it once evicted). Workflows with no mail
+        # any more drop out, so this holds no more than the held workflows with mail.
+        self._seen = {wid: self._seen[wid] for wid in marks if wid in self._seen} | {wid: marks[wid] for wid in new}
+        self.recall(new)
         return len(self.evicted) < began
 
 
