@@ -501,7 +501,10 @@ def answer_queries(engine: EngineHost, now: datetime, writes: dict[str, Workflow
                     continue
                 fields = _answer(engine, wid, name, arg, has_arg)
             elif holder == engine.engine_id and owned is None:
-                continue  # claimed by us and about to be loaded: answered on a later pass
+                # Claimed by us and about to be loaded (this pass's claim step loads what is recalled):
+                # answered on the next pass, not left for the next poll.
+                engine._queries_waiting = engine._queries_waiting or wid in engine._reload
+                continue
             elif holder is not None:
                 if owned is not None:
                     stale[wid] = owned.epoch  # our live context is stale: it must not answer
