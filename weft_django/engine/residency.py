@@ -41,9 +41,10 @@ class Residency:
         self.limit = limit
         self.reload = reload
         self.evicted: dict[str, int] = {}  # claim held, generator not in memory: workflow id -> epoch
-        # The mail mark (store.mailbox.held_with_mail) a sweep last recalled each workflow for: its
-        # context has read that mail, so the same mark on an evicted workflow is no reason to load it.
-        self._seen: dict[str, tuple[tuple[str, int, str], ...]] = {}
+        # The hash of the mail mark (store.mailbox.held_with_mail) a sweep last recalled each workflow
+        # for: its context has read that mail, so the same mark on an evicted workflow is no reason to
+        # load it. Only workflows with mail have an entry (an int, not the mark: a million parked).
+        self._seen: dict[str, int] = {}
         self.evictions = 0
         self.recalls = 0
         self._short: tuple[float, int] | None = None  # after a short scan: (retry at, resident count then)
@@ -71,7 +72,7 @@ class Residency:
 
     def evict(self, owned: dict[str, Owned], busy: Callable[[str], bool]) -> list[Owned]:
         """Evict idle parked workflows until at most ``limit`` are resident, oldest loaded first.
-        ``busy(wid)``: the workflow has writes waiting for a commit. Returns the evicted ones (their
+        ``busy(wid)``: the workflow has writes waiting for a commit, or mail to look at. Returns the evicted ones (their
         generators closed; the caller publishes the claims to renew)."""
         if self.limit is None or len(owned) <= self.limit:
             return []
@@ -116,7 +117,7 @@ class Residency:
             self._seen = {}
             return False
         began = len(self.evicted)
-        marks = mailbox.held_with_mail(engine.engine_id, engine.using)
+        marks = {wid: hash(mark) for wid, mark in mailbox.held_with_mail(engine.engine_id, engine.using).items()}
         new = [wid for wid, mark in marks.items() if wid in self.evicted and self._seen.get(wid) != mark]
         # The marks of the workflows recalled now; the others keep theirs (a resident one's old mark:
         # mail its context has not read yet must still recall it once evicted). Workflows with no mail

@@ -424,25 +424,28 @@ def cleanup(now: datetime, cutoff: datetime, grace: timedelta, using: str) -> in
 
 
 def held_with_mail(engine_id: str, using: str) -> dict[str, tuple[tuple[str, int, str], ...]]:
-    """The workflows held by ``engine_id`` with a buffered signal or an admitted update (the sweep
-    behind LISTEN for evicted workflows, engine/residency.py): read from the buffered signals and
-    the admitted updates, each one's claim probed by key, never the engine's held claims. Each comes
-    with its mail's mark: per kind ("s" signals, "u" updates) how many and the newest (the highest
-    signal id and the sum of the ids, the latest update's creation), so a later sweep can tell mail
-    it has seen from new."""
-    claim_table = WorkflowClaim._meta.db_table
+    """The workflows held by ``engine_id`` with a buffered signal or an admitted update of their current
+    run (the sweep behind LISTEN for evicted workflows, engine/residency.py): read from the buffered
+    signals and the admitted updates, each one's claim probed by key, never the engine's held claims.
+    Each comes with its mail's mark: per kind ("s" signals, "u" updates) how many and which (the
+    highest signal id and the sum of the ids; the earliest and latest update's creation), so that a
+    later sweep can tell mail it has seen from new. Late mail of an earlier run is left out: it is
+    not this run's until it is carried to it, which changes the mark."""
+    claim_table, run_table = WorkflowClaim._meta.db_table, Workflow._meta.db_table
     sql = (
         f"SELECT s.workflow_id, 's', COUNT(*), CAST(MAX(s.id) AS TEXT) || ':' || CAST(SUM(s.id) AS TEXT) "
-        f"FROM {SIGNAL_TABLE} s "
-        f"JOIN {claim_table} c ON c.workflow_id = s.workflow_id "
+        f"FROM {SIGNAL_TABLE} s JOIN {claim_table} c ON c.workflow_id = s.workflow_id "
+        f"JOIN {run_table} w ON w.id = s.workflow_id AND w.run_id = s.run_id "
         f"WHERE s.{BUFFERED_STATE_SQL} AND c.engine_id = %s GROUP BY s.workflow_id "
-        f"UNION ALL SELECT u.workflow_id, 'u', COUNT(*), CAST(MAX(u.created_at) AS TEXT) FROM {UPDATE_TABLE} u "
-        f"JOIN {claim_table} c ON c.workflow_id = u.workflow_id "
+        "UNION ALL SELECT u.workflow_id, 'u', COUNT(*), "
+        "CAST(MIN(u.created_at) AS TEXT) || ':' || CAST(MAX(u.created_at) AS TEXT) "
+        f"FROM {UPDATE_TABLE} u JOIN {claim_table} c ON c.workflow_id = u.workflow_id "
+        f"JOIN {run_table} w ON w.id = u.workflow_id AND w.run_id = u.run_id "
         f"WHERE u.status = %s AND c.engine_id = %s GROUP BY u.workflow_id"
     )
     marks: dict[str, list[tuple[str, int, str]]] = {}
     with backend(using).connection.cursor() as cursor:
         cursor.execute(sql, [engine_id, UpdateStatus.ADMITTED, engine_id])
-        for workflow_id, kind, count, newest in cursor.fetchall():
-            marks.setdefault(workflow_id, []).append((kind, int(count), str(newest)))
+        for workflow_id, kind, count, which in cursor.fetchall():
+            marks.setdefault(workflow_id, []).append((kind, int(count), str(which)))
     return {workflow_id: tuple(sorted(mark)) for workflow_id, mark in marks.items()}
