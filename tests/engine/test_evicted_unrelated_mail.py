@@ -59,3 +59,22 @@ def test_an_evicted_workflow_is_recalled_for_new_mail_only() -> None:
         assert weft.get_handle(wid).result(timeout=1) == "found by the sweep"
     finally:
         engine.shutdown()
+
+
+@override_settings(WEFT=ONE_RESIDENT)
+def test_a_quiet_engine_over_its_limit_does_not_reload_its_evicted_workflows() -> None:
+    """A workflow was evicted in the pass that loaded it, before its mailbox was looked at; the look
+    then recalled it, and the next pass evicted it again: a reload per pass for nothing (found by the
+    review of the mail marks). A workflow is evicted only once its mailbox has been looked at."""
+    engine = Engine("eum-quiet", concurrency=2)
+    engine.start()
+    try:
+        for n in range(3):
+            weft.start(carried_once, id=f"eum-quiet-{n}")
+        tick_until(engine, _settled(engine), "two of three evicted")
+        before = engine.residency.recalls
+        for _ in range(10):
+            engine.tick()
+        assert engine.residency.recalls == before, "evicted workflows reloaded with nothing to do"
+    finally:
+        engine.shutdown()
