@@ -66,7 +66,7 @@ class ScheduleFiring:
             now, skip_types=self._unknown_types, skip_ids=self._failed, limit=SCHEDULES_PER_PASS, using=using
         )
         busy = False
-        for schedule_id in dict.fromkeys([*_with_waiting_runs(using), *due]):
+        for schedule_id in dict.fromkeys([*_with_waiting_runs(using, self._unknown_types), *due]):
             try:
                 busy |= self._process(schedule_id, now, using)
             except DatabaseError as exc:
@@ -152,6 +152,6 @@ class ScheduleFiring:
             )
 
 
-def _with_waiting_runs(using: str) -> list[str]:
-    """Schedules with a run queued by overlap="queue" and not released yet: their slot may have freed."""
-    return store.with_waiting_runs(SCHEDULES_PER_PASS, using)
+def _with_waiting_runs(using: str, unknown_types: set[str]) -> list[str]:
+    """Schedules with a run queued by overlap="queue" and not released yet, whose slot has freed."""
+    return store.with_waiting_runs(SCHEDULES_PER_PASS, using, skip_types=unknown_types)

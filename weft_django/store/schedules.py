@@ -6,8 +6,10 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+from django.db.models import Q
+
 from ..models import Schedule, Timer, Workflow
-from ..status import TimerKind, WorkflowStatus
+from ..status import ACTIVE_STATUSES, TimerKind, WorkflowStatus
 
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
 
@@ -65,14 +67,21 @@ def due_schedules(
     )
 
 
-def with_waiting_runs(limit: int, using: str) -> list[str]:
-    """Schedules with a run queued by overlap="queue" and not released yet (at most ``limit``)."""
+def with_waiting_runs(limit: int, using: str, skip_types: Iterable[str] = ()) -> list[str]:
+    """Schedules with a run queued by overlap="queue" and not released yet, whose slot is free: no
+    other active run of theirs occupies it (running, suspended, released or in a queue), as
+    ``schedules.occurrences.release_waiting`` requires. At most ``limit``; ``skip_types``: workflow
+    types this engine cannot release (another deploy's), left to an engine that knows them. Only the
+    releasable are read, so schedules blocked for long cannot hide, past ``limit``, one that freed."""
     released = Timer.objects.using(using).filter(kind=TimerKind.DELAYED_START).values("workflow_id")
+    waiting = Q(status=WorkflowStatus.PENDING, start_at__isnull=True, queue__isnull=True) & ~Q(pk__in=released)
+    runs = Workflow.objects.using(using).filter(schedule_id__isnull=False, status__in=list(ACTIVE_STATUSES))
+    occupied = runs.exclude(waiting).values("schedule_id")
     return [
         str(schedule_id)
-        for schedule_id in Workflow.objects.using(using)
-        .filter(status=WorkflowStatus.PENDING, schedule_id__isnull=False, start_at__isnull=True, queue__isnull=True)
-        .exclude(pk__in=released)
+        for schedule_id in runs.filter(waiting)
+        .exclude(schedule_id__in=occupied)
+        .exclude(workflow_type__in=list(skip_types))
         .order_by()
         .values_list("schedule_id", flat=True)
         .distinct()[:limit]
