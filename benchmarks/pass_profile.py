@@ -3,7 +3,7 @@ drained by an engine in THIS process, pass by pass; prints the passes, the workf
 commit, and the loop thread's time per statement shape.
 
     PYTHONPATH=$PWD /work/venv-bench/bin/python -m benchmarks.pass_profile [--workflows 10000] [--concurrency 8]
-        [--steps regular|local]
+        [--steps regular|local] [--cprofile 40]
 
 Database ``<WEFT_BENCH_PG_NAME or weft_pass_profile>`` (dropped and re-created). The engine is the
 library's ``Engine`` ticked in a loop (no subprocess), so the figures include this process's own
@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import collections
+import cProfile
 import os
+import pstats
 import re
 import threading
 import time
@@ -28,6 +30,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument(
         "--steps", choices=("regular", "local"), default="regular", help="bench.three_noop or three_local"
+    )
+    parser.add_argument(
+        "--cprofile", type=int, default=0, metavar="N", help="profile the drain; print the N top functions by own time"
     )
     options = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
@@ -76,6 +81,9 @@ def main() -> None:
     workflow = three_local if options.steps == "local" else three_noop
     weft.start_many([weft.StartRequest(workflow, args=[i]) for i in range(n)])
     connection.execute_wrappers.append(timed)  # the engine's statements from here on (the loop runs here)
+    profiler = cProfile.Profile() if options.cprofile else None
+    if profiler is not None:
+        profiler.enable()
     started, passes, most = time.perf_counter(), 0, 0
     while True:
         busy = engine.tick()
@@ -86,6 +94,8 @@ def main() -> None:
                 break
             engine._wait(0.01)
     elapsed = time.perf_counter() - started
+    if profiler is not None:
+        profiler.disable()
     engine.shutdown()
     print(f"{n:,} workflows in {elapsed:.2f} s ({n / elapsed:,.0f} wf/s), concurrency {options.concurrency}")
     print(
@@ -95,6 +105,9 @@ def main() -> None:
     print(f"the loop thread's statements: {sum(seconds.values()):.2f} s of {elapsed:.2f} s")
     for shape, spent in seconds.most_common(12):
         print(f"{spent:7.2f} s {calls[shape]:7,}  {shape}")
+    if profiler is not None:
+        print("\nthe drain under cProfile (its overhead included; the ranking is what matters):")
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(options.cprofile)
 
 
 if __name__ == "__main__":
