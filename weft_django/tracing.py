@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -31,6 +32,8 @@ MAX_CARRIER = 1024  # a longer serialised context (a huge tracestate) is not sto
 
 _MISSING = object()
 _api: Any = _MISSING  # the opentelemetry modules, or None: imported on first use
+_environment_provider: bool | None = None  # OTEL_PYTHON_TRACER_PROVIDER is set (read on first use)
+_NOOP: contextlib.AbstractContextManager[None] = contextlib.nullcontext()  # span() while tracing is off
 
 
 def _otel() -> Any:
@@ -48,19 +51,34 @@ def _otel() -> Any:
 
 
 def reset() -> None:
-    """Forget what was imported (tests that hide or restore opentelemetry)."""
-    global _api
-    _api = _MISSING
+    """Forget what was imported and what the environment said (tests that hide or restore opentelemetry)."""
+    global _api, _environment_provider
+    _api, _environment_provider = _MISSING, None
 
 
 def enabled() -> bool:
-    """Whether spans are recorded: opentelemetry is installed and a TracerProvider is configured."""
+    """Whether spans are recorded: opentelemetry is installed and a TracerProvider is configured.
+
+    Asked several times per workflow per engine pass. With no provider set in code, opentelemetry's
+    ``get_tracer_provider`` looks up ``OTEL_PYTHON_TRACER_PROVIDER`` in the environment on every call
+    (most of this function's cost); that variable is read once per process here, and the provider
+    set in code (``trace.set_tracer_provider``, opentelemetry's global) is looked at on every call,
+    so one set at any time is used from the next call on."""
     api = _otel()
     if api is None:
         return False
     trace = api[0]
-    provider = trace.get_tracer_provider()
-    return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+    if getattr(trace, "_TRACER_PROVIDER", _MISSING) is None and not _provider_from_environment():
+        return False
+    return not isinstance(trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+
+
+def _provider_from_environment() -> bool:
+    """Whether OTEL_PYTHON_TRACER_PROVIDER names a provider (read once per process; reset() forgets it)."""
+    global _environment_provider
+    if _environment_provider is None:
+        _environment_provider = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+    return _environment_provider
 
 
 def capture() -> str | None:
@@ -98,7 +116,6 @@ def _link(text: str | None) -> Any:
     return trace.Link(span_context) if span_context.is_valid else None
 
 
-@contextlib.contextmanager
 def span(
     name: str,
     *,
@@ -106,7 +123,7 @@ def span(
     kind: str = "INTERNAL",
     attributes: Mapping[str, Any] | None = None,
     links: Sequence[str | None] = (),
-) -> Iterator[Any]:
+) -> contextlib.AbstractContextManager[Any]:
     """A span named ``name``, current inside the block; yields it, or None when tracing is off.
 
     Args:
@@ -117,8 +134,14 @@ def span(
         links: stored contexts the span links to (a signal's delivery links to its run).
     """
     if not enabled():
-        yield None
-        return
+        return _NOOP  # the engine opens several per workflow and pass: nothing to build when off
+    return _recorded(name, carrier, kind, attributes, links)
+
+
+@contextlib.contextmanager
+def _recorded(
+    name: str, carrier: Any, kind: str, attributes: Mapping[str, Any] | None, links: Sequence[str | None]
+) -> Iterator[Any]:
     trace = _otel()[0]
     parent = None if carrier is _MISSING else _extract(carrier)
     found = [link for link in (_link(text) for text in links if text) if link is not None]

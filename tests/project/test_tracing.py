@@ -233,3 +233,18 @@ def test_outside_a_span_a_start_begins_its_own_trace_and_bad_contexts_are_ignore
     assert handle.result(timeout=5) == {"total": 3}
     for turn in _named(spans, "weft.workflow.turn"):
         assert turn.parent is None  # an unreadable context starts a new trace, it breaks nothing
+
+
+def test_a_provider_set_after_the_first_call_is_used_from_the_next_call_on(monkeypatch):
+    """enabled() is asked several times per workflow per engine pass and skips opentelemetry's
+    environment lookup while no provider is set; one set later is still seen at once."""
+    tracing.reset()
+    assert not tracing.enabled()
+    with tracing.span("weft.test") as span:
+        assert span is None
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", TracerProvider())
+    assert tracing.enabled()
+    with tracing.span("weft.test") as span:
+        assert span is not None
+    monkeypatch.undo()
+    assert not tracing.enabled()

@@ -207,6 +207,10 @@ class Progress:
         owned = self.owned.get(wid)
         if owned is None:
             return
+        if not tracing.enabled():  # the common case: no span, and no attributes built for it
+            self._advance(owned, now, writes, changed)
+            history_size.warn_if_long(owned)
+            return
         with tracing.span("weft.workflow.turn", carrier=owned.trace_context, attributes=span_attributes(owned)) as span:
             self._advance(owned, now, writes, changed)
             tracing.set_attribute(span, "weft.finished", owned.run.finished)
