@@ -278,6 +278,20 @@ def encode(value: Any, *, path: str = "value", max_bytes: int | None = None) -> 
     return text
 
 
+def storable_text(text: str) -> str:
+    """``text`` as a database text or jsonb value can hold it, for the messages weft records (an
+    exception's message and traceback, a validator's issue), not payloads (codec text, where JSON
+    escapes both): a NUL, which PostgreSQL refuses in text and in jsonb, is written as the four
+    characters ``\\x00``, and an unpaired surrogate, which UTF-8 cannot encode, as its ``\\udxxx`` escape."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
 def encode_payload(value: Any, *, path: str = "value") -> str:
     """``encode`` with the WEFT["PAYLOAD_MAX_BYTES"] limit."""
     return encode(value, path=path, max_bytes=_payload_limit())

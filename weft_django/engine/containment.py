@@ -9,6 +9,11 @@ pass by the handling of one workflow (a bug in weft, a row the loader cannot con
   made stuck with an EngineInternalError naming the exception, in a commit of its own; nothing else
   of the pass was committed, so every other owned workflow is reloaded from the database, as after
   a database error. The engine goes on.
+- ``contain_refused_commit``: the pass's fenced commit raised a DataError (the database refused a
+  value: a deterministic fault of one workflow's writes, which reloading and running again would
+  only repeat, re-running its activities each time). The batch is committed one workflow at a time,
+  so the others' writes land; the one whose own writes are refused is made stuck with the
+  database's reason, in a commit of its own, and retried with back-off.
 - ``load_each``: the batched loader raised for a chunk of claimed workflows: load them one by one,
   so the one whose row cannot be read is the only one left out (made stuck when its run can be
   named, released otherwise).
@@ -18,11 +23,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Protocol
 
-from django.db import DatabaseError
+from django.db import DatabaseError, DataError
 
 from ..exceptions import EngineInternalError
 from ..store import runs
@@ -96,6 +102,44 @@ def contain_tick_failure(engine: Loop, exc: Exception) -> bool:
     engine.reload_all()  # nothing of the pass was committed: replay the others from what is durable
     time.sleep(0.2)
     return True
+
+
+def contain_refused_commit(
+    engine: Loop,
+    batch: list[WorkflowWrites],
+    now: datetime,
+    exc: DataError,
+    commit: Callable[[list[WorkflowWrites], datetime], set[str]],
+) -> set[str]:
+    """Called by the engine's fenced commit when it raised ``exc``, a DataError. Returns the workflows
+    whose commit was deferred (as the commit does).
+
+    Args:
+        engine: the loop.
+        batch: the writes the refused commit carried.
+        now: workflow time of the pass.
+        exc: the database's refusal.
+        commit: the engine's fenced commit, for one workflow's writes at a time.
+    """
+    if len(batch) > 1:
+        logger.warning(
+            "fenced commit refused a value engine=%s; committing its %s workflows one by one: %s",
+            engine.engine_id,
+            len(batch),
+            exc,
+        )
+        deferred: set[str] = set()
+        for writes in batch:
+            deferred |= commit([writes], now)
+        return deferred
+    writes = batch[0]
+    wid = writes.workflow_id
+    logger.error(
+        "the database refused the writes of workflow=%s engine=%s; making it stuck", wid, engine.engine_id, exc_info=exc
+    )
+    if wid in engine.owned and not (writes.stuck is not None and not writes.steps):  # not a refused stuck mark
+        engine.commit_stuck(wid, internal_error(wid, exc))
+    return set()
 
 
 def internal_error(wid: str, exc: Exception) -> EngineInternalError:

@@ -11,7 +11,7 @@ from collections.abc import Generator
 from datetime import datetime
 from typing import Any
 
-from ..codec import decode, encode_payload
+from ..codec import decode, encode_payload, storable_text
 from ..context import WorkflowContext
 from ..exceptions import (
     ActivityError,
@@ -129,11 +129,11 @@ def describe_exception(exc: BaseException) -> dict[str, Any]:
     Args:
         exc: the exception to describe.
     """
-    return {
-        "type": type(exc).__name__,
-        "qualified_type": f"{type(exc).__module__}.{type(exc).__qualname__}",
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(exc)),
+    return {  # storable: a message with a NUL must not make the step, run or update unwritable
+        "type": storable_text(type(exc).__name__),
+        "qualified_type": storable_text(f"{type(exc).__module__}.{type(exc).__qualname__}"),
+        "message": storable_text(str(exc)),
+        "traceback": storable_text("".join(traceback.format_exception(exc))),
     }
 
 

@@ -25,7 +25,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, DataError, connections
 
 from .. import events
 from ..conf import WeftSettings, get_settings
@@ -40,7 +40,7 @@ from . import ownership, sessions
 from .activities import commit_atomic_attempt
 from .attention import Attention
 from .claimer import Claimer
-from .containment import contain_tick_failure
+from .containment import contain_refused_commit, contain_tick_failure
 from .executors import ActivityExecutors
 from .fencing import fenced_commit
 from .loader import Loader
@@ -434,20 +434,19 @@ class Engine:
 
     # -- committing and dispatching ------------------------------------------------------------------
     def _commit(self, batch: list[WorkflowWrites], now: datetime) -> set[str]:
-        """Fenced-commit these workflows' writes. Returns the workflows whose commit was deferred (a
-        row it needed was locked by another transaction; nothing of theirs was written): the caller
-        keeps their writes for a later commit, and their activities are not dispatched until then."""
+        """Fenced-commit these workflows' writes. Returns those deferred (a row it needed was locked
+        elsewhere; nothing of theirs written): kept for a later commit, their activities not dispatched."""
         for writes in batch:  # a run that never started a child has none to close at its end
             note_children(self.owned.get(writes.workflow_id), writes)
         try:
             result = fenced_commit(self.engine_id, batch, now, self.using, self.settings.workflow_claim_ttl)
+        except DataError as exc:  # a value the database refuses: one workflow's fault, which a reload repeats
+            return contain_refused_commit(self, batch, now, exc, self._commit)
         except DatabaseError:
             logger.exception("fenced commit failed engine=%s; reloading its workflows", self.engine_id)
-            for writes in batch:
-                owned = self.owned.get(writes.workflow_id)
-                if owned is not None:
-                    self._reload[owned.workflow_id] = owned.epoch
-                    self._drop(owned.workflow_id, reason=None)
+            for failed in filter(None, map(self.owned.get, [writes.workflow_id for writes in batch])):
+                self._reload[failed.workflow_id] = failed.epoch
+                self._drop(failed.workflow_id, reason=None)
             return set()
         events.committed(self, batch, result)  # after the commit: signals, metrics, status counts
         if result.children:
@@ -462,9 +461,9 @@ class Engine:
                 continue
             if writes.finish is not None or writes.stuck is not None or writes.continued is not None:
                 self.claimer.slot_freed(writes.finish is not None)
-                owned = self.owned.pop(writes.workflow_id, None)
-                if owned is not None:
-                    owned.run.close()
+                ended = self.owned.pop(writes.workflow_id, None)
+                if ended is not None:
+                    ended.run.close()
         self._publish_epochs()
         return {wid for wid in result.busy if wid in self.owned}
 

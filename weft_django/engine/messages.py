@@ -43,7 +43,7 @@ from typing import Any
 
 from django.db import DatabaseError, transaction
 
-from ..codec import decode, encode, encode_payload
+from ..codec import decode, encode, encode_payload, storable_text
 from ..exceptions import QueryNotFoundError, WeftError
 from ..operations import WaitForUpdate
 from ..status import QueryStatus, UpdateStatus
@@ -394,8 +394,15 @@ def validation_issues(validator: Any, payload: Any) -> list[dict[str, Any]]:
 def _issue(message: Any, path: Any = None) -> dict[str, Any]:
     if path is not None:
         parts = [path] if isinstance(path, str | int) else list(path)
-        path = [p if isinstance(p, str | int) and not isinstance(p, bool) else str(p) for p in parts] or None
-    return {"message": str(message), "path": path}
+        path = [_path_part(p) for p in parts] or None
+    return {"message": storable_text(str(message)), "path": path}
+
+
+def _path_part(part: Any) -> str | int:
+    """One element of an issue's path: an int as it is, anything else as storable text."""
+    if isinstance(part, int) and not isinstance(part, bool):
+        return part
+    return storable_text(part if isinstance(part, str) else str(part))
 
 
 def _normalise(verdict: Any) -> list[dict[str, Any]]:

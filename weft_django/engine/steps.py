@@ -8,6 +8,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from ..codec import storable_text
 from ..exceptions import ActivityTimeoutError, WeftError
 from ..models import Timer
 from ..operations import RunActivity, Sleep, StartChild, WaitForSignal
@@ -30,7 +31,7 @@ def stuck_record(attempts: int, error: WeftError, now: datetime) -> tuple[dict[s
     """
     backoff = min(timedelta(seconds=2 ** min(attempts, 12)), STUCK_MAX_BACKOFF)
     record = {
-        "error": {"type": type(error).__name__, "message": str(error)},
+        "error": {"type": type(error).__name__, "message": storable_text(str(error))},
         "retry_at": now + backoff,
         "attempts": attempts + 1,
     }
