@@ -15,8 +15,7 @@ from typing import Any
 from django.db import transaction
 
 from .. import codec, tracing
-from ..exceptions import WorkflowNotFoundError, WorkflowTerminalError
-from ..models import Workflow
+from ..exceptions import WorkflowNotFoundError, WorkflowStateError, WorkflowTerminalError
 from ..queries_and_updates import query_on_thread, update_on_thread
 from ..status import TERMINAL_STATUSES
 from ..store import mailbox
@@ -27,12 +26,16 @@ from .common import _UNSET, _alias, _validate_key, _validate_name, _wait_seconds
 
 # ------------------------------------------------------------------------------------------ signal
 
+SIGNAL_ATTEMPTS = 5  # inserts of one signal, when its run becomes active between an insert and the look after it
+
 
 def signal(id: str, name: str, payload: Any = None, *, signal_id: str | None = None) -> None:
     """Send signal ``name`` to the current run of workflow ``id``; durable once the caller commits.
 
-    A repeated ``signal_id`` for the same run is a no-op (the new payload is ignored). Raises
-    WorkflowTerminalError for a finished run and WorkflowNotFoundError for an unknown id.
+    A repeated ``signal_id`` for the same run is a no-op (the new payload is ignored). A run started
+    (or retried) while the signal is sent gets it. Raises WorkflowTerminalError for a finished run,
+    WorkflowNotFoundError for an unknown id, and WorkflowStateError if the run kept changing under
+    the send (see ``_buffer_signal``).
     """
     validate_workflow_id(id)
     _validate_name(name, "name")
@@ -57,14 +60,27 @@ def signal(id: str, name: str, payload: Any = None, *, signal_id: str | None = N
 
 def _buffer_signal(id: str, name: str, text: str, signal_id: str | None, using: str) -> str | None:
     """Append the signal to the current run's mailbox while that run is active and send the wake-up
-    (``store.mailbox.buffer_signal``). Returns "buffered" (or "duplicate" for a repeated signal_id),
-    else the run's terminal status, or None when there is no such workflow."""
-    if not mailbox.buffer_signal(id, name, text, signal_id, using, tracing.capture()):
-        status = Workflow.objects.using(using).filter(pk=id).values_list("status", flat=True).first()
+    (``store.mailbox.buffer_signal``). Returns "buffered" (or "duplicate" for a repeated signal_id,
+    already in that run's mailbox), else the run's terminal status, or None when there is no such
+    workflow. A run that became active after the insert's snapshot (a start or retry committed in
+    between) gets the signal: it is inserted again, never reported sent without its row.
+
+    Raises:
+        WorkflowStateError: the run changed under every attempt (or the caller's transaction keeps
+            one snapshot, as REPEATABLE READ does, in which the run is not active).
+    """
+    for _ in range(SIGNAL_ATTEMPTS):
+        if mailbox.buffer_signal(id, name, text, signal_id, using, tracing.capture()):
+            return "buffered"  # (SQLite has no wake-ups: engines poll)
+        status, repeated = mailbox.why_not_buffered(id, signal_id, using)
         if status is None or status in TERMINAL_STATUSES:
             return status
-        return "duplicate"  # a repeated signal_id: already buffered for this run
-    return "buffered"  # (SQLite has no wake-ups: engines poll)
+        if repeated:
+            return "duplicate"
+    raise WorkflowStateError(
+        f'Cannot signal workflow "{id}": its run became active after each of {SIGNAL_ATTEMPTS} attempts to '
+        f'buffer "{name}" saw it inactive. Send it again (outside a REPEATABLE READ transaction).'
+    )
 
 
 # ---------------------------------------------------------------------------------------- messages

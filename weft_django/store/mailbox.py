@@ -102,6 +102,21 @@ def buffer_signal(
         return bool(cursor.rowcount == 1)
 
 
+def why_not_buffered(workflow_id: str, signal_id: str | None, using: str) -> tuple[str | None, bool]:
+    """After ``buffer_signal`` inserted nothing: the workflow's status now (None: no such workflow),
+    and whether ``signal_id`` is already in its current run's mailbox (a repeated signal). An active
+    run with no such signal means the run became active after the insert's snapshot (a start, a
+    retry): the caller inserts again."""
+    row = Workflow.objects.using(using).filter(pk=workflow_id).values_list("status", "run_id").first()
+    if row is None:
+        return None, False
+    status, run_id = row
+    repeated = signal_id is not None and (
+        BufferedSignal.objects.using(using).filter(run_id=run_id, signal_id=signal_id).exists()
+    )
+    return status, repeated
+
+
 CHILD_MAILBOX_PREFIX = "__weft_child__:"
 
 
