@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import OuterRef, Subquery
+from django.db.models import Exists, OuterRef, Subquery
 
 from . import codec, transitions
 from .exceptions import (
@@ -27,7 +27,7 @@ from .exceptions import (
     WorkflowTerminalError,
 )
 from .models import PendingUpdate, QueryRequest, Workflow, WorkflowClaim
-from .status import TERMINAL_STATUSES, QueryStatus, UpdateStatus, WorkflowStatus
+from .status import ACTIVE_STATUSES, TERMINAL_STATUSES, QueryStatus, UpdateStatus, WorkflowStatus
 from .store import mailbox
 from .store.clock import db_now
 from .validation import validate_key, validate_name
@@ -245,6 +245,33 @@ def update_on_thread(
         return await_update(workflow_id, name, update_id, wait)
 
 
+def _close_unanswered(update_id: str, run_id: Any, alias: str) -> None:
+    """Fail an update its run can no longer answer, deciding and writing in the same statements: only
+    while it is still on ``run_id`` (the sweep may have carried it to the next run meanwhile), that run
+    is not active, and it is not to be carried (``mailbox.to_be_carried``); ``accepted`` marks one the
+    workflow had taken (issue 20), by the status it has when written."""
+    active = Workflow.objects.using(alias).filter(
+        pk=OuterRef("workflow_id"), run_id=OuterRef("run_id"), status__in=list(ACTIVE_STATUSES)
+    )
+    unanswerable = (
+        PendingUpdate.objects.using(alias)
+        .filter(pk=update_id, run_id=run_id)
+        .exclude(Exists(active))
+        .exclude(mailbox.to_be_carried(PendingUpdate, "idempotency_key", alias))
+    )
+    now = db_now(alias)
+    for status, taken in ((UpdateStatus.ADMITTED, {}), (UpdateStatus.ACCEPTED, {"accepted": True})):
+        unanswerable.filter(status=status).update(
+            status=UpdateStatus.FAILED,
+            completed_at=now,
+            error={
+                "type": "WorkflowTerminalError",
+                "message": "The workflow ended before the update was answered.",
+                **taken,
+            },
+        )
+
+
 def await_update(workflow_id: str, name: str, update_id: str, wait: Wait) -> Any:
     alias = wait.alias
     wait.subscribe(f"a:{update_id}")
@@ -262,7 +289,7 @@ def await_update(workflow_id: str, name: str, update_id: str, wait: Wait) -> Any
             PendingUpdate.objects.using(alias)
             .filter(pk=update_id)
             .annotate(run_status=run_status)
-            .values("status", "result", "error", "issues", "run_status")
+            .values("status", "result", "error", "issues", "run_status", "run_id")
             .first()
         )
         if row is None:
@@ -275,17 +302,7 @@ def await_update(workflow_id: str, name: str, update_id: str, wait: Wait) -> Any
         if ended or row["run_status"] in TERMINAL_STATUSES:
             # The run ended without answering (a transition, or an admission that raced the end):
             # nothing can apply it any more (no engine holds a finished run), so close it.
-            PendingUpdate.objects.using(alias).filter(
-                pk=update_id, status__in=[UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED]
-            ).update(
-                status=UpdateStatus.FAILED,
-                completed_at=db_now(alias),
-                error={
-                    "type": "WorkflowTerminalError",
-                    "message": "The workflow ended before the update was answered.",
-                    **({"accepted": True} if row["status"] == UpdateStatus.ACCEPTED else {}),  # issue 20
-                },
-            )
+            _close_unanswered(update_id, row["run_id"], alias)
             continue
         if wait.over:
             if not final:

@@ -290,3 +290,52 @@ def test_an_update_admitted_to_the_old_run_as_it_continued_is_carried_not_failed
     thread.join(timeout=30)
     assert outcome == [42]
     assert handle.result(timeout=10) == 21
+
+
+def test_an_update_carried_between_its_callers_looks_is_not_failed(monkeypatch):
+    """The caller read its update on the old run, then asked whether it was still to be carried; the
+    sweep carried it in between, so the answer was no, and the caller failed it, now on the running
+    next run (a helper's review, session 19). The failing write is now conditioned on what it decided:
+    still on the old run, that run not active, not to be carried."""
+    import threading
+
+    from django.db.models import QuerySet
+
+    from weft_django.models import PendingUpdate
+    from weft_django.queries_and_updates import await_update
+    from weft_django.waits import Wait
+
+    handle = weft.start("tests.deploys.update_chain", args=[0], id="cn-update-carried")
+    run_until_idle()
+    handle.signal("next")
+    run_until_idle()
+    ((old, _new),) = _chain(handle.id)
+    late = _on_old_run(PendingUpdate, handle.id, old, name="bump", payload="21")
+    carried = threading.Event()
+    real_exists = QuerySet.exists
+
+    def carry_first(queryset: QuerySet[Any]) -> bool:  # the sweep moves it just before the caller's look
+        if queryset.model is PendingUpdate and not carried.is_set():
+            assert continuation.carry_late(queryset.db) == 1
+            carried.set()
+        return real_exists(queryset)
+
+    monkeypatch.setattr(QuerySet, "exists", carry_first)
+    outcome: list[object] = []
+
+    def caller() -> None:
+        try:
+            with Wait(database_alias(), 30, threading.Event()) as wait:
+                outcome.append(await_update(handle.id, "bump", str(late.pk), wait))
+        except Exception as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=caller)
+    thread.start()
+    assert carried.wait(10)
+    thread.join(timeout=0.5)
+    assert not outcome, f"the caller gave up on a carried update: {outcome}"
+    run_until_idle()
+    thread.join(timeout=30)
+    assert outcome == [42]
+    assert handle.result(timeout=10) == 21
