@@ -242,11 +242,24 @@ def resolve_activity(activity: ActivityDefinition | Callable[..., Any] | str) ->
 
 
 def _check_name(kind: str, value: Any) -> str:
-    if not isinstance(value, str) or not value.strip() or len(value) > 255:
+    """A workflow, activity or queue name: it is stored (a varchar(255) column, a NOTIFY payload), so
+    a non-empty str of at most 255 characters with no NUL or unpaired surrogate."""
+    if not isinstance(value, str) or not value.strip() or len(value) > 255 or not _storable(value):
         raise WorkflowDefinitionError(
-            f"{kind} name must be a non-empty string of at most 255 characters (got {value!r})."
+            f"{kind} name must be a non-empty string of at most 255 characters, without NUL or unpaired "
+            f"surrogates (got {value!r:.300})."
         )
     return value
+
+
+def _storable(text: str) -> bool:
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 LIMITS = ("concurrency", "rate", "concurrency_key")
@@ -296,8 +309,9 @@ def _activity_options(name: str, _partial: bool = False, **options: Any) -> dict
                 f'Activity {name!r}: executor must be "threads" or "celery" (got {executor!r}).'
             )
         out["executor"] = executor
-    if "queue" in options or not _partial:
-        out["queue"] = options.get("queue")
+    if "queue" in options or not _partial:  # stored with each attempt sent (RemoteAttempt.queue)
+        queue = options.get("queue")
+        out["queue"] = None if queue is None else _check_name(f"Activity {name!r}: the Celery queue", queue)
     if "local" in options or not _partial:
         local = options.get("local", False)
         if not isinstance(local, bool):

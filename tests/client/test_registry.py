@@ -85,6 +85,11 @@ def test_importing_the_same_module_twice_is_a_no_op(tmp_path, monkeypatch):
         (lambda: weft.activity(timeout=0)(_plain), "greater than zero"),
         (lambda: weft.activity(retry="3 times")(_plain), "must be a weft.RetryPolicy"),
         (lambda: weft.activity(executor="processes")(_plain), 'executor must be "threads" or "celery"'),
+        # a Celery queue is stored with each attempt sent: one too long blocked every send (session 19)
+        (lambda: weft.activity(executor="celery", queue="q" * 256)(_plain), "Celery queue name must be .* at most 255"),
+        (lambda: weft.activity(executor="celery", queue="")(_plain), "Celery queue name must be a non-empty"),
+        (lambda: weft.activity(name="registry.q")(_plain).options(queue="a\x00b"), "without NUL"),
+        (lambda: weft.workflow(name="nul\x00name")(_gen), "without NUL"),
         (lambda: weft.RetryPolicy(max_attempts=0), "max_attempts must be a whole number >= 1"),
         (lambda: weft.RetryPolicy(backoff_multiplier=0.5), "backoff_multiplier must be a number >= 1"),
         (lambda: weft.RetryPolicy(initial_backoff="-1s"), "must be a duration"),
