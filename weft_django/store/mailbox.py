@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef, Q, Subquery
+from django.db.models import Exists, OuterRef, Q, Subquery, Value
 
 from ..codec import encode
 from ..models import BufferedSignal, ContinuedRun, PendingUpdate, QueryRequest, Timer, Workflow, WorkflowClaim
@@ -107,14 +107,15 @@ def why_not_buffered(workflow_id: str, signal_id: str | None, using: str) -> tup
     and whether ``signal_id`` is already in its current run's mailbox (a repeated signal). An active
     run with no such signal means the run became active after the insert's snapshot (a start, a
     retry): the caller inserts again."""
-    row = Workflow.objects.using(using).filter(pk=workflow_id).values_list("status", "run_id").first()
-    if row is None:
-        return None, False
-    status, run_id = row
-    repeated = signal_id is not None and (
-        BufferedSignal.objects.using(using).filter(run_id=run_id, signal_id=signal_id).exists()
+    same = BufferedSignal.objects.using(using).filter(run_id=OuterRef("run_id"), signal_id=signal_id)
+    row = (
+        Workflow.objects.using(using)
+        .filter(pk=workflow_id)
+        .annotate(repeated=Exists(same) if signal_id is not None else Value(False))
+        .values_list("status", "repeated")
+        .first()
     )
-    return status, repeated
+    return (None, False) if row is None else (row[0], bool(row[1]))
 
 
 CHILD_MAILBOX_PREFIX = "__weft_child__:"
