@@ -278,6 +278,17 @@ def encode(value: Any, *, path: str = "value", max_bytes: int | None = None) -> 
     return text
 
 
+def is_storable(text: str) -> bool:
+    """Whether ``text`` can be stored as it is in a text or jsonb column: no NUL, no unpaired surrogate."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def storable_text(text: str) -> str:
     """``text`` as a database text or jsonb value can hold it, for the messages weft records (an
     exception's message and traceback, a validator's issue), not payloads (codec text, where JSON

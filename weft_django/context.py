@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from . import deterministic
+from .codec import is_storable
 from .durations import InvalidDuration, to_nonnegative_timedelta
 from .exceptions import WorkflowDefinitionError
 from .operations import (
@@ -348,8 +349,11 @@ def _duration(value: Any, name: str) -> Any:
 
 
 def _check_name(kind: str, name: Any) -> None:
-    if not isinstance(name, str) or not name or len(name) > 255:
-        raise WorkflowDefinitionError(f"The {kind} name must be a non-empty string of at most 255 characters.")
+    """A name workflow code gives (a signal, memo, query or update name): stored as a step's name."""
+    if not isinstance(name, str) or not name or len(name) > 255 or not is_storable(name):
+        raise WorkflowDefinitionError(
+            f"The {kind} name must be a non-empty string of at most 255 characters, without NUL or unpaired surrogates."
+        )
 
 
 def _branches(where: str, operations: Sequence[Operation]) -> tuple[Operation, ...]:

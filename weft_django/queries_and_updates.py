@@ -245,23 +245,23 @@ def update_on_thread(
         return await_update(workflow_id, name, update_id, wait)
 
 
-def _close_unanswered(update_id: str, run_id: Any, alias: str) -> None:
+def _close_unanswered(update_id: str, run_id: Any, alias: str) -> int:
     """Fail an update its run can no longer answer, deciding and writing in the same statements: only
-    while it is still on ``run_id`` (the sweep may have carried it to the next run meanwhile), that run
-    is not active, and it is not to be carried (``mailbox.to_be_carried``); ``accepted`` marks one the
-    workflow had taken (issue 20), by the status it has when written."""
+    while it is still on ``run_id`` (the sweep may have carried it to the next run meanwhile) and that
+    run is not active, and, if admitted, not to be carried (``mailbox.to_be_carried``; a taken update
+    is never carried); ``accepted`` marks one the workflow had taken (issue 20), by the status it has
+    when written. Returns how many rows it failed (0 or 1)."""
     active = Workflow.objects.using(alias).filter(
         pk=OuterRef("workflow_id"), run_id=OuterRef("run_id"), status__in=list(ACTIVE_STATUSES)
     )
-    unanswerable = (
-        PendingUpdate.objects.using(alias)
-        .filter(pk=update_id, run_id=run_id)
-        .exclude(Exists(active))
-        .exclude(mailbox.to_be_carried(PendingUpdate, "idempotency_key", alias))
+    unanswerable = PendingUpdate.objects.using(alias).filter(pk=update_id, run_id=run_id).exclude(Exists(active))
+    admitted = unanswerable.filter(status=UpdateStatus.ADMITTED).exclude(
+        mailbox.to_be_carried(PendingUpdate, "idempotency_key", alias)
     )
     now = db_now(alias)
-    for status, taken in ((UpdateStatus.ADMITTED, {}), (UpdateStatus.ACCEPTED, {"accepted": True})):
-        unanswerable.filter(status=status).update(
+    closed = 0
+    for rows, taken in ((admitted, {}), (unanswerable.filter(status=UpdateStatus.ACCEPTED), {"accepted": True})):
+        closed += rows.update(
             status=UpdateStatus.FAILED,
             completed_at=now,
             error={
@@ -270,6 +270,7 @@ def _close_unanswered(update_id: str, run_id: Any, alias: str) -> None:
                 **taken,
             },
         )
+    return closed
 
 
 def await_update(workflow_id: str, name: str, update_id: str, wait: Wait) -> Any:
@@ -299,10 +300,10 @@ def await_update(workflow_id: str, name: str, update_id: str, wait: Wait) -> Any
         if row["status"] in _SETTLED:
             return _update_outcome(workflow_id, name, row)
         ended = row["run_status"] is None and not carried.exists()
-        if ended or row["run_status"] in TERMINAL_STATUSES:
-            # The run ended without answering (a transition, or an admission that raced the end):
-            # nothing can apply it any more (no engine holds a finished run), so close it.
-            _close_unanswered(update_id, row["run_id"], alias)
+        # The run ended without answering (a transition, or an admission that raced the end): nothing
+        # can apply it any more (no engine holds a finished run), so close it. If it changed meanwhile
+        # (carried to the next run), it is not closed: wait and look again.
+        if (ended or row["run_status"] in TERMINAL_STATUSES) and _close_unanswered(update_id, row["run_id"], alias):
             continue
         if wait.over:
             if not final:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any, overload
 
+from .codec import is_storable
 from .durations import MAX_DURATION, InvalidDuration, to_nonnegative_timedelta
 from .exceptions import WorkflowDefinitionError, WorkflowNotRegisteredError
 from .flow import NO_LIMITS, ActivityLimits, FlowValueError, parse_rate, positive_limit
@@ -244,22 +245,12 @@ def resolve_activity(activity: ActivityDefinition | Callable[..., Any] | str) ->
 def _check_name(kind: str, value: Any) -> str:
     """A workflow, activity or queue name: it is stored (a varchar(255) column, a NOTIFY payload), so
     a non-empty str of at most 255 characters with no NUL or unpaired surrogate."""
-    if not isinstance(value, str) or not value.strip() or len(value) > 255 or not _storable(value):
+    if not isinstance(value, str) or not value.strip() or len(value) > 255 or not is_storable(value):
         raise WorkflowDefinitionError(
             f"{kind} name must be a non-empty string of at most 255 characters, without NUL or unpaired "
             f"surrogates (got {value!r:.300})."
         )
     return value
-
-
-def _storable(text: str) -> bool:
-    if "\x00" in text:
-        return False
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 LIMITS = ("concurrency", "rate", "concurrency_key")

@@ -339,3 +339,40 @@ def test_an_update_carried_between_its_callers_looks_is_not_failed(monkeypatch):
     thread.join(timeout=30)
     assert outcome == [42]
     assert handle.result(timeout=10) == 21
+
+
+def test_a_taken_update_left_on_a_continued_run_is_failed_not_waited_on_for_ever():
+    """An accepted (taken) update is never carried; one left on the old run (a hand-made state: the
+    continuation fails those) is failed with accepted set, and its caller is not left looking, round
+    after round, past its timeout (session 19's review of the carried-update fix)."""
+    import threading
+
+    from weft_django.models import PendingUpdate
+    from weft_django.queries_and_updates import await_update
+    from weft_django.store.clock import db_now
+    from weft_django.waits import Wait
+
+    handle = weft.start("tests.deploys.update_chain", args=[0], id="cn-update-taken")
+    run_until_idle()
+    handle.signal("next")
+    run_until_idle()
+    ((old, _new),) = _chain(handle.id)
+    taken = PendingUpdate.objects.create(
+        workflow_id=handle.id, run_id=old, name="bump", payload="1", status="accepted", created_at=db_now("default")
+    )
+    outcome: list[object] = []
+
+    def caller() -> None:
+        try:
+            with Wait(database_alias(), 1.0, threading.Event()) as wait:
+                outcome.append(await_update(handle.id, "bump", str(taken.pk), wait))
+        except Exception as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=caller)
+    thread.start()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert isinstance(outcome[0], WorkflowTerminalError)
+    row = PendingUpdate.objects.get(pk=taken.pk)
+    assert row.status == "failed" and row.error["accepted"] is True

@@ -15,11 +15,12 @@ from __future__ import annotations
 import pytest
 
 import weft_django as weft
-from weft_django.engine import driver
+from weft_django.engine import driver, steps
 from weft_django.models import Workflow
-from weft_django.testing import owns, run_until_idle, running_engine
+from weft_django.testing import owns, run_until_idle, running_engine, wait_for
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]  # SQLite stores a NUL
+pytestmark = pytest.mark.django_db(transaction=True)
+postgres = pytest.mark.postgres  # SQLite stores a NUL: the NUL cases are PostgreSQL's
 
 RUNS: list[str] = []
 
@@ -53,6 +54,7 @@ def updates_with_nul(ctx):
     return notes
 
 
+@postgres
 def test_an_activity_error_with_a_nul_fails_its_run_once_and_the_others_complete():
     RUNS.clear()
     bad = weft.start(activity_with_nul_error, args=["once"], id="nul-activity")
@@ -67,6 +69,7 @@ def test_an_activity_error_with_a_nul_fails_its_run_once_and_the_others_complete
     assert good.result(timeout=1) == {"total": 5}
 
 
+@postgres
 def test_an_update_refused_or_failed_with_a_nul_in_its_message_is_answered():
     handle = weft.start(updates_with_nul, id="nul-updates")
     with running_engine("nul-updates") as engine:
@@ -82,6 +85,7 @@ def test_an_update_refused_or_failed_with_a_nul_in_its_message_is_answered():
         assert handle.result(timeout=10) == ["ok"]
 
 
+@postgres
 def test_a_value_the_database_refuses_makes_its_workflow_stuck_and_the_batch_commits(monkeypatch):
     """The net behind the cleaning: with it switched off, the NUL reaches the database."""
     monkeypatch.setattr(driver, "storable_text", lambda text: text)
@@ -95,3 +99,70 @@ def test_a_value_the_database_refuses_makes_its_workflow_stuck_and_the_batch_com
     assert row.stuck_error["type"] == "EngineInternalError"
     assert "DataError" in row.stuck_error["message"]
     assert RUNS == ["net"]  # stuck with back-off: not run again pass after pass
+
+
+@weft.workflow(name="tests.unstorable.signal_name")
+def waits_for_a_bad_name(ctx, kind: str):
+    return (yield ctx.wait_for_signal("a\x00b" if kind == "nul" else "a\ud800b"))  # (no codec takes a surrogate)
+
+
+@pytest.mark.parametrize("kind", ["nul", "surrogate"])
+def test_a_signal_name_the_database_cannot_store_fails_its_run_with_a_definition_error(kind):
+    """Names given in workflow code become step names: checked like the registry's (session 19's review)."""
+    bad = weft.start(waits_for_a_bad_name, args=[kind], id="bad-signal-name")
+    good = weft.start("tests.sum", args=[1, 1], id="bad-signal-name-neighbour")
+    run_until_idle(timeout=20)
+    row = Workflow.objects.get(pk=bad.id)
+    assert row.status == "failed" and row.error["type"] == "WorkflowDefinitionError"
+    assert "without NUL or unpaired surrogates" in row.error["message"]
+    assert good.result(timeout=1) == {"total": 2}
+
+
+@weft.activity(name="tests.unstorable.raises_surrogate")
+def raises_surrogate() -> None:
+    raise ValueError("bad \ud800 half")
+
+
+@weft.workflow(name="tests.unstorable.surrogate")
+def activity_with_surrogate_error(ctx):
+    yield ctx.run(raises_surrogate)
+
+
+@postgres
+def test_a_surrogate_the_database_refuses_is_contained_too(monkeypatch):
+    """An unpaired surrogate in a jsonb value: PostgreSQL's JSON parser refuses it (SQLite stores it);
+    in a text value the driver would refuse it (UnicodeEncodeError), contained the same way."""
+    monkeypatch.setattr(driver, "storable_text", lambda text: text)
+    bad = weft.start(activity_with_surrogate_error, id="surrogate-net")
+    good = weft.start("tests.sum", args=[2, 2], id="surrogate-net-neighbour")
+    run_until_idle(timeout=20)
+    assert good.result(timeout=1) == {"total": 4}
+    row = Workflow.objects.get(pk=bad.id)
+    assert row.status == "running" and row.stuck_error["type"] == "EngineInternalError"
+    assert "DataError" in row.stuck_error["message"] or "UnicodeEncodeError" in row.stuck_error["message"]
+
+
+@weft.workflow(name="tests.unstorable.driver_stuck")
+def made_stuck_by_the_driver(ctx):
+    yield ctx.sleep(1)
+
+
+@postgres
+def test_a_refused_stuck_mark_of_a_pass_still_leaves_its_workflow_stuck(monkeypatch):
+    """A pass that makes a run stuck with no new step, its mark refused: it was taken for the
+    containment's own refused mark and left held but never driven (session 19's review)."""
+    monkeypatch.setattr(steps, "storable_text", lambda text: text)
+    real = driver.WorkflowRun._advance
+
+    def fails_with_a_nul(self, *args, **kwargs):
+        if self.ctx.workflow_id == "stuck-mark-refused":
+            raise RuntimeError("bad \x00 here")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(driver.WorkflowRun, "_advance", fails_with_a_nul)
+    handle = weft.start(made_stuck_by_the_driver, id="stuck-mark-refused")
+    with running_engine("stuck-mark-refused") as engine:
+        wait_for(lambda: Workflow.objects.get(pk=handle.id).stuck_error is not None, timeout=10)
+        row = Workflow.objects.get(pk=handle.id)
+        assert row.stuck_error["type"] == "EngineInternalError" and "DataError" in row.stuck_error["message"]
+        assert handle.id not in engine.owned

@@ -22,13 +22,14 @@ pass by the handling of one workflow (a bug in weft, a row the loader cannot con
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Protocol
 
-from django.db import DatabaseError, DataError
+from django.db import DatabaseError
 
 from ..exceptions import EngineInternalError
 from ..store import runs
@@ -108,11 +109,12 @@ def contain_refused_commit(
     engine: Loop,
     batch: list[WorkflowWrites],
     now: datetime,
-    exc: DataError,
+    exc: Exception,
     commit: Callable[[list[WorkflowWrites], datetime], set[str]],
 ) -> set[str]:
-    """Called by the engine's fenced commit when it raised ``exc``, a DataError. Returns the workflows
-    whose commit was deferred (as the commit does).
+    """Called by the engine's fenced commit when it raised ``exc``: a DataError, or a
+    UnicodeEncodeError (text the driver cannot encode). Returns the workflows whose commit was
+    deferred (as the commit does).
 
     Args:
         engine: the loop.
@@ -137,9 +139,26 @@ def contain_refused_commit(
     logger.error(
         "the database refused the writes of workflow=%s engine=%s; making it stuck", wid, engine.engine_id, exc_info=exc
     )
-    if wid in engine.owned and not (writes.stuck is not None and not writes.steps):  # not a refused stuck mark
+    if wid not in engine.owned:
+        return set()
+    if wid in _sticking.ids:  # the stuck mark this made was refused too: commit_stuck drops it (its claim lapses)
+        return set()
+    _sticking.ids.add(wid)
+    try:
         engine.commit_stuck(wid, internal_error(wid, exc))
+    finally:
+        _sticking.ids.discard(wid)
     return set()
+
+
+class _Sticking(threading.local):
+    """The workflows an engine loop (one per thread) is making stuck after a refused commit."""
+
+    def __init__(self) -> None:
+        self.ids: set[str] = set()
+
+
+_sticking = _Sticking()
 
 
 def internal_error(wid: str, exc: Exception) -> EngineInternalError:

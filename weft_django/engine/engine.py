@@ -440,7 +440,7 @@ class Engine:
             note_children(self.owned.get(writes.workflow_id), writes)
         try:
             result = fenced_commit(self.engine_id, batch, now, self.using, self.settings.workflow_claim_ttl)
-        except DataError as exc:  # a value the database refuses: one workflow's fault, which a reload repeats
+        except (DataError, UnicodeEncodeError) as exc:  # a value the database refuses: one workflow's fault
             return contain_refused_commit(self, batch, now, exc, self._commit)
         except DatabaseError:
             logger.exception("fenced commit failed engine=%s; reloading its workflows", self.engine_id)
