@@ -5,6 +5,7 @@ child gets the last run's result; bad input is refused with typed errors and not
 from __future__ import annotations
 
 import io
+import threading
 from typing import Any
 
 import pytest
@@ -255,34 +256,45 @@ def test_the_old_runs_running_children_are_closed_per_their_policy():
     assert child.cancel_reason == 'parent workflow "cn-closer" was continued as new'
 
 
-def test_an_update_admitted_to_the_old_run_as_it_continued_is_carried_not_failed_at_once():
-    """``update()`` read the run id before the continuation committed and admitted the update to the
-    old run. Its caller, waiting, must let the sweep carry it to the new run: before the fix (found by
-    a helper's review, session 17) its first look found the old run gone and failed the update with
-    WorkflowTerminalError, although the workflow was running its next run."""
-    import threading
-
-    from weft_django.models import PendingUpdate
-    from weft_django.queries_and_updates import await_update
-    from weft_django.waits import Wait
-
-    handle = weft.start("tests.deploys.update_chain", args=[0], id="cn-update-late")
+def _continued_once(workflow_id: str) -> tuple[Any, str]:
+    """A tests.deploys.update_chain run that continued as new once: (its handle, the old run's id)."""
+    handle = weft.start("tests.deploys.update_chain", args=[0], id=workflow_id)
     run_until_idle()
     handle.signal("next")
     run_until_idle()
     ((old, _new),) = _chain(handle.id)
-    late = _on_old_run(PendingUpdate, handle.id, old, name="bump", payload="21")
+    return handle, old
+
+
+def _waiting_caller(workflow_id: str, update_id: Any, timeout: float) -> tuple[threading.Thread, list[object]]:
+    """update()'s wait for ``update_id`` on a thread of its own (started): the thread and its outcome."""
+    from weft_django.queries_and_updates import await_update
+    from weft_django.waits import Wait
+
     outcome: list[object] = []
 
     def caller() -> None:
         try:
-            with Wait(database_alias(), 30, threading.Event()) as wait:
-                outcome.append(await_update(handle.id, "bump", str(late.pk), wait))
+            with Wait(database_alias(), timeout, threading.Event()) as wait:
+                outcome.append(await_update(workflow_id, "bump", str(update_id), wait))
         except Exception as exc:
             outcome.append(exc)
 
     thread = threading.Thread(target=caller)
     thread.start()
+    return thread, outcome
+
+
+def test_an_update_admitted_to_the_old_run_as_it_continued_is_carried_not_failed_at_once():
+    """``update()`` read the run id before the continuation committed and admitted the update to the
+    old run. Its caller, waiting, must let the sweep carry it to the new run: before the fix (found by
+    a helper's review, session 17) its first look found the old run gone and failed the update with
+    WorkflowTerminalError, although the workflow was running its next run."""
+    from weft_django.models import PendingUpdate
+
+    handle, old = _continued_once("cn-update-late")
+    late = _on_old_run(PendingUpdate, handle.id, old, name="bump", payload="21")
+    thread, outcome = _waiting_caller(handle.id, late.pk, 30)
     thread.join(timeout=1.0)  # a caller that gives up does so at its first look
     assert thread.is_alive() and not outcome, f"the caller gave up on a late update: {outcome}"
     assert continuation.carry_late(database_alias()) == 1
@@ -297,19 +309,11 @@ def test_an_update_carried_between_its_callers_looks_is_not_failed(monkeypatch):
     sweep carried it in between, so the answer was no, and the caller failed it, now on the running
     next run (a helper's review, session 19). The failing write is now conditioned on what it decided:
     still on the old run, that run not active, not to be carried."""
-    import threading
-
     from django.db.models import QuerySet
 
     from weft_django.models import PendingUpdate
-    from weft_django.queries_and_updates import await_update
-    from weft_django.waits import Wait
 
-    handle = weft.start("tests.deploys.update_chain", args=[0], id="cn-update-carried")
-    run_until_idle()
-    handle.signal("next")
-    run_until_idle()
-    ((old, _new),) = _chain(handle.id)
+    handle, old = _continued_once("cn-update-carried")
     late = _on_old_run(PendingUpdate, handle.id, old, name="bump", payload="21")
     carried = threading.Event()
     real_exists = QuerySet.exists
@@ -321,17 +325,7 @@ def test_an_update_carried_between_its_callers_looks_is_not_failed(monkeypatch):
         return real_exists(queryset)
 
     monkeypatch.setattr(QuerySet, "exists", carry_first)
-    outcome: list[object] = []
-
-    def caller() -> None:
-        try:
-            with Wait(database_alias(), 30, threading.Event()) as wait:
-                outcome.append(await_update(handle.id, "bump", str(late.pk), wait))
-        except Exception as exc:
-            outcome.append(exc)
-
-    thread = threading.Thread(target=caller)
-    thread.start()
+    thread, outcome = _waiting_caller(handle.id, late.pk, 30)
     assert carried.wait(10)
     thread.join(timeout=0.5)
     assert not outcome, f"the caller gave up on a carried update: {outcome}"
@@ -345,32 +339,14 @@ def test_a_taken_update_left_on_a_continued_run_is_failed_not_waited_on_for_ever
     """An accepted (taken) update is never carried; one left on the old run (a hand-made state: the
     continuation fails those) is failed with accepted set, and its caller is not left looking, round
     after round, past its timeout (session 19's review of the carried-update fix)."""
-    import threading
-
     from weft_django.models import PendingUpdate
-    from weft_django.queries_and_updates import await_update
     from weft_django.store.clock import db_now
-    from weft_django.waits import Wait
 
-    handle = weft.start("tests.deploys.update_chain", args=[0], id="cn-update-taken")
-    run_until_idle()
-    handle.signal("next")
-    run_until_idle()
-    ((old, _new),) = _chain(handle.id)
+    handle, old = _continued_once("cn-update-taken")
     taken = PendingUpdate.objects.create(
         workflow_id=handle.id, run_id=old, name="bump", payload="1", status="accepted", created_at=db_now("default")
     )
-    outcome: list[object] = []
-
-    def caller() -> None:
-        try:
-            with Wait(database_alias(), 1.0, threading.Event()) as wait:
-                outcome.append(await_update(handle.id, "bump", str(taken.pk), wait))
-        except Exception as exc:
-            outcome.append(exc)
-
-    thread = threading.Thread(target=caller)
-    thread.start()
+    thread, outcome = _waiting_caller(handle.id, taken.pk, 1.0)
     thread.join(timeout=10)
     assert not thread.is_alive()
     assert isinstance(outcome[0], WorkflowTerminalError)
