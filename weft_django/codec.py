@@ -294,13 +294,9 @@ def storable_text(text: str) -> str:
     exception's message and traceback, a validator's issue), not payloads (codec text, where JSON
     escapes both): a NUL, which PostgreSQL refuses in text and in jsonb, is written as the four
     characters ``\\x00``, and an unpaired surrogate, which UTF-8 cannot encode, as its ``\\udxxx`` escape."""
-    if "\x00" in text:
-        text = text.replace("\x00", "\\x00")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
+    if is_storable(text):
+        return text
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def encode_payload(value: Any, *, path: str = "value") -> str:
