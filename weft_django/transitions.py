@@ -230,6 +230,39 @@ def cancel(workflow_id: str, reason: str | None = None, *, using: str | None = N
     return run_in_transaction(alias, body, lock=[workflow_id], family=True)
 
 
+def cancel_active(workflow_ids: Iterable[str], reason: str | None, *, using: str) -> list[str]:
+    """Cancel those of ``workflow_ids`` that are still active, in one fenced transaction: their claims
+    and their active descendants' are locked sorted by workflow id, in one statement, before any
+    write (a schedule's overlap="cancel_running" ends several runs at once; one ``cancel`` per run
+    would lock them one at a time). Runs that ended or were purged meanwhile are passed over.
+
+    Args:
+        workflow_ids: the runs to end.
+        reason: the cancel reason recorded on each.
+        using: the connection alias.
+
+    Returns:
+        The ids cancelled, sorted.
+    """
+    ids = sorted(set(workflow_ids))
+
+    def body() -> list[str]:
+        rows = {
+            row["id"]: row
+            for row in Workflow.objects.using(using).select_for_update().filter(pk__in=ids).values(*_WORKFLOW_FIELDS)
+        }
+        ended = []
+        for workflow_id in ids:
+            row = rows.get(workflow_id)
+            if row is None or row["status"] in TERMINAL_STATUSES:
+                continue
+            _end_run(row, WorkflowStatus.CANCELLED, using, reason=reason)
+            ended.append(workflow_id)
+        return ended
+
+    return run_in_transaction(using, body, lock=ids, family=True) if ids else []
+
+
 def time_out(workflow_id: str, *, using: str | None = None) -> int:
     """End an active run as timed_out (its execution deadline passed); otherwise as ``cancel``."""
     alias = _alias(using)

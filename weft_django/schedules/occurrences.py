@@ -7,17 +7,16 @@ starts at most one run. Lock order: schedule row, then claim -> workflow (as eve
 
 from __future__ import annotations
 
-import contextlib
 from datetime import datetime
 from typing import Any
 
 from .. import events, transitions
-from ..exceptions import WorkflowTerminalError
 from ..models import Schedule, Timer, Workflow
 from ..queueing import queue_options
 from ..registry import WorkflowDefinition, registry
 from ..status import ACTIVE_STATUSES, OverlapPolicy, TimerKind, WorkflowStatus
 from ..store import notify, queues, runs
+from ..store.commit import fenced
 from .fields import run_input
 from .timing import EXISTS, QUEUED, SKIPPED, STARTED
 
@@ -65,11 +64,31 @@ def release_waiting(runs: list[dict[str, Any]], now: datetime, using: str) -> st
     if queue is not None:
         if not queues.enter_queue(run["id"], queue, priority, key, using):
             return None  # its claim is locked elsewhere (a cancel): the next pass tries again
-    else:
-        Timer(workflow_id=run["id"], run_id=run["run_id"], kind=TimerKind.DELAYED_START, fire_at=now).save(using=using)
+    elif not _release_timer(run, now, using):
+        return None
     run["waiting"] = False
     notify.send("w", run["id"], using)
     return str(run["id"])
+
+
+def _release_timer(run: dict[str, Any], now: datetime, using: str) -> bool:
+    """Write the delayed-start timer that releases ``run``, fenced: its claim locked first (SKIP
+    LOCKED: a cancel holding it is never waited for), then the run read again, still pending and not
+    released, under that lock. False when the claim was locked elsewhere or the run changed."""
+    with fenced([run["id"]], using, wait=False) as fence:
+        if run["id"] not in fence.held:
+            return False
+        timers = Timer.objects.using(using).filter(workflow_id=run["id"], kind=TimerKind.DELAYED_START)
+        still_waiting = (
+            Workflow.objects.using(using)
+            .filter(pk=run["id"], run_id=run["run_id"], status=WorkflowStatus.PENDING, queue__isnull=True)
+            .exists()
+        ) and not timers.exists()
+        if still_waiting:
+            Timer(workflow_id=run["id"], run_id=run["run_id"], kind=TimerKind.DELAYED_START, fire_at=now).save(
+                using=using
+            )
+        return still_waiting
 
 
 def _queue_of(definition: WorkflowDefinition) -> tuple[str | None, int, str | None]:
@@ -118,15 +137,11 @@ def fire(row: Schedule, workflow_id: str, definition: WorkflowDefinition, now: d
         return QUEUED if _insert_run(row, workflow_id, definition, now, using, queued=True) else EXISTS
     if runs and policy == OverlapPolicy.CANCEL_RUNNING:
         reason = f'schedule "{row.id}" started {workflow_id} (overlap="cancel_running")'
-        for run in runs:
-            with contextlib.suppress(WorkflowTerminalError):  # it ended meanwhile
-                transitions.cancel(run["id"], reason, using=using)
+        transitions.cancel_active([run["id"] for run in runs], reason, using=using)
     return STARTED if _insert_run(row, workflow_id, definition, now, using, queued=False) else EXISTS
 
 
 def cancel_waiting(schedule_id: str, reason: str, using: str) -> None:
     """Cancel the schedule's queued runs that have not been released (its deletion)."""
-    for run in active_runs(schedule_id, using):
-        if run["waiting"]:
-            with contextlib.suppress(WorkflowTerminalError):  # it ended meanwhile
-                transitions.cancel(run["id"], reason, using=using)
+    waiting = [run["id"] for run in active_runs(schedule_id, using) if run["waiting"]]
+    transitions.cancel_active(waiting, reason, using=using)

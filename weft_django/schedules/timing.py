@@ -84,11 +84,24 @@ class Timing:
         return not any(mark in minute + hour for mark in "*/")
 
     def jitter(self, nominal: datetime) -> timedelta:
-        """Deterministic in [0, jitter): every engine computes the same delay for an occurrence."""
+        """Deterministic in [0, min(jitter, the gap to the next occurrence)): every engine computes the
+        same delay for an occurrence, and an occurrence fires before the next one's nominal time, so
+        fire times stay in order (Temporal's rule; a jitter as long as the period used to put a later
+        occurrence before an earlier one, which the pass then counted as missed)."""
         if not self.jitter_ms:
             return timedelta(0)
+        window = min(self.jitter_ms, self._gap_ms(nominal))
+        if window <= 0:
+            return timedelta(0)
         digest = hashlib.sha256(occurrence_id(self.schedule_id, nominal).encode()).digest()
-        return timedelta(milliseconds=int.from_bytes(digest[:8], "big") % self.jitter_ms)
+        return timedelta(milliseconds=int.from_bytes(digest[:8], "big") % window)
+
+    def _gap_ms(self, nominal: datetime) -> int:
+        """Whole milliseconds from the occurrence at ``nominal`` to the next one."""
+        if self.every is not None:
+            return self.every * 1000
+        gap = next(self._cron_after(nominal)) - nominal
+        return gap // timedelta(milliseconds=1)
 
     def fire_at(self, nominal: datetime) -> datetime:
         return nominal + self.jitter(nominal)
