@@ -164,8 +164,8 @@ def _started_kwargs(row: Mapping[str, Any]) -> dict[str, Any]:
 def workflow_started(run: Workflow | str, using: str) -> None:
     """A run was inserted (client start, start_new over a finished run, a schedule's occurrence), in
     the caller's transaction. ``run``: the saved row, or its id (then it is read back, in the same
-    transaction, only when a receiver is connected)."""
-    metrics.workflow_started()
+    transaction, only when a receiver is connected). Counted in the metrics once it commits."""
+    transaction.on_commit(metrics.workflow_started, using=using)
     workflow_model = _models()[0]
 
     def build() -> dict[str, Any]:

@@ -23,7 +23,7 @@ import math
 import re
 import typing
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from .exceptions import InvalidSearchAttributeError, WorkflowDefinitionError
@@ -139,6 +139,12 @@ def check_value(kind: str, value: Any, what: str) -> Any:
             raise InvalidSearchAttributeError(
                 f"{what} is a datetime: pass an aware datetime, e.g. django.utils.timezone.now() (got {value!r:.60})."
             )
+        try:
+            value.astimezone(UTC)
+        except OverflowError:  # its UTC instant is before year 1 or after 9999: no column or reader holds it
+            raise InvalidSearchAttributeError(
+                f"{what} is {value.isoformat()}, which is outside years 1-9999 in UTC; pass a moment inside them."
+            ) from None
         return value
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidSearchAttributeError(f"{what} is {'an int' if kind == 'int' else 'a float'} (got {value!r:.60}).")

@@ -31,6 +31,7 @@ from ..exceptions import (
 from ..queueing import queue_options
 from ..registry import WorkflowDefinition, resolve_workflow
 from ..search_attributes import check_values
+from ..store import claims as store_claims
 from ..store import runs_bulk, visibility
 from ..validation import validate_workflow_id
 from .common import ON_CONFLICT, _alias, _duration, _encode_input, _start_time, _validate_key
@@ -168,10 +169,11 @@ def _check_all(requests: Any) -> list[_Item]:
             if value is None:
                 continue
             if value in seen:
-                raise InvalidArgumentError(
-                    f"requests[{index}]: {what} {value!r} is also the {what} of requests[{seen[value]}]; one call "
-                    f"starts each {what} at most once. Remove the duplicate."
+                duplicate = InvalidArgumentError(
+                    f"{what} {value!r} is also the {what} of requests[{seen[value]}]; one call starts each "
+                    f"{what} at most once. Remove the duplicate."
                 )
+                raise _at(index, duplicate)
             seen[value] = index
         items.append(item)
     return items
@@ -189,6 +191,11 @@ def _resolve(item: _Item, using: str) -> WorkflowHandle | None:
     )
 
 
+def _replaces(item: _Item) -> bool:
+    """Whether a refused insert of ``item`` may replace the run with its id (on_conflict="start_new")."""
+    return item.key is None and item.on_conflict == "start_new"
+
+
 def _write(items: list[_Item], using: str) -> list[StartResult]:
     results: list[StartResult | None] = [None] * len(items)
     # Sorted by key, then id: concurrent calls insert overlapping keys and ids in the same order
@@ -199,6 +206,12 @@ def _write(items: list[_Item], using: str) -> list[StartResult]:
         attributes = {item.handle_id: item.plan.attributes for item in todo if item.plan.attributes}
         if attributes := {wid: values for wid, values in attributes.items() if wid in inserted}:
             visibility.write(attributes, using)  # with the runs, in the same transaction
+        # The runs start_new replaces: their claims locked sorted, in ONE statement, before any of
+        # them is written (the lock order every transition keeps; one at a time, a purge locking the
+        # same claims in the database's order could deadlock with this call).
+        store_claims.lock_ids(
+            [item.handle_id for item in todo if item.handle_id not in inserted and _replaces(item)], using
+        )
         retry: list[_Item] = []
         for item in todo:
             if item.handle_id in inserted:

@@ -13,7 +13,7 @@ for a small call, else one ``w:*`` (every engine rescans once: one message inste
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -27,9 +27,12 @@ from .clock import workflow_now_sql
 from .epochs import next_epoch_sql
 from .runs import _CLAIM_COLUMNS, _KEY_COLUMNS, _RUN_GIVEN, _TIMER_COLUMNS, NewRun, create_run
 
-# Rows per statement: one statement's parameter arrays stay a few MB at most, and a chunk's locks are
-# taken in its rows' order (the caller sorts them, so concurrent calls lock in the same order).
+# Rows per statement, and the bytes of input text one statement carries at most (a run bigger than
+# that goes alone): a chunk of 2,000 inputs of 1 MiB each (PAYLOAD_MAX_BYTES allows it) passed
+# PostgreSQL's 1 GB message limit and the server dropped the connection. A chunk's locks are taken in
+# its rows' order (the caller sorts them, so concurrent calls lock in the same order).
 CHUNK_ROWS = 2000
+CHUNK_BYTES = 64 * 1024 * 1024
 # Up to this many new runs in one call, one NOTIFY per run (an engine claims exactly those); above it
 # one ``w:*`` (every engine rescans once).
 NAMED_WAKEUPS_UP_TO = 32
@@ -54,12 +57,24 @@ def create_runs(runs: Sequence[NewRun], using: str) -> set[str]:
     if _statement(using) is None:
         return {new.workflow_id for new in runs if create_run(new, using) is not None}
     inserted: set[str] = set()
-    for begin in range(0, len(runs), CHUNK_ROWS):
-        inserted |= _insert_chunk(runs[begin : begin + CHUNK_ROWS], using)
+    for chunk in _chunks(runs):
+        inserted |= _insert_chunk(chunk, using)
     if inserted:
         wakeups = sorted(inserted) if len(inserted) <= NAMED_WAKEUPS_UP_TO else "*"
         notify.send_after_commit("w", wakeups, using)
     return inserted
+
+
+def _chunks(runs: Sequence[NewRun]) -> Iterator[Sequence[NewRun]]:
+    """``runs`` in order, cut at CHUNK_ROWS rows or CHUNK_BYTES of input text, whichever comes first."""
+    begin = size = 0
+    for end, new in enumerate(runs):
+        length = len(new.input_text)
+        if end > begin and (end - begin >= CHUNK_ROWS or size + length > CHUNK_BYTES):
+            yield runs[begin:end]
+            begin, size = end, 0
+        size += length
+    yield runs[begin:]
 
 
 def bulk_statement_applies(using: str) -> bool:
