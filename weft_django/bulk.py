@@ -15,6 +15,7 @@ from .conf import database_alias
 from .exceptions import (
     BulkCountChangedError,
     InvalidFilterError,
+    WeftError,
     WorkflowNotFoundError,
     WorkflowStateError,
     WorkflowTerminalError,
@@ -37,13 +38,16 @@ APPLIES_TO: dict[str, tuple[str, ...]] = {
 @dataclasses.dataclass(frozen=True)
 class BulkResult:
     """What a bulk operation did: ``matched`` (the confirmed count), ``changed`` (workflows it
-    cancelled, retried or purged) and ``skipped`` (ids that no longer qualified at their turn: they
-    ended, were retried or purged meanwhile)."""
+    cancelled, retried or purged), ``skipped`` (ids that no longer qualified at their turn: they
+    ended, were retried, purged or started again meanwhile, checked under their claim's lock) and
+    ``errors`` (id -> message: the transition refused that run, e.g. its queue is no longer in
+    WEFT["QUEUES"]; the operation went on with the others)."""
 
     operation: str
     matched: int
     changed: int
     skipped: list[str]
+    errors: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def bulk_count(operation: str, **filters: Any) -> int:
@@ -67,9 +71,19 @@ def _narrowed(operation: str, filters: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
+@dataclasses.dataclass
+class _Tally:
+    changed: int = 0
+    skipped: list[str] = dataclasses.field(default_factory=list)
+    errors: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+_Apply = Callable[[store.Selection, list[str], _Tally], None]
+
+
 def _run(
     operation: str,
-    apply: Callable[[list[str]], tuple[int, list[str]]],
+    apply: _Apply,
     expected_count: Any,
     batch_size: Any,
     filters: dict[str, Any],
@@ -91,28 +105,40 @@ def _run(
             expected_count,
             actual,
         )
-    changed, skipped, after = 0, [], None
+    tally, after = _Tally(), None
     while True:
         ids = store.ids_batch(chosen, chosen.statuses, after, batch_size, using)
         if not ids:
             break
-        done, missed = apply(ids)
-        changed += done
-        skipped += missed
+        apply(chosen, ids, tally)
         after = ids[-1]
-    return BulkResult(operation, actual, changed, skipped)
+    return BulkResult(operation, actual, tally.changed, tally.skipped, tally.errors)
 
 
-def _each(transition: Callable[[str], Any]) -> Callable[[list[str]], tuple[int, list[str]]]:
-    def apply(ids: list[str]) -> tuple[int, list[str]]:
-        done, missed = 0, []
+class _NoLongerSelected(Exception):
+    pass
+
+
+def _each(transition: Callable[[str], Any], *, family: bool = False) -> _Apply:
+    """Apply ``transition`` to each id in its own fenced transaction, after checking under the claim's
+    lock that the selection still matches it (the transition joins that transaction)."""
+
+    def apply(chosen: store.Selection, ids: list[str], result: _Tally) -> None:
+        using = database_alias()
         for workflow_id in ids:
-            try:
+
+            def body(workflow_id: str = workflow_id) -> None:
+                if workflow_id not in store.still_selected(chosen, chosen.statuses, [workflow_id], using):
+                    raise _NoLongerSelected
                 transition(workflow_id)
-                done += 1
-            except (WorkflowTerminalError, WorkflowStateError, WorkflowNotFoundError):
-                missed.append(workflow_id)  # it changed since the batch was read
-        return done, missed
+
+            try:
+                transitions.run_in_transaction(using, body, lock=[workflow_id], family=family)
+                result.changed += 1
+            except (_NoLongerSelected, WorkflowTerminalError, WorkflowStateError, WorkflowNotFoundError):
+                result.skipped.append(workflow_id)  # it changed since the batch was read
+            except WeftError as error:  # refused for a reason of its own: reported, the others go on
+                result.errors[workflow_id] = str(error)
 
     return apply
 
@@ -134,7 +160,9 @@ def bulk_cancel(
     """
     if reason is not None:
         validate_reason(reason)
-    return _run("cancel", _each(lambda wid: transitions.cancel(wid, reason)), expected_count, batch_size, filters)
+    return _run(
+        "cancel", _each(lambda wid: transitions.cancel(wid, reason), family=True), expected_count, batch_size, filters
+    )
 
 
 def bulk_retry(*, expected_count: int, batch_size: int = DEFAULT_BATCH_SIZE, **filters: Any) -> BulkResult:
@@ -148,10 +176,12 @@ def bulk_purge(*, expected_count: int, batch_size: int = DEFAULT_BATCH_SIZE, **f
     (``transitions.purge_terminal``: one that became active meanwhile is skipped). Arguments and errors
     as :func:`bulk_cancel`."""
 
-    def apply(ids: list[str]) -> tuple[int, list[str]]:
-        deleted = transitions.purge_terminal(ids)
-        remaining = set(store.existing(ids, database_alias()))
-        return deleted, sorted(remaining)
+    def apply(chosen: store.Selection, ids: list[str], result: _Tally) -> None:
+        using = database_alias()
+        result.changed += transitions.purge_terminal(
+            ids, matching=lambda locked: store.still_selected(chosen, chosen.statuses, locked, using)
+        )
+        result.skipped += sorted(store.existing(ids, using))
 
     return _run("purge", apply, expected_count, batch_size, filters)
 

@@ -9,7 +9,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import transaction
 
-from . import events
+from . import events, transitions
 from .client.handles import WorkflowHandle
 from .conf import database_alias
 from .exceptions import InvalidForkError, WorkflowAlreadyExistsError, WorkflowNotFoundError
@@ -51,6 +51,9 @@ def fork(workflow_id: str, *, from_step: int, new_id: str | None = None) -> Work
         raise InvalidForkError(f"from_step must be a whole number >= 0 (got {from_step!r}).")
     using = database_alias()
     with transaction.atomic(using=using):
+        # The source's claim, then its row, locked first: a purge, retry or start_new of it waits, so
+        # the steps checked are the steps copied.
+        transitions.lock_workflow(workflow_id, using)
         row = forks.source(workflow_id, using)
         if row is None:
             raise WorkflowNotFoundError(f'No workflow "{workflow_id}" exists (never started, or purged). Check the id.')

@@ -427,7 +427,13 @@ def purge(
             )
             if not batch:
                 return purged
-            deleted = run_in_transaction(alias, functools.partial(_purge_batch, batch, alias))
+
+            # The queryset's conditions are checked again under the claims' lock: a run started again
+            # (start_new) since the batch was read is not the run the queryset selected.
+            def matching(ids: list[str]) -> set[str]:
+                return set(queryset.filter(pk__in=ids).values_list("pk", flat=True))
+
+            deleted = run_in_transaction(alias, functools.partial(_purge_batch, batch, alias, matching=matching))
             purged += deleted
             if not deleted:
                 return purged  # every remaining row became active meanwhile
@@ -447,12 +453,20 @@ def purge(
     return sum(run_in_transaction(alias, functools.partial(_purge_batch, batch, alias)) for batch in batches)
 
 
-def purge_terminal(workflow_ids: list[str], *, using: str | None = None) -> int:
+def purge_terminal(
+    workflow_ids: list[str],
+    *,
+    using: str | None = None,
+    matching: Callable[[list[str]], set[str]] | None = None,
+) -> int:
     """Purge those of these workflows that are terminal when the purge's fenced transaction locks
     them, skipping the others (a bulk purge's batch: one that became active meanwhile is left as it
-    is). Returns how many were deleted."""
+    is). ``matching``, called under the lock with the ids, returns those still selected (a run started
+    again since the batch was read is left). Returns how many were deleted."""
     alias = _alias(using)
-    return run_in_transaction(alias, functools.partial(_purge_batch, sorted(set(workflow_ids)), alias))
+    return run_in_transaction(
+        alias, functools.partial(_purge_batch, sorted(set(workflow_ids)), alias, matching=matching)
+    )
 
 
 def _refuse_active(active_ids: Iterable[str]) -> None:
@@ -465,8 +479,10 @@ def _refuse_active(active_ids: Iterable[str]) -> None:
         )
 
 
-def _purge_batch(ids: list[str], using: str) -> int:
+def _purge_batch(ids: list[str], using: str, *, matching: Callable[[list[str]], set[str]] | None = None) -> int:
     claims.lock_ids(sorted(ids), using)
+    if matching is not None:
+        ids = sorted(matching(ids))
     rows = list(
         Workflow.objects.using(using)
         .select_for_update()

@@ -11,12 +11,13 @@ from functools import reduce
 from operator import or_
 from typing import Any
 
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from ..models import Workflow
-from ..status import ACTIVE_STATUSES, WorkflowStatus
+from ..status import WorkflowStatus
+from ..store.maintenance import kept_whatever_their_age
 
 TERMINAL_ORDER = (WorkflowStatus.COMPLETED, WorkflowStatus.FAILED, WorkflowStatus.CANCELLED, WorkflowStatus.TIMED_OUT)
 FAILURE_STATUSES = (WorkflowStatus.FAILED, WorkflowStatus.TIMED_OUT)
@@ -92,17 +93,13 @@ def recent_failures(using: str, limit: int = 20) -> QuerySet[Workflow]:
     )
 
 
-def _kept_for_parent(using: str) -> Exists:
-    """A child whose parent is still active is kept, whatever its own age."""
-    return Exists(Workflow.objects.using(using).filter(pk=OuterRef("parent_id"), status__in=list(ACTIVE_STATUSES)))
-
-
 def retention_due(
     using: str, now: datetime, retention: dict[str, timedelta | None], statuses: list[str] | None = None
 ) -> QuerySet[Workflow]:
     """Runs whose retention has passed: terminal, in ``statuses``, finished longer ago than their
-    status's retention, and not a child of an active parent. A status kept for ever (None) matches
-    nothing."""
+    status's retention, and not kept whatever their age (a child of an active parent, a run in its
+    queue's rate window: ``store.maintenance.kept_whatever_their_age``, as the engine's sweep). A
+    status kept for ever (None) matches nothing."""
     parts = [
         Q(status=status, finished_at__lt=now - keep)
         for status, keep in retention.items()
@@ -110,7 +107,7 @@ def retention_due(
     ]
     if not parts:
         return Workflow.objects.using(using).none()
-    return Workflow.objects.using(using).filter(reduce(or_, parts)).exclude(_kept_for_parent(using))
+    return kept_whatever_their_age(Workflow.objects.using(using).filter(reduce(or_, parts)), now, using)
 
 
 def _due(finished_at: datetime, keep: timedelta) -> datetime:
@@ -138,7 +135,7 @@ def retention_plan(using: str, now: datetime, retention: dict[str, timedelta | N
         if keep is None:
             rows.append(RetentionRow(status.value, None, 0, None))
             continue
-        runs = Workflow.objects.using(using).filter(status=status).exclude(_kept_for_parent(using))
+        runs = kept_whatever_their_age(Workflow.objects.using(using).filter(status=status), now, using)
         due = runs.filter(finished_at__lt=now - keep).count()
         oldest_kept = (
             runs.filter(finished_at__gte=now - keep)
@@ -160,9 +157,9 @@ def next_removals(
         if keep is None:
             continue
         rows = (
-            Workflow.objects.using(using)
-            .filter(status=status, finished_at__isnull=False)
-            .exclude(_kept_for_parent(using))
+            kept_whatever_their_age(
+                Workflow.objects.using(using).filter(status=status, finished_at__isnull=False), now, using
+            )
             .order_by("finished_at")
             .values_list("id", "workflow_type", "finished_at")[:limit]
         )

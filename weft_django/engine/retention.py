@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
-from .. import conf, transitions
+from .. import transitions
 from ..store.clock import db_now
 from ..store.maintenance import expired_runs
 from .host import EngineHost
@@ -52,13 +52,11 @@ def purge_expired(
     now = now or db_now(using)
     budget = batch_size
     purged = 0
-    # A run its rate-limited queue admitted within the rate's window still counts against the rate.
-    admitted_since = {name: now - q.rate.period for name, q in conf.queues().items() if q.rate is not None}
     for status, keep in retention.items():
         if keep is None or budget <= 0:
             continue
         cutoff = now - keep
-        expired, ids = expired_runs(status, cutoff, budget, using, admitted_since)
+        expired, ids = expired_runs(status, cutoff, budget, using, now)
         if not ids:
             continue
         budget -= len(ids)

@@ -15,6 +15,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from django.core.management.base import CommandError
+
 from ..bulk import APPLIES_TO, bulk_cancel, bulk_count, bulk_purge, bulk_retry
 from ..forking import fork
 from ..visibility import list_workflows, parse_where
@@ -86,6 +88,8 @@ def fork_command(command: Any, options: dict[str, Any]) -> None:
 def bulk_command(command: Any, options: dict[str, Any]) -> None:
     """``weft bulk cancel|retry|purge --where ...``: count, confirm (or --expected-count), then apply."""
     operation = options["operation"]
+    if options["reason"] is not None and operation != "cancel":
+        raise CommandError(f"--reason applies to bulk cancel only, not {operation}; nothing was changed.")
     chosen = parse_where(options["where"])
     expected = options["expected_count"]
     if expected is None:
@@ -101,7 +105,10 @@ def bulk_command(command: Any, options: dict[str, Any]) -> None:
         command._print_json(vars(result))
     else:
         skipped = f", {len(result.skipped)} skipped (changed meanwhile)" if result.skipped else ""
-        command._print(f"{operation}: {result.changed} of {result.matched} workflow(s){skipped}.")
+        refused = f", {len(result.errors)} refused" if result.errors else ""
+        command._print(f"{operation}: {result.changed} of {result.matched} workflow(s){skipped}{refused}.")
+        for workflow_id, message in result.errors.items():
+            command._print(f"  {workflow_id}: {message}")
 
 
 __all__ = ["add_subcommands", "add_where", "bulk_command", "fork_command", "list_where"]

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
+from ..conf import queues
 from ..models import Workflow
 from ..status import ACTIVE_STATUSES
 
@@ -17,22 +17,32 @@ from ..status import ACTIVE_STATUSES
 # -- engine side (ownership, the fenced commit, messages, chores) ----------------------------
 
 
-def expired_runs(
-    status: str, cutoff: datetime, limit: int, using: str, admitted_since: Mapping[str, datetime] | None = None
-) -> tuple[QuerySet[Workflow], list[Any]]:
-    """The runs of ``status`` that finished before ``cutoff``, and the ids of the oldest ``limit`` of
-    them whose parent is not active (a child is kept while its parent runs).
+def rate_windows(now: datetime) -> dict[str, datetime]:
+    """Per rate-limited queue (WEFT["QUEUES"]), the start of its rate window at ``now``."""
+    return {name: now - queue.rate.period for name, queue in queues().items() if queue.rate is not None}
 
-    Args:
-        admitted_since: per rate-limited queue, the start of its rate window: a run it admitted since is
-            kept (the queue counts its admissions in the window from their rows).
+
+def kept_whatever_their_age(runs: QuerySet[Workflow], now: datetime, using: str) -> QuerySet[Workflow]:
+    """``runs`` less those retention keeps whatever RETENTION says: a child whose parent is still
+    active, and a run a rate-limited queue admitted within its rate window (the queue counts its
+    admissions from their rows). The one rule for the engine's sweep, ``weft purge`` and the admin."""
+    for queue, since in rate_windows(now).items():
+        runs = runs.exclude(Q(queue=queue, admitted_at__gt=since))
+    parent_active = Workflow.objects.using(using).filter(pk=OuterRef("parent_id"), status__in=list(ACTIVE_STATUSES))
+    return runs.exclude(Exists(parent_active))
+
+
+def expired_runs(
+    status: str, cutoff: datetime, limit: int, using: str, now: datetime
+) -> tuple[QuerySet[Workflow], list[Any]]:
+    """The runs of ``status`` that finished before ``cutoff`` and that retention does not keep
+    (``kept_whatever_their_age`` at ``now``), and the ids of the oldest ``limit`` of them.
 
     Returns:
-        (the queryset of every expired run of that status, re-checked by a purge; the ids to purge).
+        (the queryset of every expired run of that status, re-checked by a purge under the claims'
+        lock; the ids to purge).
     """
     expired = Workflow.objects.using(using).filter(status=status, finished_at__lt=cutoff)
-    for queue, since in (admitted_since or {}).items():
-        expired = expired.exclude(Q(queue=queue, admitted_at__gt=since))
-    parent_active = Workflow.objects.using(using).filter(pk=OuterRef("parent_id"), status__in=list(ACTIVE_STATUSES))
-    ids = list(expired.exclude(Exists(parent_active)).order_by("finished_at").values_list("pk", flat=True)[:limit])
+    expired = kept_whatever_their_age(expired, now, using)
+    ids = list(expired.order_by("finished_at").values_list("pk", flat=True)[:limit])
     return expired, ids

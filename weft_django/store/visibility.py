@@ -243,6 +243,14 @@ def ids_batch(selection: Selection, statuses: Iterable[str], after: str | None, 
     return list(queryset.order_by("pk").values_list("pk", flat=True)[:limit])
 
 
+def still_selected(selection: Selection, statuses: Iterable[str], workflow_ids: Iterable[str], using: str) -> set[str]:
+    """Those of ``workflow_ids`` that the selection still matches with a status in ``statuses``: a bulk
+    operation's check under the claims' lock (a run ended and started again since its batch was read
+    no longer matches a filter on its attributes, age or run)."""
+    queryset = select(selection, using).filter(status__in=list(statuses), pk__in=list(workflow_ids))
+    return set(queryset.values_list("pk", flat=True))
+
+
 __all__ = [
     "COLUMN_OF_KIND",
     "OPERATORS",
@@ -256,6 +264,7 @@ __all__ = [
     "page",
     "read",
     "select",
+    "still_selected",
     "write",
     "write_batch",
 ]

@@ -544,13 +544,18 @@ class Command(BaseCommand):
         from ...conf import get_settings
         from ...models import Workflow
         from ...store.clock import db_now
+        from ...store.maintenance import kept_whatever_their_age
         from ...transitions import purge
 
         statuses = options["status"] or TERMINAL
         now = db_now(self._using)
         if options["older_than"] is not None:
-            queryset = Workflow.objects.using(self._using).filter(
-                status__in=statuses, finished_at__lt=now - options["older_than"]
+            queryset = kept_whatever_their_age(
+                Workflow.objects.using(self._using).filter(
+                    status__in=statuses, finished_at__lt=now - options["older_than"]
+                ),
+                now,
+                self._using,
             )
             rule = f"finished more than {format_duration(options['older_than'])} ago"
         else:
