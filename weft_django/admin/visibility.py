@@ -107,6 +107,12 @@ def bulk_view(modeladmin: WeftModelAdmin, request: HttpRequest) -> HttpResponse:
                     f"Bulk {operation}: {result.changed} of {result.matched} workflow(s){skipped}.",
                     messages.SUCCESS,
                 )
+                for workflow_id, message in list(result.errors.items())[:20]:
+                    modeladmin.message_user(request, f"{workflow_id} not changed: {message}", messages.WARNING)
+                if len(result.errors) > 20:
+                    modeladmin.message_user(
+                        request, f"{len(result.errors) - 20} more workflow(s) not changed.", messages.WARNING
+                    )
                 return HttpResponseRedirect(reverse(f"{modeladmin.admin_site.name}:weft_django_workflow_changelist"))
         except BulkCountChangedError as exc:
             stale = str(exc)
