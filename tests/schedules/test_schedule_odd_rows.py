@@ -97,3 +97,19 @@ def test_a_new_schedule_with_a_never_matching_cron_is_still_an_argument_error():
         weft.schedule("tests.scheduled_run", id="never", cron="0 0 30 2 *")
     assert not isinstance(caught.value, weft.UnusableScheduleError)
     assert "never matches" in str(caught.value)
+
+
+def test_cli_schedules_json_prints_an_unusable_row_as_its_error_and_the_others_as_usual():
+    import json
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    weft.schedule("tests.scheduled_run", id="good", every=60)
+    weft.schedule("tests.scheduled_run", id="odd", every=60)
+    Schedule.objects.filter(pk="odd").update(cron="not a cron", every=None)
+    out = StringIO()
+    call_command("weft", "schedules", "--json", stdout=out, stderr=StringIO())
+    printed = {item["id"]: item for item in json.loads(out.getvalue())}
+    assert printed["good"]["every"] == 60
+    assert (printed["odd"]["error"]["type"], printed["odd"]["error"]["column"]) == ("UnusableScheduleError", "cron")
