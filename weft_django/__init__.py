@@ -69,6 +69,7 @@ _EXCEPTIONS = [
     "InvalidArgumentError",
     "InvalidWorkflowIdError",
     "InvalidScheduleError",
+    "UnusableScheduleError",
     "InvalidSearchAttributeError",
     "InvalidFilterError",
     "InvalidForkError",

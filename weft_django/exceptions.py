@@ -9,6 +9,7 @@ and listed in docs/errors.md. The tree::
     ├── InvalidArgumentError (also ValueError)              an argument to the API is invalid
     │   ├── InvalidWorkflowIdError
     │   ├── InvalidScheduleError
+    │   │   └── UnusableScheduleError                       a stored schedule row cannot be used (odd row)
     │   ├── InvalidSearchAttributeError, InvalidFilterError, InvalidForkError   visibility (issue 19)
     │   └── UnknownQueueError                               a start names a queue WEFT["QUEUES"] lacks
     ├── BulkCountChangedError                               a bulk operation's confirmation count is stale
@@ -307,6 +308,19 @@ class InvalidScheduleError(InvalidArgumentError):
     """An argument of weft.schedule() / ScheduleHandle.update() is invalid; nothing was written."""
 
 
+class UnusableScheduleError(InvalidScheduleError):
+    """A stored schedule row cannot be used as it is (edited by hand, restored from elsewhere): its cron,
+    time zone, interval or jitter is invalid, its args / kwargs do not decode, or its next occurrence is
+    too close to year 9999 to compute. Raised by ScheduleHandle.resume(), trigger() and describe() (the
+    engines skip the row and retry it later); nothing was written. ``.schedule_id`` and ``.column`` name
+    the row and the column; repair it with ScheduleHandle.update() (the admin's form) or delete it."""
+
+    def __init__(self, message: str, schedule_id: str = "", column: str = "") -> None:
+        super().__init__(message)
+        self.schedule_id = schedule_id
+        self.column = column
+
+
 class InvalidSearchAttributeError(InvalidArgumentError):
     """A search attribute is not declared on the workflow (``@weft.workflow(attributes=...)``), or its
     value does not have the declared type. Raised by ``ctx.set_attributes`` inside workflow code (an
@@ -347,5 +361,6 @@ __all__ += [
     "InvalidWorkflowIdError",
     "ScheduleNotFoundError",
     "UnknownQueueError",
+    "UnusableScheduleError",
     "WorkflowDefinitionError",
 ]

@@ -135,11 +135,19 @@ def lock_workflow(workflow_id: str, using: str) -> dict[str, Any] | None:
     return Workflow.objects.using(using).select_for_update().filter(pk=workflow_id).values(*_WORKFLOW_FIELDS).first()
 
 
-def _lock(workflow_id: str, using: str) -> dict[str, Any]:
+def _lock(workflow_id: str, using: str, run_id: str | None = None) -> dict[str, Any]:
+    """Lock the workflow (claim, then row). With ``run_id``, the run the caller saw (an admin page): a
+    WorkflowStateError, under the lock and before any write, when another run is current now."""
     row = lock_workflow(workflow_id, using)
     if row is None:
         raise WorkflowNotFoundError(
             f'No workflow "{workflow_id}" exists (it was never started, or it was purged). Check the id.'
+        )
+    if run_id is not None and str(row["run_id"]) != str(run_id):
+        raise WorkflowStateError(
+            f'Workflow "{workflow_id}" was not changed: run {run_id}, the one this was meant for, has ended '
+            f"(continued as new, or started again), and run {row['run_id']} ({row['status']}) is current now. "
+            f"Look at the current run first, then act again if it still applies."
         )
     return row
 
@@ -211,16 +219,17 @@ def _close_children(row: dict[str, Any], status: str, using: str) -> None:
             continue  # purged meanwhile
 
 
-def cancel(workflow_id: str, reason: str | None = None, *, using: str | None = None) -> int:
+def cancel(workflow_id: str, reason: str | None = None, *, using: str | None = None, run_id: str | None = None) -> int:
     """Cancel an active run: cancelled, holder deposed, mailbox closed, timers deleted, children
     closed per their parent_close_policy. Returns the claim's new epoch.
 
-    Raises WorkflowTerminalError when the run already ended, WorkflowNotFoundError for an unknown id.
+    Raises WorkflowTerminalError when the run already ended, WorkflowNotFoundError for an unknown id,
+    WorkflowStateError when ``run_id`` (the run the caller saw) is given and another run is current.
     """
     alias = _alias(using)
 
     def body() -> int:
-        row = _lock(workflow_id, alias)
+        row = _lock(workflow_id, alias, run_id)
         if row["status"] in TERMINAL_STATUSES:
             raise WorkflowTerminalError(
                 f'Workflow "{workflow_id}" already ended ({row["status"]}); there is nothing to cancel.'
@@ -263,12 +272,12 @@ def cancel_active(workflow_ids: Iterable[str], reason: str | None, *, using: str
     return run_in_transaction(using, body, lock=ids, family=True) if ids else []
 
 
-def time_out(workflow_id: str, *, using: str | None = None) -> int:
+def time_out(workflow_id: str, *, using: str | None = None, run_id: str | None = None) -> int:
     """End an active run as timed_out (its execution deadline passed); otherwise as ``cancel``."""
     alias = _alias(using)
 
     def body() -> int:
-        row = _lock(workflow_id, alias)
+        row = _lock(workflow_id, alias, run_id)
         if row["status"] in TERMINAL_STATUSES:
             raise WorkflowTerminalError(
                 f'Workflow "{workflow_id}" already ended ({row["status"]}); it cannot time out.'
@@ -302,12 +311,13 @@ def _set_running_status(
     required: str,
     new_status: WorkflowStatus,
     using: str | None,
+    run_id: str | None = None,
     extra: Callable[[dict[str, Any], str], dict[str, Any]] | None = None,
 ) -> int:
     alias = _alias(using)
 
     def body() -> int:
-        row = _lock(workflow_id, alias)
+        row = _lock(workflow_id, alias, run_id)
         if row["status"] != required:
             raise _state_error(workflow_id, action, required, row["status"])
         fields: dict[str, Any] = {"status": new_status, "updated_at": db_now(alias)}
@@ -323,27 +333,31 @@ def _set_running_status(
     return run_in_transaction(alias, body, lock=[workflow_id])
 
 
-def suspend(workflow_id: str, *, using: str | None = None) -> int:
+def suspend(workflow_id: str, *, using: str | None = None, run_id: str | None = None) -> int:
     """running -> suspended. The owner is deposed and no engine picks the run up until it is resumed;
-    its timers stay. Returns the claim's new epoch. Else WorkflowStateError saying why."""
+    its timers stay. Returns the claim's new epoch. Else WorkflowStateError saying why (also when
+    ``run_id``, the run the caller saw, is given and another run is current)."""
     return _set_running_status(
         workflow_id,
         action="suspend",
         required=WorkflowStatus.RUNNING,
         new_status=WorkflowStatus.SUSPENDED,
         using=using,
+        run_id=run_id,
     )
 
 
-def resume(workflow_id: str, *, using: str | None = None) -> int:
+def resume(workflow_id: str, *, using: str | None = None, run_id: str | None = None) -> int:
     """suspended -> running with no holder: an engine claims it. The execution deadline is absolute
-    and not extended. Returns the claim's new epoch. Else WorkflowStateError saying why."""
+    and not extended. Returns the claim's new epoch. Else WorkflowStateError saying why (also when
+    ``run_id``, the run the caller saw, is given and another run is current)."""
     return _set_running_status(
         workflow_id,
         action="resume",
         required=WorkflowStatus.SUSPENDED,
         new_status=WorkflowStatus.RUNNING,
         using=using,
+        run_id=run_id,
     )
 
 
@@ -383,7 +397,7 @@ def _retry_fields(row: dict[str, Any], using: str) -> dict[str, Any]:
     }
 
 
-def retry(workflow_id: str, *, using: str | None = None) -> int:
+def retry(workflow_id: str, *, using: str | None = None, run_id: str | None = None) -> int:
     """failed -> running, same run_id: the failing step is removed so it runs again with a fresh
     attempt count; signals and updates closed at the failure stay closed. A run in a queue goes back
     to it: pending (same queue, priority and concurrency key) until an engine admits it within the
@@ -391,6 +405,7 @@ def retry(workflow_id: str, *, using: str | None = None) -> int:
 
     Raises:
         UnknownQueueError: the run's queue is no longer in WEFT["QUEUES"] (nothing changed).
+        WorkflowStateError: not failed, or ``run_id`` (the run the caller saw) is not the current run.
     """
     return _set_running_status(
         workflow_id,
@@ -398,6 +413,7 @@ def retry(workflow_id: str, *, using: str | None = None) -> int:
         required=WorkflowStatus.FAILED,
         new_status=WorkflowStatus.RUNNING,
         using=using,
+        run_id=run_id,
         extra=_retry_fields,
     )
 

@@ -20,6 +20,7 @@ from .. import client, transitions
 from ..exceptions import InvalidArgumentError, WorkflowNotFoundError, WorkflowStateError, WorkflowTerminalError
 from ..models import Workflow
 from ..status import TERMINAL_STATUSES
+from ..validation import validate_reason
 from .base import WeftModelAdmin
 from .payloads import PayloadInputError, parse_payload
 
@@ -70,8 +71,16 @@ def _ids(ids: list[str]) -> str:
     return shown + (f" and {len(ids) - SHOWN_FAILURES} more" if len(ids) > SHOWN_FAILURES else "")
 
 
-def report(modeladmin: admin.ModelAdmin[Any], request: HttpRequest, outcome: Outcome, done: str, failed: str) -> None:
-    """One success message and one warning per refusal type, with plurals.
+def report(
+    modeladmin: admin.ModelAdmin[Any],
+    request: HttpRequest,
+    outcome: Outcome,
+    done: str,
+    failed: str,
+    refusal_level: int = messages.WARNING,
+) -> None:
+    """One success message and one message per refusal type (a warning unless ``refusal_level``
+    says otherwise), with plurals.
 
     ``done`` is a past tense ("Cancelled"), ``failed`` a participle ("cancelled")."""
     if outcome.done:
@@ -93,9 +102,8 @@ def report(modeladmin: admin.ModelAdmin[Any], request: HttpRequest, outcome: Out
         why = " ".join(str(exc) for _, exc in refusals[:SHOWN_FAILURES])
         if count > SHOWN_FAILURES:
             why += f" (and {count - SHOWN_FAILURES} more)"
-        modeladmin.message_user(
-            request, text % {"count": count, "verb": failed, "kind": kind, "why": why}, messages.WARNING
-        )
+        values = {"count": count, "verb": failed, "kind": kind, "why": why}
+        modeladmin.message_user(request, text % values, refusal_level)
 
 
 def _log(modeladmin: WeftModelAdmin, request: HttpRequest, ids: list[str], message: str) -> None:
@@ -111,10 +119,20 @@ def _selected_ids(queryset: QuerySet[Workflow]) -> list[str]:
 
 
 def run_transition(
-    modeladmin: WeftModelAdmin, request: HttpRequest, action: str, ids: list[str], reason: str = ""
+    modeladmin: WeftModelAdmin,
+    request: HttpRequest,
+    action: str,
+    ids: list[str],
+    reason: str = "",
+    *,
+    run_id: str | None = None,
 ) -> Outcome:
     """cancel / suspend / resume / retry ``ids`` through their handles and report. A cancel records
-    who cancelled (and why, when given) as the run's cancel reason."""
+    who cancelled (and why, when given) as the run's cancel reason.
+
+    ``run_id`` (a workflow's page: the run it showed) makes the transition refuse, under the claim's
+    lock, when another run is current now (it continued as new meanwhile): an error message, nothing
+    changed. The list's actions carry only ids and act on whatever run is current."""
     who = request.user.get_username() if request.user.is_authenticated else "?"
     why = f"cancelled in the Django admin by {who}" + (f": {reason}" if reason else "")
     calls: dict[str, Callable[[str], object]] = {
@@ -123,6 +141,14 @@ def run_transition(
         "resume": lambda i: client.get_handle(i).resume(),
         "retry": lambda i: client.get_handle(i).retry(),
     }
+    if run_id is not None:
+        alias = modeladmin.weft_alias
+        calls = {
+            "cancel": lambda i: transitions.cancel(i, validate_reason(why), using=alias, run_id=run_id),
+            "suspend": lambda i: transitions.suspend(i, using=alias, run_id=run_id),
+            "resume": lambda i: transitions.resume(i, using=alias, run_id=run_id),
+            "retry": lambda i: transitions.retry(i, using=alias, run_id=run_id),
+        }
     words = {
         "cancel": ("Cancelled", "cancelled"),
         "suspend": ("Suspended", "suspended"),
@@ -130,7 +156,7 @@ def run_transition(
         "retry": ("Retried", "retried"),
     }
     outcome = apply_each(ids, calls[action])
-    report(modeladmin, request, outcome, *words[action])
+    report(modeladmin, request, outcome, *words[action], messages.ERROR if run_id is not None else messages.WARNING)
     _log(modeladmin, request, outcome.done, f"{words[action][0]} (weft admin action).")
     return outcome
 

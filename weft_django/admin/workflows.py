@@ -367,8 +367,10 @@ class WorkflowAdmin(WeftModelAdmin):
             {
                 "action": action,
                 "label": label,
-                "url": reverse(f"{self.admin_site.name}:weft_django_workflow_act", args=[quote(workflow.pk), action]),
+                "url": reverse(f"{self.admin_site.name}:weft_django_workflow_act", args=[quote(workflow.pk), action])
+                + (f"?run_id={workflow.run_id}" if action == "cancel" else ""),
                 "method": "get" if action in ("cancel", "signal", "purge") else "post",
+                "run_id": str(workflow.run_id),  # the run shown: a transition refuses if another is current
             }
             for action, label, allowed in possible
             if allowed and self._has_weft_permission(request, action)
@@ -435,6 +437,7 @@ class WorkflowAdmin(WeftModelAdmin):
                 "opts": self.opts,
                 "title": f'Cancel workflow "{workflow_id}"?',
                 "workflow_id": workflow_id,
+                "run_id": request.GET.get("run_id", ""),
                 "change_url": change_url,
                 "media": self.media,
             }
@@ -447,7 +450,10 @@ class WorkflowAdmin(WeftModelAdmin):
         except InvalidArgumentError as exc:
             self.message_user(request, f"Nothing was cancelled: {exc}", messages.ERROR)
             return HttpResponseRedirect(change_url)
-        actions.run_transition(self, request, action, [workflow_id], reason[: actions.ADMIN_REASON_LENGTH])
+        run_id = request.POST.get("run_id", "").strip() or None  # the run the page showed
+        actions.run_transition(
+            self, request, action, [workflow_id], reason[: actions.ADMIN_REASON_LENGTH], run_id=run_id
+        )
         return HttpResponseRedirect(change_url)
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:

@@ -18,8 +18,9 @@ import logging
 import time
 from datetime import datetime, timedelta
 
-from django.db import DatabaseError, transaction
+from django.db import InterfaceError, OperationalError, transaction
 
+from ..exceptions import UnusableScheduleError
 from ..models import Schedule
 from ..registry import WorkflowDefinition, registry
 from ..schedules import (
@@ -43,6 +44,10 @@ SCHEDULES_PER_PASS = 100
 BACKFILL_PER_PASS = 100  # catch-up runs per schedule and pass
 STEPS_PER_PASS = 1000  # occurrences looked at per schedule and pass (counting missed cron fires)
 FAILED_BACKOFF = 60.0  # seconds before this engine retries a schedule whose firing raised
+# Database errors that pass (a lock or statement timeout, a deadlock, a serialization failure, a lost
+# connection): retried on the next pass. Any other error, DataError and IntegrityError included (a
+# value of the row that the database refuses), is the schedule's own: backed off FAILED_BACKOFF.
+TRANSIENT_ERRORS = (OperationalError, InterfaceError)
 
 
 class ScheduleFiring:
@@ -69,9 +74,12 @@ class ScheduleFiring:
         for schedule_id in dict.fromkeys([*_with_waiting_runs(using, self._unknown_types), *due]):
             try:
                 busy |= self._process(schedule_id, now, using)
-            except DatabaseError as exc:
+            except TRANSIENT_ERRORS as exc:
                 logger.warning("schedule pass failed schedule=%s error=%s; retried next pass", schedule_id, exc)
-            except Exception:
+            except UnusableScheduleError as exc:
+                logger.warning("schedule cannot be fired: %s; retried in %ss", exc, FAILED_BACKOFF)
+                self._failed[schedule_id] = time.monotonic() + FAILED_BACKOFF
+            except Exception:  # DataError, IntegrityError: the row's own fault, like any other exception
                 logger.exception("schedule could not be fired schedule=%s; retried in %ss", schedule_id, FAILED_BACKOFF)
                 self._failed[schedule_id] = time.monotonic() + FAILED_BACKOFF
         return busy

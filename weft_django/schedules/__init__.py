@@ -21,7 +21,7 @@ Every name is importable from ``weft_django.schedules`` as before the split.
 
 from __future__ import annotations
 
-from ..exceptions import InvalidScheduleError, ScheduleNotFoundError
+from ..exceptions import InvalidScheduleError, ScheduleNotFoundError, UnusableScheduleError
 from .fields import (  # noqa: F401 - the names the engine, the admin and tests import from here
     _TIMING_FIELDS,
     _arguments,
@@ -35,10 +35,13 @@ from .fields import (  # noqa: F401 - the names the engine, the admin and tests 
     _timezone,
     retime,
     run_input,
+    stored_argument,
+    stored_arguments,
+    stored_input,
     validate_schedule,
     validate_schedule_id,
 )
-from .handles import ScheduleHandle, _alias, _locked, _save, get_schedule, schedule  # noqa: F401
+from .handles import ScheduleHandle, _alias, _locked, _save, get_schedule, next_fire_times, schedule  # noqa: F401
 from .occurrences import _insert_run, active_runs, cancel_waiting, fire, release_waiting  # noqa: F401
 from .timing import (  # noqa: F401
     _DST_MARGIN,
@@ -60,6 +63,7 @@ from .timing import (  # noqa: F401
     _instants,
     manual_id,
     occurrence_id,
+    unusable,
 )
 
 __all__ = [
@@ -67,6 +71,7 @@ __all__ = [
     "ScheduleHandle",
     "ScheduleNotFoundError",
     "Timing",
+    "UnusableScheduleError",
     "get_schedule",
     "occurrence_id",
     "schedule",

@@ -13,7 +13,7 @@ from croniter import CroniterError, croniter
 
 from .. import codec
 from ..durations import InvalidDuration, to_ms
-from ..exceptions import InvalidScheduleError
+from ..exceptions import CorruptPayloadError, InvalidScheduleError
 from ..models import Schedule
 from ..registry import resolve_workflow
 from ..validation import check_text
@@ -26,6 +26,7 @@ from .timing import (
     MAX_TIMEZONE_LENGTH,
     OVERLAP_POLICIES,
     Timing,
+    unusable,
 )
 
 
@@ -143,6 +144,33 @@ def _arguments(args: object, kwargs: object) -> tuple[str, str]:
 def run_input(args_text: str, kwargs_text: str) -> str:
     """The input of a run: codec text of {"args": [...], "kwargs": {...}}, as weft.start() writes it."""
     return codec.encode_payload({"args": codec.decode(args_text), "kwargs": codec.decode(kwargs_text)}, path="input")
+
+
+_ARGUMENT_KINDS: dict[str, type] = {"args": list, "kwargs": dict}
+
+
+def stored_argument(row: Schedule, column: str) -> Any:
+    """The row's ``column`` ("args" or "kwargs") decoded and checked: text edited by hand that does not
+    decode (or is not a list / a dict) raises UnusableScheduleError naming it, not the codec's error."""
+    kind = _ARGUMENT_KINDS[column]
+    try:
+        value = codec.decode(getattr(row, column))
+    except CorruptPayloadError as exc:
+        raise unusable(row.id, column, f"does not decode ({exc})") from None
+    if not isinstance(value, kind):
+        raise unusable(row.id, column, f"holds a {type(value).__name__}, not a {kind.__name__}")
+    return value
+
+
+def stored_arguments(row: Schedule) -> tuple[list[Any], dict[str, Any]]:
+    """The row's args and kwargs, each as ``stored_argument`` reads it."""
+    return stored_argument(row, "args"), stored_argument(row, "kwargs")
+
+
+def stored_input(row: Schedule) -> str:
+    """The input of a run the stored row starts (``run_input`` of its checked args and kwargs)."""
+    args, kwargs = stored_arguments(row)
+    return codec.encode_payload({"args": args, "kwargs": kwargs}, path="input")
 
 
 def validate_schedule(schedule_id: str, values: Mapping[str, Any]) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from .. import codec, transitions
+from .. import transitions
 from ..client import WorkflowHandle
 from ..conf import database_alias
 from ..exceptions import InvalidScheduleError, ScheduleNotFoundError
@@ -19,7 +19,7 @@ from ..registry import registry
 from ..store import schedules as rows
 from ..store.clock import db_now
 from ..validation import validate_note
-from .fields import _TIMING_FIELDS, _fields, retime, validate_schedule_id
+from .fields import _TIMING_FIELDS, _fields, retime, stored_argument, stored_arguments, validate_schedule_id
 from .occurrences import active_runs, cancel_waiting, fire
 from .timing import _UNSET, QUEUED, STARTED, Timing, manual_id
 
@@ -136,7 +136,8 @@ class ScheduleHandle:
                 rows.save_schedule(row, ["paused", "note", "next_fire_at", "updated_at"], using)
 
     def resume(self) -> None:
-        """Fire again from the next occurrence after now (the ones passed while paused are dropped)."""
+        """Fire again from the next occurrence after now (the ones passed while paused are dropped).
+        UnusableScheduleError (nothing written) when the stored timing cannot be used."""
         using = _alias()
         with transaction.atomic(using=using):
             row = _locked(self.id, using)
@@ -151,7 +152,8 @@ class ScheduleHandle:
 
     def trigger(self) -> WorkflowHandle | None:
         """Start a run now with the id ``f"{id}@manual-<8 hex>"``, even while paused, subject to the
-        overlap policy. Returns its handle, or None when the policy skipped it."""
+        overlap policy. Returns its handle, or None when the policy skipped it. UnusableScheduleError
+        (nothing written) when the stored args or kwargs do not decode."""
         using = _alias()
         workflow_id = manual_id(self.id)
         with transaction.atomic(using=using):
@@ -179,7 +181,8 @@ class ScheduleHandle:
     ) -> None:
         """Change some of the arguments of weft.schedule(); the others keep their values. Passing
         ``cron`` switches an interval schedule to cron (and ``every`` the reverse). A timing change
-        (cron, every, timezone, jitter) re-plans from now; the pause state is kept."""
+        (cron, every, timezone, jitter) re-plans from now; the pause state is kept. A stored args or
+        kwargs column is decoded only when it is kept, so passing new ones repairs undecodable text."""
         given = {
             "workflow": workflow,
             "cron": cron,
@@ -200,12 +203,13 @@ class ScheduleHandle:
                 "cron": row.cron,
                 "every": row.every,
                 "timezone": row.timezone,
-                "args": codec.decode(row.args),
-                "kwargs": codec.decode(row.kwargs),
                 "overlap": row.overlap,
                 "backfill": row.backfill,
                 "jitter": timedelta(milliseconds=row.jitter_ms),
             }
+            for column in ("args", "kwargs"):  # decoded only when kept: new ones repair undecodable text
+                if column not in changes:
+                    current[column] = stored_argument(row, column)
             if "cron" in changes or "every" in changes:
                 current["cron"] = current["every"] = None
             _save(row, _fields(self.id, {**current, **changes}), db_now(using), using)
@@ -221,31 +225,42 @@ class ScheduleHandle:
     def describe(self) -> dict[str, Any]:
         """id, workflow_type, cron, every, timezone, args, kwargs, overlap, backfill, jitter, paused, note,
         next_fire_times (the next five, UTC; empty while paused), last_fired_at, missed_fire_count,
-        running_ids (the active runs: running, pending or suspended)."""
+        running_ids (the active runs: running, pending or suspended). UnusableScheduleError for a row
+        edited by hand that cannot be used (its message names the column and the repair)."""
         using = _alias()
         row = rows.read_schedule(self.id, using)
         if row is None:
             raise ScheduleNotFoundError(f'No schedule "{self.id}" exists (never created, or deleted). Check the id.')
-        timing = Timing.of(row)
-        next_fire_times: list[datetime] = []
-        if not row.paused and row.next_nominal_at is not None:
-            now = db_now(using)
-            next_fire_times = timing.fire_times(timing.upcoming(row.next_nominal_at, now))
+        next_fire_times = _next_fire_times(row, using)
+        args, kwargs = stored_arguments(row)
         return {
             "id": row.id,
             "workflow_type": row.workflow_type,
             "cron": row.cron,
             "every": row.every,
             "timezone": row.timezone,
-            "args": codec.decode(row.args),
-            "kwargs": codec.decode(row.kwargs),
+            "args": args,
+            "kwargs": kwargs,
             "overlap": row.overlap,
             "backfill": row.backfill,
             "jitter": timedelta(milliseconds=row.jitter_ms) if row.jitter_ms else None,
             "paused": row.paused,
             "note": row.note,
-            "next_fire_times": [moment.astimezone(UTC) for moment in next_fire_times],
+            "next_fire_times": next_fire_times,
             "last_fired_at": row.last_fired_at,
             "missed_fire_count": row.missed_fire_count,
             "running_ids": [run["id"] for run in active_runs(row.id, using)],
         }
+
+
+def next_fire_times(row: Schedule, now: datetime) -> list[datetime]:
+    """The row's next five fire times after ``now`` (UTC; empty while paused), as describe() gives
+    them. UnusableScheduleError when its stored timing cannot be used (the admin shows the reason)."""
+    if row.paused or row.next_nominal_at is None:
+        return []
+    timing = Timing.of(row)
+    return [moment.astimezone(UTC) for moment in timing.fire_times(timing.upcoming(row.next_nominal_at, now))]
+
+
+def _next_fire_times(row: Schedule, using: str) -> list[datetime]:
+    return next_fire_times(row, db_now(using)) if not row.paused and row.next_nominal_at is not None else []

@@ -17,7 +17,7 @@ from ..registry import WorkflowDefinition, registry
 from ..status import ACTIVE_STATUSES, OverlapPolicy, TimerKind, WorkflowStatus
 from ..store import notify, queues, runs
 from ..store.commit import fenced
-from .fields import run_input
+from .fields import stored_input
 from .timing import EXISTS, QUEUED, SKIPPED, STARTED
 
 
@@ -110,7 +110,7 @@ def _insert_run(
         workflow_id=workflow_id,
         workflow_type=definition.name,
         version=definition.version,
-        input_text=run_input(row.args, row.kwargs),
+        input_text=stored_input(row),
         schedule_id=row.id,
         queued=queued,
         queue=queue,

@@ -6,17 +6,20 @@ jitter delays when it fires, never its id.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import heapq
 import uuid
 import zoneinfo
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from croniter import croniter
+from croniter import CroniterError, croniter
 
+from ..exceptions import UnusableScheduleError
 from ..models import Schedule
 from ..status import OverlapPolicy
 
@@ -41,6 +44,30 @@ _DST_MARGIN = timedelta(hours=3)
 _UNSET: Any = object()
 
 STARTED, QUEUED, SKIPPED, EXISTS = "started", "queued", "skipped", "exists"
+T = TypeVar("T")
+P = ParamSpec("P")
+# How to repair each column of a stored row that cannot be used (UnusableScheduleError's message).
+_REPAIRS = {
+    "cron": "update(cron=...) or update(every=...)",
+    "every": "update(every=...) or update(cron=...)",
+    "timezone": "update(timezone=...)",
+    "jitter_ms": "update(jitter=...)",
+    "args": "update(args=..., kwargs=...)",
+    "kwargs": "update(args=..., kwargs=...)",
+    "next_nominal_at": "a change of its timing in update() (which plans again from now)",
+}
+
+
+def unusable(schedule_id: str, column: str, problem: str) -> UnusableScheduleError:
+    """The error for a stored schedule row whose ``column`` cannot be used: names the schedule, the
+    column and the repair (the handle's ``update()``), or deleting it."""
+    repair = f'weft.get_schedule("{schedule_id}").{_REPAIRS.get(column, "update()")}'
+    return UnusableScheduleError(
+        f'Schedule "{schedule_id}" cannot be used as stored: its {column} {problem}. Repair it with {repair} '
+        f"(or the admin's form), or delete it.",
+        schedule_id,
+        column,
+    )
 
 
 def occurrence_id(schedule_id: str, nominal: datetime) -> str:
@@ -57,6 +84,17 @@ def _ceil_second(moment: datetime) -> datetime:
     return whole if whole == moment else whole + timedelta(seconds=1)
 
 
+def _checked(method: Callable[Concatenate[Timing, P], T]) -> Callable[Concatenate[Timing, P], T]:
+    """Run a Timing method under ``Timing._computing`` (the one place the arithmetic's errors convert)."""
+
+    @functools.wraps(method)
+    def checked(self: Timing, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        with self._computing():
+            return method(self, *args, **kwargs)
+
+    return checked
+
+
 @dataclass(frozen=True)
 class Timing:
     """When a schedule's occurrences are: validated ``cron`` xor ``every``, zone, jitter."""
@@ -69,7 +107,49 @@ class Timing:
 
     @classmethod
     def of(cls, row: Schedule) -> Timing:
-        return cls(row.id, row.cron, row.every, row.timezone, row.jitter_ms)
+        """The timing of a stored row, checked: a row edited by hand whose cron, interval, time zone or
+        jitter cannot be used raises UnusableScheduleError naming the column, not the library's error."""
+        timing = cls(row.id, row.cron, row.every, row.timezone, row.jitter_ms)
+        fault = timing._fault()
+        if fault is not None:
+            raise unusable(row.id, *fault)
+        return timing
+
+    def _fault(self) -> tuple[str, str] | None:
+        """(column, problem) of the first column the arithmetic cannot use, or None."""
+        if (self.cron is None) == (self.every is None):
+            return "cron", "and every are invalid together: both set or both empty (exactly one of them must be)"
+        if self.every is not None and (
+            isinstance(self.every, bool) or not isinstance(self.every, int) or not 1 <= self.every <= MAX_EVERY_SECONDS
+        ):
+            return "every", f"{self.every!r} is invalid: not a whole number of seconds from 1 to {MAX_EVERY_SECONDS}"
+        if not isinstance(self.jitter_ms, int) or not 0 <= self.jitter_ms <= MAX_JITTER_MS:
+            return "jitter_ms", f"{self.jitter_ms!r} is invalid: not between 0 and {MAX_JITTER_MS}"
+        try:
+            zoneinfo.ZoneInfo(self.timezone)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError, TypeError, OSError):
+            return "timezone", f"{self.timezone!r} is invalid: not an IANA time zone name"
+        if self.cron is not None:
+            try:
+                if len(self.expression.split()) != 5:
+                    raise ValueError("it does not have five fields")
+                croniter(self.expression, datetime(2000, 1, 1), hash_id=self.schedule_id)
+            except (CroniterError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                return "cron", f"{self.cron!r} is an invalid cron expression ({exc})"
+        return None
+
+    @contextlib.contextmanager
+    def _computing(self) -> Iterator[None]:
+        """Where the arithmetic on a stored row fails (a next occurrence a step from year 9999, a cron
+        that never matches): UnusableScheduleError naming the column instead of the library's error."""
+        try:
+            yield
+        except OverflowError:
+            raise unusable(
+                self.schedule_id, "next_nominal_at", "is too close to year 9999 to compute the occurrences after it"
+            ) from None
+        except CroniterError as exc:
+            raise unusable(self.schedule_id, "cron", f"{self.cron!r} never matches a date ({exc})") from None
 
     @property
     def expression(self) -> str:
@@ -103,9 +183,11 @@ class Timing:
         gap = next(self._cron_after(nominal)) - nominal
         return gap // timedelta(milliseconds=1)
 
+    @_checked
     def fire_at(self, nominal: datetime) -> datetime:
         return nominal + self.jitter(nominal)
 
+    @_checked
     def first_after(self, now: datetime) -> datetime:
         """The nominal time of the first occurrence of a schedule created (or re-timed) at ``now``:
         ``every`` fires one period later (from the next whole second), ``cron`` at its next match."""
@@ -115,6 +197,10 @@ class Timing:
 
     def following(self, nominal: datetime) -> Iterator[datetime]:
         """The nominal times after the occurrence at ``nominal``, in order."""
+        with self._computing():
+            yield from self._following(nominal)
+
+    def _following(self, nominal: datetime) -> Iterator[datetime]:
         if self.every is None:
             yield from self._cron_after(nominal)
             return
@@ -123,6 +209,7 @@ class Timing:
             nominal += period
             yield nominal
 
+    @_checked
     def upcoming(self, nominal: datetime, now: datetime) -> datetime:
         """The first occurrence, from ``nominal`` on, that fires after ``now`` (resume, describe)."""
         if self.fire_at(nominal) > now:
@@ -136,6 +223,7 @@ class Timing:
         start = max(nominal, now - timedelta(milliseconds=self.jitter_ms))
         return next(n for n in self._cron_after(start) if self.fire_at(n) > now)
 
+    @_checked
     def fire_times(self, nominal: datetime, count: int = NEXT_FIRE_TIMES) -> list[datetime]:
         times = [self.fire_at(nominal)]
         following = self.following(nominal)

@@ -384,7 +384,7 @@ class Command(BaseCommand):
 
         rows = list(Schedule.objects.using(self._using).order_by("id"))
         if options["json"]:
-            self._print_json([schedules.get_schedule(row.id).describe() for row in rows])
+            self._print_json([_described_schedule(schedules, row.id) for row in rows])
             return
         if not rows:
             self._print("No schedules.")
@@ -576,3 +576,12 @@ class Command(BaseCommand):
             self._print_json({"purged": purged, "by_status": counts})
         else:
             self._print(f"Purged {purged} workflow(s).")
+
+
+def _described_schedule(schedules: Any, schedule_id: str) -> dict[str, Any]:
+    """A schedule's describe(); for a stored row that cannot be used, its id and the error instead."""
+    try:
+        described: dict[str, Any] = schedules.get_schedule(schedule_id).describe()
+    except schedules.UnusableScheduleError as exc:
+        return {"id": schedule_id, "error": {"type": type(exc).__name__, "column": exc.column, "message": str(exc)}}
+    return described
