@@ -353,7 +353,9 @@ def _run(key: AttemptKey, activity: str, args_text: str, control: WorkerControl,
         if definition.atomic:
             return _run_atomic(key, definition.fn, args, kwargs, using)
         result = encode_payload(definition.fn(*args, **kwargs), path="activity result")
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit too: the attempt's failure, as on the thread executor
         if isinstance(exc, ActivityCancelledError) and control.stop_reason is not None:
             logger.info(
                 "remote attempt stopped workflow=%s seq=%s reason=%s", key.workflow_id, key.seq, control.stop_reason
