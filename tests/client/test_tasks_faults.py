@@ -94,7 +94,6 @@ def _finished_signals() -> tuple[list[tuple[str, str]], Any]:
 # -- 1. errors / last_attempted_at while a task is retried -------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="fixed later on this branch")
 def test_while_retried_the_error_of_the_failed_attempt_is_visible(weft_run_until_idle) -> None:
     result = probe.enqueue("p1")
     weft_run_until_idle()
@@ -105,7 +104,6 @@ def test_while_retried_the_error_of_the_failed_attempt_is_visible(weft_run_until
     assert seen["errors"] == ["builtins.ConnectionError"]
 
 
-@pytest.mark.xfail(strict=True, reason="fixed later on this branch")
 def test_while_retried_last_attempted_at_is_the_current_attempt(weft_run_until_idle) -> None:
     result = probe.enqueue("p2")
     weft_run_until_idle()
@@ -116,7 +114,6 @@ def test_while_retried_last_attempted_at_is_the_current_attempt(weft_run_until_i
     assert dt.datetime.fromisoformat(seen["last_attempted_at"]) > dt.datetime.fromisoformat(seen["started_at"])
 
 
-@pytest.mark.xfail(strict=True, reason="fixed later on this branch")
 def test_a_task_that_succeeded_after_a_retry_keeps_the_error_of_the_failed_attempt(weft_run_until_idle) -> None:
     result = flaky_once.enqueue("f1")
     weft_run_until_idle()

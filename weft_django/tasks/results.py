@@ -8,9 +8,13 @@
 |                   | cancelled or timed out                                                          |
 | enqueued_at       | the run's ``created_at``                                                        |
 | started_at        | when the first attempt began (the step's ``started_at``)                        |
-| last_attempted_at | when the step last changed: its ``completed_at``, else its ``started_at``       |
+| last_attempted_at | the step's ``completed_at`` once it ended, else when its latest attempt began:  |
+|                   | its ``started_at`` (attempt 1) or when the engine dispatched the latest retry   |
+|                   | (``next_attempt_at``, kept with the failed attempt's error)                     |
 | finished_at       | the run's ``finished_at``                                                       |
-| errors            | the step's recorded error (weft keeps the last one), or why the run ended       |
+| errors            | the step's recorded error: the last failed attempt's, kept while the task is    |
+|                   | retried and after it succeeded on a retry (weft keeps the last one, not one per |
+|                   | attempt), or why the run ended                                                  |
 | worker_ids        | the engine that holds (or last held) the run, once per attempt                  |
 | return_value      | the run's result                                                                |
 """
@@ -18,6 +22,7 @@
 from __future__ import annotations
 
 import traceback
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -83,6 +88,24 @@ def _error(error: Any) -> TaskError:
     return TaskError(exception_class_path=path, traceback=text)
 
 
+def _last_attempted(step: Mapping[str, Any]) -> datetime:
+    """When the step last changed (``completed_at``), else when its latest attempt began: a retry's
+    dispatch time, which the engine keeps in the failed attempt's error (``next_attempt_at``), else the
+    step's ``started_at``."""
+    if step["completed_at"] is not None:
+        ended: datetime = step["completed_at"]
+        return ended
+    error = step["error"] if isinstance(step["error"], dict) else {}
+    began: datetime = step["started_at"]
+    retried = error.get("next_attempt_at")
+    if isinstance(retried, str):
+        try:
+            return max(began, datetime.fromisoformat(retried))
+        except (TypeError, ValueError):
+            return began
+    return began
+
+
 def load_result(result_id: str, using: str) -> TaskResult[Any, Any]:
     """The TaskResult of task run ``result_id`` on database ``using``.
 
@@ -137,7 +160,7 @@ def load_result(result_id: str, using: str) -> TaskResult[Any, Any]:
         enqueued_at=row["created_at"],
         started_at=step["started_at"] if step is not None else None,
         finished_at=row["finished_at"],
-        last_attempted_at=(step["completed_at"] or step["started_at"]) if step is not None else None,
+        last_attempted_at=_last_attempted(step) if step is not None else None,
         args=request["args"],
         kwargs=request["kwargs"],
         backend=request.get("backend") or task.backend,
