@@ -126,7 +126,6 @@ def test_a_task_that_succeeded_after_a_retry_keeps_the_error_of_the_failed_attem
 # -- 2. task_finished(SUCCESSFUL) sent for an attempt that then fails -------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="fixed later on this branch")
 def test_a_return_value_weft_cannot_store_is_not_reported_successful(weft_run_until_idle) -> None:
     seen, receiver = _finished_signals()
     try:
@@ -139,7 +138,6 @@ def test_a_return_value_weft_cannot_store_is_not_reported_successful(weft_run_un
     assert seen == [(result.id, "FAILED")]
 
 
-@pytest.mark.xfail(strict=True, reason="fixed later on this branch")
 def test_an_oversized_return_value_does_not_rerun_a_task_that_succeeded(weft_run_until_idle) -> None:
     seen, receiver = _finished_signals()
     try:
@@ -154,7 +152,6 @@ def test_an_oversized_return_value_does_not_rerun_a_task_that_succeeded(weft_run
     assert (result.status, calls, statuses) == (TaskResultStatus.FAILED, 1, ["FAILED"])
 
 
-@pytest.mark.xfail(strict=True, reason="fixed later on this branch")
 def test_an_attempt_past_its_timeout_is_not_reported_successful(weft_run_until_idle) -> None:
     tasks_setting = {
         **settings.TASKS,
