@@ -211,7 +211,6 @@ def test_get_result_of_an_id_with_a_nul_is_task_result_does_not_exist() -> None:
 # -- 4. a WeftBackend subclass: engines do not register the task workflow -----------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="fixed later on this branch")
 def test_engines_of_a_project_using_a_weft_backend_subclass_know_the_task_workflow(tmp_path: Path) -> None:
     (tmp_path / "sub_backend.py").write_text(
         "from weft_django.tasks import WeftBackend\n\n\nclass MyBackend(WeftBackend):\n    pass\n"

@@ -1,7 +1,7 @@
 """The one workflow every ``django.tasks`` task becomes: a run of ``weft_django.tasks.run`` with one
 activity, ``weft_django.tasks.call``, that imports the task by its module path and calls it.
 
-Imported by ``WeftConfig.ready()`` when ``settings.TASKS`` names ``weft_django.tasks.WeftBackend``, so
+Imported by ``WeftConfig.ready()`` when ``settings.TASKS`` names ``WeftBackend`` or a subclass, so
 every engine and Celery worker of such a project knows both names without a ``workflows.py``.
 """
 
