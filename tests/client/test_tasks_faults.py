@@ -177,19 +177,27 @@ def test_an_attempt_past_its_timeout_is_not_reported_successful(weft_run_until_i
 # -- 3. inputs --------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="fixed later on this branch")
-def test_run_after_may_be_naive_when_use_tz_is_false() -> None:
-    """django_tasks validate_task / docs/tasks.md: run_after must be aware only when USE_TZ = True."""
+def test_with_use_tz_false_enqueue_says_weft_needs_use_tz() -> None:
+    """django_tasks' validate_task accepts a naive run_after when USE_TZ = False, but weft stores aware
+    times (every run's created_at too: on SQLite no run can be stored with USE_TZ = False). enqueue()
+    raised weft's "start_at must be timezone-aware" (a ValueError about an argument the caller gave
+    correctly); it now refuses with InvalidTaskBackend saying weft needs USE_TZ = True, stores nothing,
+    and the backend's check reports weft.tasks.E002."""
     from tests.testapp import tasks
+    from weft_django.models import Workflow
+    from weft_django.tasks._compat import InvalidTaskBackend
 
     with override_settings(USE_TZ=False):
         when = dt.datetime.now() + dt.timedelta(hours=1)
         deferred = tasks.add.using(run_after=when)  # validate_task accepts it
-        result = deferred.enqueue(1, 1)
-        assert result.status == TaskResultStatus.READY
+        with pytest.raises(InvalidTaskBackend, match="USE_TZ = True"):
+            deferred.enqueue(1, 1)
+        with pytest.raises(InvalidTaskBackend, match="USE_TZ = True"):
+            tasks.add.enqueue(1, 1)
+        assert [m.id for m in task_backends["default"].check()] == ["weft.tasks.E002"]
+    assert not Workflow.objects.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="fixed later on this branch")
 def test_a_nan_argument_raises_a_type_or_value_error_as_documented() -> None:
     """docs/tasks.md: enqueue raises TypeError for an argument that is not JSON; the docstring says
     TypeError / ValueError."""
@@ -201,7 +209,6 @@ def test_a_nan_argument_raises_a_type_or_value_error_as_documented() -> None:
     assert not Workflow.objects.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="fixed later on this branch")
 @pytest.mark.postgres
 def test_get_result_of_an_id_with_a_nul_is_task_result_does_not_exist() -> None:
     with pytest.raises(TaskResultDoesNotExist):
@@ -334,7 +341,6 @@ def test_after_the_engine_running_a_task_dies_the_task_is_not_running(weft_engin
 # -- 8. a task run row not written by enqueue() -------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="fixed later on this branch")
 @pytest.mark.parametrize("request_arg", [{"task": "tests.testapp.tasks.add"}, "not a dict"])
 def test_get_result_of_a_task_run_not_written_by_enqueue_is_task_result_does_not_exist(request_arg: Any) -> None:
     """results.TaskNotFoundError's docstring: 'a row not written by enqueue' is TaskResultDoesNotExist."""

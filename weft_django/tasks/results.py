@@ -30,6 +30,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from weft_django import codec
+from weft_django.exceptions import CorruptPayloadError
 from weft_django.models import Step, Timer, Workflow, WorkflowClaim
 from weft_django.status import StepStatus, TimerKind, WorkflowStatus
 
@@ -106,6 +107,37 @@ def _last_attempted(step: Mapping[str, Any]) -> datetime:
     return began
 
 
+def _request_of(input_text: Any) -> dict[str, Any] | None:
+    """The request ``enqueue`` wrote as the run's one argument, or None when the run's input does not
+    have its shape (a run of the task workflow started some other way, or a damaged row)."""
+    try:
+        payload = codec.decode(input_text)
+    except CorruptPayloadError:  # an undecodable input is not enqueue()'s either
+        return None
+    args = payload.get("args") if isinstance(payload, dict) else None
+    request = args[0] if isinstance(args, list) and len(args) == 1 else None
+    if not isinstance(request, dict):
+        return None
+    shaped = (
+        isinstance(request.get("task"), str)
+        and isinstance(request.get("args"), list)
+        and isinstance(request.get("kwargs"), dict)
+        and isinstance(request.get("takes_context"), bool)
+        and isinstance(request.get("retry"), dict)
+        and isinstance(request.get("backend"), str | None)
+    )
+    return request if shaped else None
+
+
+def enqueued_at(result_id: str, using: str) -> datetime | None:
+    """The stored ``created_at`` of task run ``result_id`` (the database clock), or None when there is
+    no such row: what ``TaskResult.enqueued_at`` is, from ``enqueue`` as from ``get_result``."""
+    created: datetime | None = (
+        Workflow.objects.using(using).filter(pk=result_id).values_list("created_at", flat=True).first()
+    )
+    return created
+
+
 def load_result(result_id: str, using: str) -> TaskResult[Any, Any]:
     """The TaskResult of task run ``result_id`` on database ``using``.
 
@@ -119,7 +151,9 @@ def load_result(result_id: str, using: str) -> TaskResult[Any, Any]:
     )
     if row is None:
         raise TaskResultDoesNotExist(f"No task result {result_id!r} (never enqueued, or purged).")
-    request = codec.decode(row["input"])["args"][0]
+    request = _request_of(row["input"])
+    if request is None:
+        raise TaskResultDoesNotExist(f"Task result {result_id!r} exists, but its run was not started by enqueue().")
     try:
         task = _task_of(request, row["start_at"] if request.get("run_after") else None)
     except TaskNotFoundError as exc:
