@@ -4,7 +4,8 @@
 |-------------------|---------------------------------------------------------------------------------|
 | id                | the workflow id                                                                 |
 | status            | READY: not started, waiting for ``run_after``, between retries or suspended;    |
-|                   | RUNNING: an attempt is running; SUCCESSFUL: completed; FAILED: failed,          |
+|                   | RUNNING: an attempt is running and an engine holds the run (its claim has not   |
+|                   | lapsed: store/claims/lapse.py); SUCCESSFUL: completed; FAILED: failed,          |
 |                   | cancelled or timed out                                                          |
 | enqueued_at       | the run's ``created_at``                                                        |
 | started_at        | when the first attempt began (the step's ``started_at``)                        |
@@ -30,9 +31,12 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from weft_django import codec
+from weft_django.conf import get_settings
 from weft_django.exceptions import CorruptPayloadError
-from weft_django.models import Step, Timer, Workflow, WorkflowClaim
+from weft_django.models import Engine, Step, Timer, Workflow, WorkflowClaim
 from weft_django.status import StepStatus, TimerKind, WorkflowStatus
+from weft_django.store.claims import has_lapsed
+from weft_django.store.clock import db_clock
 
 from ._compat import Task, TaskError, TaskResult, TaskResultDoesNotExist, TaskResultStatus
 from .names import WORKFLOW_NAME, is_weft_backend
@@ -138,6 +142,15 @@ def enqueued_at(result_id: str, using: str) -> datetime | None:
     return created
 
 
+def _held(claim: tuple[str | None, str | None, datetime | None] | None, using: str) -> bool:
+    """Whether an engine holds the run's claim and it has not lapsed (store/claims/lapse.py's rule,
+    read-only): an attempt of a run whose engine died is not running, whatever its step says."""
+    if claim is None or claim[0] is None:
+        return False
+    heartbeat = Engine.objects.using(using).filter(pk=claim[0]).values_list("heartbeat_at", flat=True).first()
+    return not has_lapsed(claim[2], heartbeat, db_clock(using), get_settings().workflow_claim_ttl)
+
+
 def load_result(result_id: str, using: str) -> TaskResult[Any, Any]:
     """The TaskResult of task run ``result_id`` on database ``using``.
 
@@ -164,8 +177,13 @@ def load_result(result_id: str, using: str) -> TaskResult[Any, Any]:
         .values("status", "error", "attempts", "started_at", "completed_at")
         .first()
     )
-    claim = WorkflowClaim.objects.using(using).filter(pk=result_id).values_list("engine_id", "last_engine_id").first()
-    engine = next((name for name in claim or () if name), "weft")
+    claim = (
+        WorkflowClaim.objects.using(using)
+        .filter(pk=result_id)
+        .values_list("engine_id", "last_engine_id", "expires_at")
+        .first()
+    )
+    engine = next((name for name in (claim or ())[:2] if name), "weft")
     status = row["status"]
     errors: list[TaskError] = []
     if step is not None and step["error"]:
@@ -182,6 +200,7 @@ def load_result(result_id: str, using: str) -> TaskResult[Any, Any]:
         and step["status"] == StepStatus.RUNNING
         and status == WorkflowStatus.RUNNING
         and not Timer.objects.using(using).filter(workflow_id=result_id, kind=TimerKind.ACTIVITY_RETRY).exists()
+        and _held(claim, using)
     ):
         state = TaskResultStatus.RUNNING
     else:
