@@ -3,6 +3,8 @@ import importlib.util
 
 from django.apps import AppConfig
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 
 
 class WeftConfig(AppConfig):
@@ -25,15 +27,27 @@ class WeftConfig(AppConfig):
 
 
 def uses_tasks_backend() -> bool:
-    """True when settings.TASKS names weft_django.tasks.WeftBackend (then engines and workers must know
-    its workflow and activity) and a Tasks framework is installed. Without one (Django 5.2 and no
-    django-tasks) the backend itself raises ImproperlyConfigured saying what to install, when Django
-    first builds it, as for any backend that cannot be imported; start-up is left alone."""
+    """True when settings.TASKS names weft_django.tasks.WeftBackend or a subclass of it (then engines
+    and workers must know its workflow and activity) and a Tasks framework is installed. Each BACKEND
+    path is imported and checked with ``names.is_weft_backend_class``, the rule every other part of
+    weft_django.tasks uses. A path that cannot be imported, or no Tasks framework (Django 5.2 and no
+    django-tasks), is left to Django, which raises when it first builds that backend, as for any
+    backend that cannot be imported; start-up is left alone."""
     configured = getattr(settings, "TASKS", None)
     if not isinstance(configured, dict):
         return False
-    named = any(
-        isinstance(params, dict) and str(params.get("BACKEND", "")).startswith("weft_django.tasks")
-        for params in configured.values()
-    )
-    return named and any(importlib.util.find_spec(name) is not None for name in ("django.tasks", "django_tasks"))
+    if not any(importlib.util.find_spec(name) is not None for name in ("django.tasks", "django_tasks")):
+        return False
+    from .tasks.names import is_weft_backend_class
+
+    for params in configured.values():
+        path = params.get("BACKEND") if isinstance(params, dict) else None
+        if not isinstance(path, str):
+            continue
+        try:
+            backend = import_string(path)
+        except (ImportError, ImproperlyConfigured):  # Django raises it when it builds that backend
+            continue
+        if is_weft_backend_class(backend):
+            return True
+    return False

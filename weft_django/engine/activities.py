@@ -242,7 +242,9 @@ class ThreadExecutor:
                 return self._attempt_atomic(task, payload.get("args", []), payload.get("kwargs", {}))
             except FenceRefused:
                 return AttemptOutcome(task, ok=False, refused=True)
-            except Exception as exc:
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # SystemExit too: a failed attempt, retried by its policy
                 return _failed(task, exc)
         return plain_attempt(task)
 
@@ -284,7 +286,7 @@ class ThreadExecutor:
             self._queue.put(None)
 
 
-def _failed(task: AttemptTask, exc: Exception) -> AttemptOutcome:
+def _failed(task: AttemptTask, exc: BaseException) -> AttemptOutcome:
     definition = task.definition
     logger.info(
         "activity failed workflow=%s activity=%s seq=%s attempt=%s epoch=%s error=%s",
@@ -300,12 +302,16 @@ def _failed(task: AttemptTask, exc: Exception) -> AttemptOutcome:
 
 def plain_attempt(task: AttemptTask) -> AttemptOutcome:
     """Run a (non-atomic) attempt's function on this thread: its outcome. The function's exception is
-    the outcome; only undecodable arguments (a bad row) raise."""
+    the outcome, any BaseException but KeyboardInterrupt (a SystemExit from user code is a failed
+    attempt, as Django's task backends treat it; left to propagate, the engine would wait for an
+    outcome that never comes); only undecodable arguments (a bad row) raise."""
     payload = decode(task.args_text) or {}
     try:
         value = task.definition.fn(*payload.get("args", []), **payload.get("kwargs", {}))
         return AttemptOutcome(task, ok=True, result=encode_payload(value, path="activity result"))
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
         return _failed(task, exc)
 
 

@@ -467,7 +467,9 @@ class Progress:
             self.on_refused(owned)
             return
         if outcome.ok:
-            step = steps.activity_completed(task, outcome.result, outcome.completed_at or now)
+            previous = owned.run.steps.get(task.seq)
+            error = previous.error if previous is not None and previous.status == StepStatus.RUNNING else None
+            step = steps.activity_completed(task, outcome.result, outcome.completed_at or now, error)
             if outcome.committed:
                 owned.run.record(step)
                 owned.armed.discard(task.seq)
@@ -492,6 +494,10 @@ class Progress:
             writes_of(owned, writes).guards[task.seq] = task.attempt
         fire_at = steps.retry_at(task, retryable, now)
         if fire_at is not None:
+            step = owned.run.steps.get(task.seq)
+            if step is not None and step.status == StepStatus.RUNNING:  # the failed attempt's error, kept
+                steps.retried(step, task, error)
+                writes_of(owned, writes).steps.append(step)
             self._arm_timer(owned, TimerKind.ACTIVITY_RETRY, task.seq, fire_at, writes, attempt=task.attempt + 1)
             return
         self.settle(owned, steps.activity_failed(task, error, now), writes, changed)
@@ -546,6 +552,7 @@ class Progress:
                 assert isinstance(leaf_op, RunActivity)
                 step = owned.run.steps[seq]
                 believed, step.attempts = step.attempts, timer.attempt or step.attempts + 1
+                steps.dispatched(step, now)
                 pending = writes_of(owned, writes)
                 pending.steps.append(step)  # the attempt count is durable before dispatch
                 task = self._task(owned, seq, leaf_op, step.attempts, step.started_at or now)

@@ -132,10 +132,11 @@ def complete(key: AttemptKey, result: str, using: str) -> Disposition:
         state = _attempt_rows(key, using).values_list("state", flat=True).first()
         if state in (RemoteAttemptState.FAILED, RemoteAttemptState.EXPIRED):
             return _refused(key, "result", Disposition.NOT_WAITING, f"this attempt is already {state}")
+        # error is left as it is: a step that succeeded on a retry keeps the last failed attempt's.
         written = (
             Step.objects.using(using)
             .filter(run_id=key.run_id, seq=key.seq, status=StepStatus.RUNNING, attempts=key.attempt)
-            .update(status=StepStatus.COMPLETED, result=result, error=None, epoch=key.epoch, completed_at=db_now(using))
+            .update(status=StepStatus.COMPLETED, result=result, epoch=key.epoch, completed_at=db_now(using))
         )
         if written != 1:
             recorded = (
@@ -353,7 +354,9 @@ def _run(key: AttemptKey, activity: str, args_text: str, control: WorkerControl,
         if definition.atomic:
             return _run_atomic(key, definition.fn, args, kwargs, using)
         result = encode_payload(definition.fn(*args, **kwargs), path="activity result")
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit too: the attempt's failure, as on the thread executor
         if isinstance(exc, ActivityCancelledError) and control.stop_reason is not None:
             logger.info(
                 "remote attempt stopped workflow=%s seq=%s reason=%s", key.workflow_id, key.seq, control.stop_reason

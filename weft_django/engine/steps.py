@@ -38,14 +38,19 @@ def stuck_record(attempts: int, error: WeftError, now: datetime) -> tuple[dict[s
     return record, backoff
 
 
-def activity_completed(task: AttemptTask, result: str | None, now: datetime) -> StepRecord:
-    """The step of an attempt that returned ``result`` (codec text)."""
+def activity_completed(
+    task: AttemptTask, result: str | None, now: datetime, error: dict[str, Any] | None = None
+) -> StepRecord:
+    """The step of an attempt that returned ``result`` (codec text). ``error``: the last failed
+    attempt's (``retried``), kept on a step that succeeded on a retry, as the atomic and Celery paths
+    keep it (they leave the column as it is)."""
     return StepRecord(
         task.seq,
         "activity",
         task.definition.name,
         "completed",
         result,
+        error,
         attempts=task.attempt,
         started_at=task.started_at,
         completed_at=now,
@@ -64,6 +69,20 @@ def activity_failed(task: AttemptTask, error: dict[str, Any], now: datetime) -> 
         started_at=task.started_at,
         completed_at=now,
     )
+
+
+def retried(step: StepRecord, task: AttemptTask, error: dict[str, Any]) -> None:
+    """Record on a running ``step`` that ``task``'s attempt failed with ``error`` and will be retried:
+    the step stays running, its error is the failed attempt's (with its number, ``attempt``), so a
+    reader sees why it is retried; the next attempt's dispatch adds when it began (``dispatched``)."""
+    step.error = {**error, "attempt": task.attempt}
+
+
+def dispatched(step: StepRecord, now: datetime) -> None:
+    """Record on a running ``step`` whose retry is dispatched now when its latest attempt began
+    (``next_attempt_at`` in the failed attempt's error: the step's row has no column for it)."""
+    if isinstance(step.error, dict):
+        step.error = {**step.error, "next_attempt_at": now.isoformat()}
 
 
 def retry_at(task: AttemptTask, retryable: bool, now: datetime) -> datetime | None:

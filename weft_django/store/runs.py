@@ -515,9 +515,10 @@ def complete_attempt(
         completed_at: when it completed (the database clock).
         using: the connection alias.
     """
+    # error is left as it is: a step that succeeded on a retry keeps the last failed attempt's.
     done = (
         Step.objects.using(using)
         .filter(run_id=run_id, seq=seq, status=StepStatus.RUNNING, attempts=attempt)
-        .update(status=StepStatus.COMPLETED, result=result, error=None, epoch=epoch, completed_at=completed_at)
+        .update(status=StepStatus.COMPLETED, result=result, epoch=epoch, completed_at=completed_at)
     )
     return done == 1

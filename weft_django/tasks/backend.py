@@ -16,14 +16,16 @@ from datetime import timedelta
 from typing import Any
 
 from django.apps import apps
+from django.conf import settings
 from django.core import checks
 from django.db import transaction
 from django.utils import timezone
 
 import weft_django as weft
 from weft_django.conf import database_alias
-from weft_django.exceptions import WeftError
+from weft_django.exceptions import PayloadNotSerializableError, WeftError
 from weft_django.registry import RetryPolicy
+from weft_django.validation import validate_workflow_id
 
 from ._compat import (
     DEFAULT_TASK_QUEUE_NAME,
@@ -39,6 +41,10 @@ from ._compat import (
 )
 from .names import ACTIVITY_NAME, WORKFLOW_NAME  # noqa: F401  (re-exported: weft_django.tasks.backend.WORKFLOW_NAME)
 
+USE_TZ_NEEDED = (
+    "weft_django.tasks.WeftBackend needs USE_TZ = True: weft stores aware times (a run's start_at, "
+    "created_at, timers), which the database backends refuse or misread with USE_TZ = False."
+)
 OPTION_KEYS = frozenset({"RETRY", "TIMEOUT", "EXECUTOR", "EXECUTION_TIMEOUT"})
 _RETRY_FIELDS = ("max_attempts", "initial_backoff", "backoff_multiplier", "max_backoff", "non_retryable")
 
@@ -125,16 +131,27 @@ class WeftBackend(BaseTaskBackend):
         self.execution_timeout = _seconds(options.get("EXECUTION_TIMEOUT"))
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
-        """weft.tasks.E001 when ``weft_django`` is not in INSTALLED_APPS (nothing would run the tasks)."""
+        """weft.tasks.E001 when ``weft_django`` is not in INSTALLED_APPS (nothing would run the tasks);
+        weft.tasks.E002 when ``USE_TZ`` is False (weft stores aware times: enqueue refuses)."""
+        found: list[checks.CheckMessage] = []
+        if not settings.USE_TZ:
+            found.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}] uses weft_django.tasks.WeftBackend, but USE_TZ is False.",
+                    hint="Set USE_TZ = True: weft stores aware times, and enqueue() refuses to run without it.",
+                    id="weft.tasks.E002",
+                )
+            )
         if apps.is_installed("weft_django"):
-            return []
+            return found
         return [
+            *found,
             checks.Error(
                 f'TASKS[{self.alias!r}] uses weft_django.tasks.WeftBackend, but "weft_django" is not in '
                 "INSTALLED_APPS.",
                 hint='Add "weft_django" to INSTALLED_APPS, run migrate, and run engines: python manage.py weft_engine',
                 id="weft.tasks.E001",
-            )
+            ),
         ]
 
     def _request(self, task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -161,26 +178,37 @@ class WeftBackend(BaseTaskBackend):
 
         Joins the caller's transaction, like ``weft.start``: inside ``transaction.atomic()`` the task
         exists (and can run) once the transaction commits, and a rollback takes it back; the
-        ``task_enqueued`` signal is sent on commit. Raises InvalidTask for a task this backend cannot
-        run, TypeError / ValueError for arguments that are not JSON (as Django's backends do), and weft's
-        errors from ``weft.start`` (PayloadSizeExceededError, ...)."""
+        ``task_enqueued`` signal is sent on commit. ``enqueued_at`` is the stored ``created_at`` (the
+        database clock), as ``get_result`` reports it. Raises InvalidTaskBackend (an
+        ImproperlyConfigured) when ``USE_TZ`` is False, InvalidTask for a task this backend cannot run, TypeError for
+        arguments that are not JSON, or JSON weft cannot store exactly (NaN, an infinity, a lone
+        surrogate; chained from weft's PayloadNotSerializableError), as Django's backends do, and
+        weft's other errors from ``weft.start`` (PayloadSizeExceededError, ...)."""
         self.validate_task(task)
         if not isinstance(task.get_backend(), WeftBackend):
             raise InvalidTask(f"Task {task.module_path!r} is not for a WeftBackend (backend {task.backend!r}).")
         importlib.import_module("weft_django.tasks.workflows")  # registers the workflow (it imports this module)
         request = self._request(task, args, kwargs)
         using = database_alias()
-        handle = weft.start(
-            WORKFLOW_NAME,
-            args=[request],
-            start_at=task.run_after,
-            execution_timeout=self.execution_timeout,
-        )
+        if not settings.USE_TZ:
+            raise InvalidTaskBackend(USE_TZ_NEEDED)
+        try:
+            handle = weft.start(
+                WORKFLOW_NAME,
+                args=[request],
+                start_at=task.run_after,
+                execution_timeout=self.execution_timeout,
+            )
+        except PayloadNotSerializableError as exc:
+            # JSON with no exact form (NaN, an infinity, a lone surrogate): the framework's TypeError.
+            raise TypeError(f"Task arguments are not JSON weft can store: {exc}") from exc
+        results = importlib.import_module("weft_django.tasks.results")  # imports the models: see get_result
+        enqueued_at = results.enqueued_at(handle.id, using)  # the stored time, as get_result() reports it
         result: TaskResult[Any, Any] = TaskResult(
             task=task,
             id=handle.id,
             status=TaskResultStatus.READY,
-            enqueued_at=timezone.now(),
+            enqueued_at=enqueued_at or timezone.now(),
             started_at=None,
             finished_at=None,
             last_attempted_at=None,
@@ -196,8 +224,10 @@ class WeftBackend(BaseTaskBackend):
     def get_result(self, result_id: str) -> TaskResult[Any, Any]:
         """The TaskResult of ``result_id``, read now from the database (see weft_django/tasks/results.py
         for where each field comes from). Raises TaskResultDoesNotExist for an id no task run has."""
-        if not isinstance(result_id, str) or not result_id:
-            raise TaskResultDoesNotExist(f"No task result {result_id!r}.")
+        try:
+            validate_workflow_id(result_id, "result_id")
+        except WeftError:  # not a weft workflow id (empty, too long, a NUL or control character, ...)
+            raise TaskResultDoesNotExist(f"No task result {result_id!r}.") from None
         # Imported here: results imports the models, and Django builds a backend as soon as a module with
         # @task is imported, which may be while the app registry is still loading.
         results = importlib.import_module("weft_django.tasks.results")

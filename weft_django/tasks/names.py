@@ -7,7 +7,12 @@ WORKFLOW_NAME = "weft_django.tasks.run"
 ACTIVITY_NAME = "weft_django.tasks.call"
 
 
+def is_weft_backend_class(cls: object) -> bool:
+    """True when ``cls`` is ``WeftBackend`` or a subclass: it carries ``weft_workflow``, the name of the
+    workflow that runs its tasks. The one rule: get_result, the activity and start-up all use it."""
+    return isinstance(cls, type) and getattr(cls, "weft_workflow", None) == WORKFLOW_NAME
+
+
 def is_weft_backend(backend: object) -> bool:
-    """True when ``backend`` is a ``WeftBackend`` (or a subclass): its class carries ``weft_workflow``,
-    the name of the workflow that runs its tasks."""
-    return getattr(type(backend), "weft_workflow", None) == WORKFLOW_NAME
+    """True when ``backend`` is a ``WeftBackend`` (or a subclass) instance (``is_weft_backend_class``)."""
+    return is_weft_backend_class(type(backend))

@@ -4,13 +4,18 @@
 |-------------------|---------------------------------------------------------------------------------|
 | id                | the workflow id                                                                 |
 | status            | READY: not started, waiting for ``run_after``, between retries or suspended;    |
-|                   | RUNNING: an attempt is running; SUCCESSFUL: completed; FAILED: failed,          |
+|                   | RUNNING: an attempt is running and an engine holds the run (its claim has not   |
+|                   | lapsed: store/claims/lapse.py); SUCCESSFUL: completed; FAILED: failed,          |
 |                   | cancelled or timed out                                                          |
 | enqueued_at       | the run's ``created_at``                                                        |
 | started_at        | when the first attempt began (the step's ``started_at``)                        |
-| last_attempted_at | when the step last changed: its ``completed_at``, else its ``started_at``       |
+| last_attempted_at | the step's ``completed_at`` once it ended, else when its latest attempt began:  |
+|                   | its ``started_at`` (attempt 1) or when the engine dispatched the latest retry   |
+|                   | (``next_attempt_at``, kept with the failed attempt's error)                     |
 | finished_at       | the run's ``finished_at``                                                       |
-| errors            | the step's recorded error (weft keeps the last one), or why the run ended       |
+| errors            | the step's recorded error: the last failed attempt's, kept while the task is    |
+|                   | retried and after it succeeded on a retry (weft keeps the last one, not one per |
+|                   | attempt), or why the run ended                                                  |
 | worker_ids        | the engine that holds (or last held) the run, once per attempt                  |
 | return_value      | the run's result                                                                |
 """
@@ -18,6 +23,7 @@
 from __future__ import annotations
 
 import traceback
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -25,8 +31,12 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from weft_django import codec
-from weft_django.models import Step, Timer, Workflow, WorkflowClaim
+from weft_django.conf import get_settings
+from weft_django.exceptions import CorruptPayloadError
+from weft_django.models import Engine, Step, Timer, Workflow, WorkflowClaim
 from weft_django.status import StepStatus, TimerKind, WorkflowStatus
+from weft_django.store.claims import has_lapsed
+from weft_django.store.clock import db_clock
 
 from ._compat import Task, TaskError, TaskResult, TaskResultDoesNotExist, TaskResultStatus
 from .names import WORKFLOW_NAME, is_weft_backend
@@ -83,6 +93,64 @@ def _error(error: Any) -> TaskError:
     return TaskError(exception_class_path=path, traceback=text)
 
 
+def _last_attempted(step: Mapping[str, Any]) -> datetime:
+    """When the step last changed (``completed_at``), else when its latest attempt began: a retry's
+    dispatch time, which the engine keeps in the failed attempt's error (``next_attempt_at``), else the
+    step's ``started_at``."""
+    if step["completed_at"] is not None:
+        ended: datetime = step["completed_at"]
+        return ended
+    error = step["error"] if isinstance(step["error"], dict) else {}
+    began: datetime = step["started_at"]
+    retried = error.get("next_attempt_at")
+    if isinstance(retried, str):
+        try:
+            return max(began, datetime.fromisoformat(retried))
+        except (TypeError, ValueError):
+            return began
+    return began
+
+
+def _request_of(input_text: Any) -> dict[str, Any] | None:
+    """The request ``enqueue`` wrote as the run's one argument, or None when the run's input does not
+    have its shape (a run of the task workflow started some other way, or a damaged row)."""
+    try:
+        payload = codec.decode(input_text)
+    except CorruptPayloadError:  # an undecodable input is not enqueue()'s either
+        return None
+    args = payload.get("args") if isinstance(payload, dict) else None
+    request = args[0] if isinstance(args, list) and len(args) == 1 else None
+    if not isinstance(request, dict):
+        return None
+    shaped = (
+        isinstance(request.get("task"), str)
+        and isinstance(request.get("args"), list)
+        and isinstance(request.get("kwargs"), dict)
+        and isinstance(request.get("takes_context"), bool)
+        and isinstance(request.get("retry"), dict)
+        and isinstance(request.get("backend"), str | None)
+    )
+    return request if shaped else None
+
+
+def enqueued_at(result_id: str, using: str) -> datetime | None:
+    """The stored ``created_at`` of task run ``result_id`` (the database clock), or None when there is
+    no such row: what ``TaskResult.enqueued_at`` is, from ``enqueue`` as from ``get_result``."""
+    created: datetime | None = (
+        Workflow.objects.using(using).filter(pk=result_id).values_list("created_at", flat=True).first()
+    )
+    return created
+
+
+def _held(claim: tuple[str | None, str | None, datetime | None] | None, using: str) -> bool:
+    """Whether an engine holds the run's claim and it has not lapsed (store/claims/lapse.py's rule,
+    read-only): an attempt of a run whose engine died is not running, whatever its step says."""
+    if claim is None or claim[0] is None:
+        return False
+    heartbeat = Engine.objects.using(using).filter(pk=claim[0]).values_list("heartbeat_at", flat=True).first()
+    return not has_lapsed(claim[2], heartbeat, db_clock(using), get_settings().workflow_claim_ttl)
+
+
 def load_result(result_id: str, using: str) -> TaskResult[Any, Any]:
     """The TaskResult of task run ``result_id`` on database ``using``.
 
@@ -96,7 +164,9 @@ def load_result(result_id: str, using: str) -> TaskResult[Any, Any]:
     )
     if row is None:
         raise TaskResultDoesNotExist(f"No task result {result_id!r} (never enqueued, or purged).")
-    request = codec.decode(row["input"])["args"][0]
+    request = _request_of(row["input"])
+    if request is None:
+        raise TaskResultDoesNotExist(f"Task result {result_id!r} exists, but its run was not started by enqueue().")
     try:
         task = _task_of(request, row["start_at"] if request.get("run_after") else None)
     except TaskNotFoundError as exc:
@@ -107,8 +177,13 @@ def load_result(result_id: str, using: str) -> TaskResult[Any, Any]:
         .values("status", "error", "attempts", "started_at", "completed_at")
         .first()
     )
-    claim = WorkflowClaim.objects.using(using).filter(pk=result_id).values_list("engine_id", "last_engine_id").first()
-    engine = next((name for name in claim or () if name), "weft")
+    claim = (
+        WorkflowClaim.objects.using(using)
+        .filter(pk=result_id)
+        .values_list("engine_id", "last_engine_id", "expires_at")
+        .first()
+    )
+    engine = next((name for name in (claim or ())[:2] if name), "weft")
     status = row["status"]
     errors: list[TaskError] = []
     if step is not None and step["error"]:
@@ -125,6 +200,7 @@ def load_result(result_id: str, using: str) -> TaskResult[Any, Any]:
         and step["status"] == StepStatus.RUNNING
         and status == WorkflowStatus.RUNNING
         and not Timer.objects.using(using).filter(workflow_id=result_id, kind=TimerKind.ACTIVITY_RETRY).exists()
+        and _held(claim, using)
     ):
         state = TaskResultStatus.RUNNING
     else:
@@ -137,7 +213,7 @@ def load_result(result_id: str, using: str) -> TaskResult[Any, Any]:
         enqueued_at=row["created_at"],
         started_at=step["started_at"] if step is not None else None,
         finished_at=row["finished_at"],
-        last_attempted_at=(step["completed_at"] or step["started_at"]) if step is not None else None,
+        last_attempted_at=_last_attempted(step) if step is not None else None,
         args=request["args"],
         kwargs=request["kwargs"],
         backend=request.get("backend") or task.backend,
