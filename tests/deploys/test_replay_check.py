@@ -202,3 +202,22 @@ def test_helpers_outside_the_workflow_code_are_refused():
             call()
     with pytest.raises(WorkflowDefinitionError, match="change id"):
         ctx.patched("")
+
+
+@pytest.mark.sqlite
+@pytest.mark.django_db(transaction=True)
+def test_the_replay_checks_read_takes_no_write_lock_on_sqlite() -> None:
+    """The replay check replays each page inside its read-only transaction; on SQLite Django's
+    transaction is IMMEDIATE, so it held the database's one write lock and every engine's commit
+    waited (or failed "database is locked") while workflow code was replayed."""
+    from weft_django.conf import database_alias
+    from weft_django.store import replay as stored
+    from weft_django.store.backend import backend
+
+    weft.start("tests.sum", args=[1, 2], id="replayed")
+    using = database_alias()
+    with stored.read_only(using):
+        assert [history.workflow_id for history in stored.page(using, after=None, size=10)] == ["replayed"]
+        assert backend(using).write_lock_free()
+        with pytest.raises(DatabaseError):  # and still nothing can be written through it
+            weft.start("tests.sum", args=[1, 2], id="written")

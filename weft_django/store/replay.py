@@ -60,7 +60,22 @@ def read_only(using: str) -> Iterator[None]:
     Args:
         using: the connection alias.
     """
-    begin, end = backend(using).read_only_sql
+    store = backend(using)
+    if store.read_snapshot_sql is not None and not connections[using].in_atomic_block:
+        # SQLite: Django's transaction would be IMMEDIATE and hold the one write lock (every engine
+        # stalled) while the page is replayed; a deferred one reads a snapshot and locks nothing.
+        opening, closing = store.read_snapshot_sql
+        with connections[using].cursor() as cursor:
+            for statement in opening:
+                cursor.execute(statement)
+        try:
+            yield
+        finally:
+            with connections[using].cursor() as cursor:
+                for statement in closing:
+                    cursor.execute(statement)
+        return
+    begin, end = store.read_only_sql
     try:
         with transaction.atomic(using=using):
             with connections[using].cursor() as cursor:
