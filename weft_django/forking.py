@@ -68,6 +68,7 @@ def fork(workflow_id: str, *, from_step: int, new_id: str | None = None) -> Work
             workflow_type=definition.name,
             version=definition.version,
             input_text=row["input"],
+            execution_timeout=row["execution_timeout"],  # counted from the fork's start, as a start's
             run_id=new_run,
             queue=queue,
             priority=priority,

@@ -194,3 +194,17 @@ def test_bulk_purge_leaves_a_new_run_outside_the_filter(monkeypatch, no_retentio
     result = weft.bulk_purge(ended_before=cutoff, expected_count=2, batch_size=10)
     assert not Workflow.objects.filter(pk="bp-a").exists()
     assert Workflow.objects.filter(pk="bp-b").exists(), result  # the new run ended after the cutoff
+
+
+def test_a_fork_keeps_the_sources_execution_timeout():
+    """A fork had no execution deadline though its source was started with one."""
+    from datetime import timedelta
+
+    from weft_django.testing import run_until_idle
+
+    source = weft.start("visibility.order", args=["acme", 5.0], id="timed-src", execution_timeout="1h")
+    run_until_idle()
+    fork = weft.fork(source.id, from_step=0, new_id="timed-fork")
+    row = Workflow.objects.get(pk=fork.id)
+    assert row.execution_timeout == timedelta(hours=1)
+    assert row.execution_deadline is not None

@@ -10,7 +10,7 @@ from ..models import AppliedUpdate, Step, Workflow, WorkflowAttribute, WorkflowC
 
 def source(workflow_id: str, using: str) -> dict[str, Any] | None:
     """The fields a fork reads of run ``workflow_id`` (None: no such workflow)."""
-    fields = ("id", "run_id", "workflow_type", "version", "input", "status", "trace_context")
+    fields = ("id", "run_id", "workflow_type", "version", "input", "status", "trace_context", "execution_timeout")
     found = Workflow.objects.using(using).filter(pk=workflow_id).values(*fields).first()
     return None if found is None else dict(found)
 
