@@ -355,11 +355,13 @@ def test_doctor_healthy(db):
         "database": "ok",
         "migrations": "ok",
         "settings": "ok",
+        "clock": "ok",
         "engines": "ok",
         "lapsed claims": "ok",
         "overdue timers": "ok",
         "dead engines": "ok",
         "stuck workflows": "ok",
+        "unclaimed runs": "ok",
         "queues": "ok",
     }
     text = weft_cli("doctor")

@@ -1,5 +1,6 @@
-"""The checks of ``manage.py weft doctor``: database, migrations, settings, live engines, lapsed
-claims, overdue timers, dead engines, stuck workflows, queues no engine serves. Errors make it exit 1
+"""The checks of ``manage.py weft doctor``: database, migrations, settings, the clock, live engines,
+lapsed claims, overdue timers, dead engines, stuck workflows, active runs with no claim, queues no
+engine serves. Errors make it exit 1
 (a liveness probe); warnings are reported (and fail with ``--strict``). Read-only; nothing here imports
 django.contrib.admin.
 
@@ -13,9 +14,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, DataError, connections
 from django.db.migrations.executor import MigrationExecutor
-from django.db.models import Count
+from django.db.models import Count, Exists, OuterRef
 
 from ..models import Engine, Timer, Workflow, WorkflowClaim
 from ..status import ACTIVE_STATUSES, WORKFLOW_SCOPED_TIMERS, WorkflowStatus
@@ -210,6 +211,40 @@ def _stuck(using: str) -> Finding:
     )
 
 
+def _unclaimed(using: str) -> Finding:
+    """Active runs with no claim row: no engine acquires them (a row deleted by hand, an old version)."""
+    has_claim = WorkflowClaim.objects.using(using).filter(workflow_id=OuterRef("pk"))
+    unclaimed = Workflow.objects.using(using).filter(status__in=list(ACTIVE_STATUSES)).exclude(Exists(has_claim))
+    ids = list(unclaimed.order_by("pk").values_list("pk", flat=True)[: DETAIL_LIMIT + 1])
+    if not ids:
+        return Finding("unclaimed runs", OK, "every active run has its claim row")
+    return Finding(
+        "unclaimed runs",
+        ERROR,
+        f"{unclaimed.count()} active run(s) have no claim row: no engine will run them",
+        ids[:DETAIL_LIMIT],
+        'Cancel them (weft cancel ID), or start them again with on_conflict="start_new" once cancelled; a claim '
+        "row is only ever removed with its run, so look for a hand edit or a failed migration.",
+    )
+
+
+def _clock(using: str) -> tuple[Finding, datetime | None]:
+    """Workflow time (the database clock plus the test kit's offset) and whether it can be read."""
+    from ..store.clock import db_now
+
+    try:
+        return Finding("clock", OK, "workflow time is the database clock"), db_now(using)
+    except (DataError, OverflowError) as exc:
+        return Finding(
+            "clock",
+            ERROR,
+            f"workflow time cannot be computed: {exc}",
+            [],
+            "The ClockOffset row (set only by weft_django.testing's clock) moves workflow time past year 9999: "
+            "delete it (ClockOffset.objects.all().delete()); engines fail every pass until then.",
+        ), None
+
+
 def _unserved_queues(using: str, ttl: timedelta, configured: list[str]) -> Finding:
     """A queue (of WEFT["QUEUES"], or named by active runs) that no live engine admits from."""
     from ..store import queues
@@ -246,7 +281,7 @@ def doctor(using: str) -> list[Finding]:
     """Every check, in order. Later checks are skipped when what they need is missing."""
     from ..conf import get_settings
     from ..exceptions import ConfigurationError
-    from ..store.clock import db_clock, db_now
+    from ..store.clock import db_clock
 
     findings = [_database(using)]
     if findings[0].level == ERROR:
@@ -261,14 +296,21 @@ def doctor(using: str) -> list[Finding]:
     except ConfigurationError:
         findings.append(Finding("ownership", SKIPPED, "skipped: the WEFT settings are invalid"))
         return findings
-    now, wf_now = db_clock(using), db_now(using)
+    now = db_clock(using)
+    clock, wf_now = _clock(using)
+    findings.append(clock)
     ttl, renew = settings.workflow_claim_ttl, settings.workflow_claim_renew_interval
     checks: list[Callable[[], Finding]] = [
         lambda: _no_live_engine(using, now, ttl, settings.background_tasks == "manual"),
         lambda: _lapsed_claims(using, now, ttl, renew),
-        lambda: _overdue_timers(using, wf_now),
+        lambda: (
+            _overdue_timers(using, wf_now)
+            if wf_now is not None
+            else Finding("overdue timers", SKIPPED, "skipped: workflow time cannot be computed (see clock)")
+        ),
         lambda: _dead_engines(using, now, ttl),
         lambda: _stuck(using),
+        lambda: _unclaimed(using),
         lambda: _unserved_queues(using, ttl, sorted(settings.queues)),
     ]
     return findings + [check() for check in checks]

@@ -95,7 +95,9 @@ class Progress:
         """Whether an owned workflow has an attempt running, to dispatch, or waiting out its retry
         back-off (still being processed, not parked)."""
         return any(
-            o.inflight or o.dispatch or any(kind == TimerKind.ACTIVITY_RETRY for kind, _ in o.timers)
+            o.inflight
+            or o.dispatch
+            or any(kind == TimerKind.ACTIVITY_RETRY and o.run.is_pending(seq) for kind, seq in o.timers)
             for o in self.owned.values()
         )
 
@@ -543,7 +545,11 @@ class Progress:
             )
             owned.run.close()
             return
-        if (kind, seq) not in owned.timers or not owned.run.is_pending(seq):
+        if (kind, seq) not in owned.timers:
+            return
+        if not owned.run.is_pending(seq):
+            if kind == TimerKind.ACTIVITY_RETRY:  # a retry of a step not waiting for one (an odd row): gone
+                self.take_timer(owned, kind, seq, writes)
             return
         timer = self.take_timer(owned, kind, seq, writes)
         if kind == TimerKind.ACTIVITY_RETRY:

@@ -18,6 +18,7 @@ from .children import child_outcome
 from .driver import Leaf, StepRecord, WorkflowRun
 
 STUCK_MAX_BACKOFF = timedelta(minutes=5)
+STUCK_MAX_COUNT = 2**31 - 1  # stuck_attempts is an integer column
 
 
 def stuck_record(attempts: int, error: WeftError, now: datetime) -> tuple[dict[str, Any], timedelta]:
@@ -33,7 +34,7 @@ def stuck_record(attempts: int, error: WeftError, now: datetime) -> tuple[dict[s
     record = {
         "error": {"type": type(error).__name__, "message": storable_text(str(error))},
         "retry_at": now + backoff,
-        "attempts": attempts + 1,
+        "attempts": min(attempts, STUCK_MAX_COUNT - 1) + 1,  # an odd row at the column's maximum: stays there
     }
     return record, backoff
 
