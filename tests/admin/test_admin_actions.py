@@ -258,7 +258,7 @@ def test_timeline_draws_steps_timers_and_failures(admin_client, weft_run_until_i
     assert timeline.ticks[0].label == "+0 ms"
 
     retried = admin_client.get(f"{ADMIN}/workflow/retried/change/").context["timeline"]
-    assert retried.bars[0].detail == "3 attempts"
+    assert retried.bars[0].detail.startswith("3 attempts; last failed attempt: ")  # it succeeded on the third
 
     asleep = admin_client.get(f"{ADMIN}/workflow/asleep/change/")
     bars = asleep.context["timeline"].bars

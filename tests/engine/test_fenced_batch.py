@@ -157,7 +157,8 @@ def test_a_big_batch_takes_the_general_path():
     with CaptureQueriesContext(connection) as queries:
         result = fencing.fenced_commit(ENGINE, batch, now, "default")
     assert result.committed == set(runs) and result.lost == {}
-    assert [q["sql"].split()[0] for q in queries] == ["BEGIN", "SELECT", "WITH", "COMMIT"]  # lock, then writes
+    # lock (after the commit's SET LOCAL lock_timeout, in the same query string), then writes
+    assert [q["sql"].split()[0] for q in queries] == ["BEGIN", "SET", "WITH", "COMMIT"]
     assert Step.objects.filter(workflow_id__in=list(runs)).count() == 17
 
 

@@ -99,6 +99,8 @@ def _step_bar(step: Step, previous_end: datetime, now: datetime) -> Bar:
         detail = f"{step.attempts} attempts"
     if isinstance(step.error, dict):
         message = f"{step.error.get('type', 'Error')}: {step.error.get('message', '')}"
+        if state != "failed":  # a step retried (running) or that succeeded on a retry keeps the last failure
+            message = f"last failed attempt: {message}"
         detail = f"{detail}; {message}" if detail else message
     return Bar(_step_label(step), step.kind, state, start, end, detail, inferred_start=inferred)
 

@@ -9,11 +9,15 @@ pass by the handling of one workflow (a bug in weft, a row the loader cannot con
   made stuck with an EngineInternalError naming the exception, in a commit of its own; nothing else
   of the pass was committed, so every other owned workflow is reloaded from the database, as after
   a database error. The engine goes on.
-- ``contain_refused_commit``: the pass's fenced commit raised a DataError (the database refused a
+- ``contain_refused_commit``: the pass's fenced commit raised. A DataError (the database refused a
   value: a deterministic fault of one workflow's writes, which reloading and running again would
-  only repeat, re-running its activities each time). The batch is committed one workflow at a time,
+  only repeat, re-running its activities each time): the batch is committed one workflow at a time,
   so the others' writes land; the one whose own writes are refused is made stuck with the
-  database's reason, in a commit of its own, and retried with back-off.
+  database's reason, in a commit of its own, and retried with back-off. A lock wait that ended (a
+  row the commit writes is held by a user's open transaction): the batch is committed one workflow
+  at a time too, and the one whose row is held has its writes carried and tried again alone, with
+  back-off (``LockedRows``), so no later batch waits for it. Any other database error: the batch's
+  workflows are reloaded from what is durable.
 - ``load_each``: the batched loader raised for a chunk of claimed workflows: load them one by one,
   so the one whose row cannot be read is the only one left out (made stuck when its run can be
   named, released otherwise).
@@ -24,17 +28,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Protocol
 
-from django.db import DatabaseError
+from django.db import DatabaseError, DataError
 
 from ..exceptions import EngineInternalError
 from ..store import runs
 from ..store.commit import WorkflowWrites
 from ..store.histories import Loaded, RunRow, load
+from ..store.sessions import lock_wait_ended
 from .activities import AttemptTask
 from .driver import WorkflowRun
 from .owned import Owned, mark_stuck
@@ -43,15 +48,64 @@ logger = logging.getLogger("weft_django.engine.engine")
 _NAMES = ("wid", "workflow_id")
 
 
+class LockedRows:
+    """The workflows whose own commit gave up waiting for a row another transaction holds (the fence
+    skips locked claims, but a write waits for its row, ``store.sessions.COMMIT_LOCK_WAIT_MS`` at
+    most). Their writes stay carried and are tried again alone, with back-off (0.1 s doubling to 2 s),
+    so the engine's other commits never wait for that row again. One per engine loop."""
+
+    FIRST = 0.1
+    LONGEST = 2.0
+
+    def __init__(self) -> None:
+        self._retry: dict[str, tuple[float, float]] = {}  # workflow id -> (monotonic retry time, back-off)
+
+    def sort(self, batch: list[WorkflowWrites]) -> tuple[list[WorkflowWrites], list[WorkflowWrites], set[str]]:
+        """Split a commit's batch: (to commit together, held-back workflows due to be tried alone, the
+        held-back ones not due yet: deferred without a try). A batch of one due workflow is its try."""
+        if not self._retry:
+            return batch, [], set()
+        clock = time.monotonic()
+        together: list[WorkflowWrites] = []
+        alone: list[WorkflowWrites] = []
+        deferred: set[str] = set()
+        for writes in batch:
+            entry = self._retry.get(writes.workflow_id)
+            if entry is None or (entry[0] <= clock and len(batch) == 1):
+                together.append(writes)
+            elif entry[0] > clock:
+                deferred.add(writes.workflow_id)
+            else:
+                alone.append(writes)
+        return together, alone, deferred
+
+    def blocked(self, workflow_id: str) -> None:
+        """Its commit alone gave up waiting for a row: try again later, waiting twice as long as before."""
+        clock = time.monotonic()
+        backoff = min(self._retry.get(workflow_id, (0.0, self.FIRST / 2))[1] * 2, self.LONGEST)
+        # entries of workflows no longer driven (deposed, evicted) go once long past their retry time
+        self._retry = {wid: entry for wid, entry in self._retry.items() if entry[0] > clock - 60}
+        self._retry[workflow_id] = (clock + backoff, backoff)
+
+    def forget(self, workflow_ids: Iterable[str]) -> None:
+        """These committed (or are no longer driven): nothing held back for them any more."""
+        if self._retry:
+            for workflow_id in workflow_ids:
+                self._retry.pop(workflow_id, None)
+
+
 class Loop(Protocol):
     """What containment needs from the engine loop."""
 
     engine_id: str
     owned: dict[str, Owned]
+    locked_rows: LockedRows
 
     def commit_stuck(self, wid: str, error: EngineInternalError) -> None: ...
 
     def reload_all(self) -> None: ...
+
+    def reload_batch(self, workflow_ids: list[str]) -> None: ...
 
 
 def culprit(exc: BaseException, owned: dict[str, Any]) -> str | None:
@@ -112,7 +166,7 @@ def contain_refused_commit(
     exc: Exception,
     commit: Callable[[list[WorkflowWrites], datetime], set[str]],
 ) -> set[str]:
-    """Called by the engine's fenced commit when it raised ``exc``: a DataError, or a
+    """Called by the engine's fenced commit when it raised ``exc``: a DatabaseError, or a
     UnicodeEncodeError (text the driver cannot encode). Returns the workflows whose commit was
     deferred (as the commit does).
 
@@ -123,17 +177,14 @@ def contain_refused_commit(
         exc: the database's refusal.
         commit: the engine's fenced commit, for one workflow's writes at a time.
     """
+    if lock_wait_ended(exc):
+        return _contain_lock_wait(engine, batch, now, exc, commit)
+    if not isinstance(exc, DataError | UnicodeEncodeError):
+        logger.error("fenced commit failed engine=%s; reloading its workflows", engine.engine_id, exc_info=exc)
+        engine.reload_batch([writes.workflow_id for writes in batch])
+        return set()
     if len(batch) > 1:
-        logger.warning(
-            "fenced commit refused a value engine=%s; committing its %s workflows one by one: %s",
-            engine.engine_id,
-            len(batch),
-            exc,
-        )
-        deferred: set[str] = set()
-        for writes in batch:
-            deferred |= commit([writes], now)
-        return deferred
+        return _one_by_one("refused a value", engine, batch, now, exc, commit)
     writes = batch[0]
     wid = writes.workflow_id
     logger.error(
@@ -149,6 +200,44 @@ def contain_refused_commit(
     finally:
         _sticking.ids.discard(wid)
     return set()
+
+
+def _one_by_one(
+    why: str,
+    engine: Loop,
+    batch: list[WorkflowWrites],
+    now: datetime,
+    exc: Exception,
+    commit: Callable[[list[WorkflowWrites], datetime], set[str]],
+) -> set[str]:
+    """The batch's commit failed for one workflow's sake: commit each workflow's writes on its own."""
+    logger.warning(
+        "fenced commit %s engine=%s; committing its %s workflows one by one: %s", why, engine.engine_id, len(batch), exc
+    )
+    deferred: set[str] = set()
+    for writes in batch:
+        deferred |= commit([writes], now)
+    return deferred
+
+
+def _contain_lock_wait(
+    engine: Loop,
+    batch: list[WorkflowWrites],
+    now: datetime,
+    exc: Exception,
+    commit: Callable[[list[WorkflowWrites], datetime], set[str]],
+) -> set[str]:
+    if len(batch) > 1:
+        return _one_by_one("gave up waiting for a row another transaction holds", engine, batch, now, exc, commit)
+    wid = batch[0].workflow_id
+    engine.locked_rows.blocked(wid)
+    logger.warning(
+        "fenced commit deferred workflow=%s engine=%s: a row it writes is locked by another transaction "
+        "(a user's open transaction?); its writes are carried and tried again alone",
+        wid,
+        engine.engine_id,
+    )
+    return {wid} if wid in engine.owned else set()
 
 
 class _Sticking(threading.local):

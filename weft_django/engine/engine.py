@@ -4,13 +4,11 @@ One thread drives generators; a thread pool runs activities; renewal has its own
 connection; where the database listens (PostgreSQL) a listener thread turns NOTIFY into wake-ups.
 Per wake the loop claims new work, settles finished activities, fires due timers of owned workflows,
 delivers signals, advances generators, and commits every workflow's resulting writes in one fenced
-commit. Activities are dispatched only after the commit that recorded their attempt (the ordering
-rule).
+commit. Activities are dispatched only after the commit that recorded their attempt (ordering rule).
 
-The loop (``Engine``) holds its parts, each with its own state: the wake-ups (engine/wake.py), the
-claimer (engine/claimer.py), renewal and the store lease (engine/renewal.py), the loader
-(engine/loader.py) and the per-workflow state machine (engine/progress.py). It keeps the pass, the
-fenced commit and what it carries between passes, and the clock.
+The loop (``Engine``) holds its parts: wake-ups (wake.py), claimer, renewal and the store lease
+(renewal.py), loader, the per-workflow state machine (progress.py). It keeps the pass, the fenced
+commit and what it carries between passes (containment.py: whose fault a refused commit is), the clock.
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from django.db import DatabaseError, DataError, connections
+from django.db import DatabaseError, connections
 
 from .. import events
 from ..conf import WeftSettings, get_settings
@@ -40,7 +38,7 @@ from . import ownership, sessions
 from .activities import commit_atomic_attempt
 from .attention import Attention
 from .claimer import Claimer
-from .containment import contain_refused_commit, contain_tick_failure
+from .containment import LockedRows, contain_refused_commit, contain_tick_failure
 from .executors import ActivityExecutors
 from .fencing import fenced_commit
 from .loader import Loader
@@ -130,7 +128,7 @@ class Engine:
         # Writes a fenced commit deferred because another transaction held a row it needed (a user's open
         # transaction around cancel()): they open the next pass's writes, never overtaken by them.
         self._carried: dict[str, WorkflowWrites] = {}
-        self._carry_retry_at = 0.0
+        self._carry_retry_at, self.locked_rows = 0.0, LockedRows()
         self._last_maintenance = 0.0  # time.monotonic() when the maintenance scans last ran
         self.clock = PassClock(self.using)
 
@@ -438,16 +436,13 @@ class Engine:
         elsewhere; nothing of theirs written): kept for a later commit, their activities not dispatched."""
         for writes in batch:  # a run that never started a child has none to close at its end
             note_children(self.owned.get(writes.workflow_id), writes)
+        batch, alone, deferred = self.locked_rows.sort(batch)  # a row a user holds: tried alone, later
+        deferred |= {wid for writes in alone for wid in self._commit([writes], now)}
         try:
             result = fenced_commit(self.engine_id, batch, now, self.using, self.settings.workflow_claim_ttl)
-        except (DataError, UnicodeEncodeError) as exc:  # a value the database refuses: one workflow's fault
-            return contain_refused_commit(self, batch, now, exc, self._commit)
-        except DatabaseError:
-            logger.exception("fenced commit failed engine=%s; reloading its workflows", self.engine_id)
-            for failed in filter(None, map(self.owned.get, [writes.workflow_id for writes in batch])):
-                self._reload[failed.workflow_id] = failed.epoch
-                self._drop(failed.workflow_id, reason=None)
-            return set()
+        except (DatabaseError, UnicodeEncodeError) as exc:  # whose fault, what is kept: engine/containment.py
+            return deferred | contain_refused_commit(self, batch, now, exc, self._commit)
+        self.locked_rows.forget(result.committed)
         events.committed(self, batch, result)  # after the commit: signals, metrics, status counts
         if result.children:
             self.claimer.scan_soon()  # children were started: look for claimable work on the next tick
@@ -465,7 +460,13 @@ class Engine:
                 if ended is not None:
                     ended.run.close()
         self._publish_epochs()
-        return {wid for wid in result.busy if wid in self.owned}
+        return deferred | {wid for wid in result.busy if wid in self.owned}
+
+    def reload_batch(self, workflow_ids: list[str]) -> None:
+        """A commit of theirs failed: drop their contexts and writes, load them again from what is durable."""
+        for failed in filter(None, map(self.owned.get, workflow_ids)):
+            self._reload[failed.workflow_id] = failed.epoch
+            self._drop(failed.workflow_id, reason=None)
 
     def flush(self, workflow_ids: set[str], now: datetime, writes: dict[str, WorkflowWrites]) -> None:
         """Commit now what these workflows recorded in this pass, before their live state answers a

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Q
 
 from ..models import AppliedUpdate, Step, Timer, Workflow
@@ -206,13 +206,20 @@ def fenced_commit(
         batch = [writes for writes in batch if writes.workflow_id in deferred]
         held -= deferred
     if batch:  # the general path: lock (one sorted statement), then write, in one transaction
-        with transaction.atomic(using=using):
-            locked, families_busy = _lock_general(engine_id, batch, using)
-            kept = [w for w in batch if w.workflow_id in locked and w.workflow_id not in families_busy]
-            stale = settled_elsewhere(kept, using)  # their guarded step was settled by another transaction
-            kept = [w for w in kept if w.workflow_id not in stale]
-            if kept:
-                children = _apply(engine_id, kept, now, using, ttl, hooks)
+        try:
+            with transaction.atomic(using=using):
+                locked, families_busy = _lock_general(engine_id, batch, using)
+                kept = [w for w in batch if w.workflow_id in locked and w.workflow_id not in families_busy]
+                stale = settled_elsewhere(kept, using)  # their guarded step was settled by another transaction
+                kept = [w for w in kept if w.workflow_id not in stale]
+                if kept:
+                    children = _apply(engine_id, kept, now, using, ttl, hooks)
+        except DatabaseError as exc:
+            if not (held and sessions.lock_wait_ended(exc)):
+                raise
+            # The one statement committed the others; these (ending with children) wait for a row a
+            # user holds: carried, as if their claim were locked (the caller must not commit the rest again).
+            locked, families_busy = set(), {w.workflow_id for w in batch}
         held |= locked - families_busy
         busy |= families_busy
     lost, skipped = claims.classify_unheld(
@@ -251,9 +258,11 @@ def _lock_general(engine_id: str, batch: list[WorkflowWrites], using: str) -> tu
     }
     families = active_descendants(ending, using) if ending else {}
     members = {child for family in families.values() for child in family}
+    # A row a user holds fails the commit soon, not at the session's TTL/2 (sent with the lock).
+    bounded = backend(using).bounds_sessions
     if not members:
-        return claims.lock_claims(engine_id, epochs, using, wait=False), set()
-    held, locked = claims.lock_batch_and_family(engine_id, epochs, members, using)
+        return claims.lock_claims(engine_id, epochs, using, wait=False, bounded=bounded), set()
+    held, locked = claims.lock_batch_and_family(engine_id, epochs, members, using, bounded=bounded)
     busy = {root for root, family in families.items() if root in held and not family <= locked}
     # A child started between the read and the lock (its parent's commit) is not locked: look again.
     again = active_descendants({root: ending[root] for root in families if root in held}, using)

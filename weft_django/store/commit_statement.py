@@ -19,6 +19,7 @@ from .backend import backend
 from .claims import FENCE_CTE, release_cte_sql
 from .mailbox import BUFFERED_STATE_SQL, SIGNAL_TABLE, TAKEN_ERROR_JSON, TERMINAL_ERROR_JSON, UPDATE_TABLE
 from .notify import CARRIED_STATUSES, CHANNEL, MAX_PAYLOAD
+from .sessions import COMMIT_LOCK_WAIT_SQL
 from .writes import WorkflowWrites, latest_per_seq
 
 STEP_TABLE = Step._meta.db_table
@@ -270,7 +271,7 @@ def run_write_statement(
         # path, where it runs after prepared.KEYED_PLAN in the same query string (its plan, made once,
         # must not depend on how small the tables were then).
         if fence:
-            plan = [(setting, None) for setting in prepared.KEYED_PLAN]
+            plan = [(setting, None) for setting in (*prepared.KEYED_PLAN, COMMIT_LOCK_WAIT_SQL)]
             prepared.execute_statements(cursor, connection, [*plan, (sql, params)])
             if not all(cursor.nextset() for _ in plan):  # past the SETs: the statement's rows
                 raise DatabaseError("the fenced commit returned no rows")

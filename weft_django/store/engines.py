@@ -50,9 +50,23 @@ def register_engine(engine_id: str, mode: str, using: str, *, queues: list[str] 
     )
 
 
-def heartbeat_engine(engine_id: str, using: str) -> None:
-    """Record a heartbeat of ``engine_id`` at the database clock."""
-    Engine.objects.using(using).filter(id=engine_id).update(heartbeat_at=db_clock(using))
+def heartbeat_engine(engine_id: str, using: str) -> bool:
+    """Record a heartbeat of ``engine_id`` at the database clock, unless another transaction holds its
+    row (a user's open transaction): then this one is skipped, never waited for (the renewal thread
+    writes it after every pass, and waiting stalled the renewal of every claim). Returns whether written.
+
+    Args:
+        engine_id: the engine; ``using``: the connection alias.
+    """
+    found = backend(using)
+    lock = found.lock_sql(no_key=True, skip_locked=True)
+    table, now = Engine._meta.db_table, db_clock(using)
+    with found.connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET heartbeat_at = %s WHERE id = (SELECT id FROM {table} WHERE id = %s{lock})",
+            [found.connection.ops.adapt_datetimefield_value(now), engine_id],
+        )
+        return bool(cursor.rowcount)
 
 
 def stop_engine(engine_id: str, using: str) -> None:

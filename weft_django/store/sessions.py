@@ -31,6 +31,25 @@ _bound = threading.local()  # .limits: {database alias: limit in ms} for the eng
 # -- engine side (ownership, the fenced commit, messages, chores) ----------------------------
 
 
+# How long a statement of the engine's fenced commit waits for a row lock before it gives up: a row it
+# writes (a workflow, step, signal or timer row) held by a user's open transaction must not stall the
+# batch. The claim rows are skipped, never waited for (SKIP LOCKED); engine/containment.py carries the
+# writes of a workflow whose row stays locked and commits the rest.
+COMMIT_LOCK_WAIT_MS = 100
+COMMIT_LOCK_WAIT_SQL = f"SET LOCAL lock_timeout = '{COMMIT_LOCK_WAIT_MS}ms'"
+LOCK_NOT_AVAILABLE = "55P03"
+
+
+def lock_wait_ended(exc: BaseException) -> bool:
+    """Whether the statement failed because lock_timeout ended its wait for a row (psycopg 3 or 2).
+
+    Args:
+        exc: the DatabaseError Django raised.
+    """
+    cause = exc.__cause__
+    return LOCK_NOT_AVAILABLE in (getattr(cause, "sqlstate", None), getattr(cause, "pgcode", None))
+
+
 def _ms(limit: timedelta) -> str:
     return str(int(limit.total_seconds() * 1000))
 

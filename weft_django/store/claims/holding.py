@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Count, Max
 
 from ...models import Engine, Timer, Workflow, WorkflowClaim
@@ -14,6 +14,7 @@ from ...status import TimerKind, WorkflowStatus
 from ..backend import backend
 from ..clock import _python_now, offset, workflow_now_sql
 from ..epochs import next_epoch, next_epoch_sql
+from ..sessions import COMMIT_LOCK_WAIT_SQL
 
 # -- engine side (ownership, the fenced commit, messages, chores) ----------------------------
 #
@@ -308,7 +309,15 @@ def release_cte_sql(ids: str, runnable: str) -> str:
     )
 
 
-def lock_claims(engine_id: str, epochs: dict[str, int], using: str, *, wait: bool = True) -> set[str]:
+def _past_lock_wait(cursor: Any, bounded: bool) -> None:
+    """After a lock statement sent behind COMMIT_LOCK_WAIT_SQL (``bounded``): move to its rows."""
+    if bounded and not cursor.nextset():
+        raise DatabaseError("the claim lock returned no rows")
+
+
+def lock_claims(
+    engine_id: str, epochs: dict[str, int], using: str, *, wait: bool = True, bounded: bool = False
+) -> set[str]:
     """Inside a transaction: lock the claims still held at these epochs; return their workflow ids.
 
     ``wait=False`` (the engine's batch commits): a claim row another transaction has locked (a user's
@@ -317,6 +326,8 @@ def lock_claims(engine_id: str, epochs: dict[str, int], using: str, *, wait: boo
 
     Args:
         engine_id: the holder; ``epochs``: {workflow_id: epoch}; ``using``: the connection alias.
+        bounded: send the fenced commit's ``SET LOCAL lock_timeout`` (COMMIT_LOCK_WAIT_SQL) ahead of
+            the lock, in the same round trip.
     """
     ids = sorted(epochs)
     if not ids:
@@ -327,21 +338,24 @@ def lock_claims(engine_id: str, epochs: dict[str, int], using: str, *, wait: boo
     with found.connection.cursor() as cursor:
         for chunk in _chunks(ids, CHUNK):
             placeholders = ", ".join(["%s"] * len(chunk))
+            wait_bound = f"{COMMIT_LOCK_WAIT_SQL};\n" if bounded else ""
             cursor.execute(
-                f"SELECT workflow_id, epoch FROM {CLAIM_TABLE} WHERE engine_id = %s AND workflow_id IN ({placeholders})"
-                f" ORDER BY workflow_id{lock}",
+                f"{wait_bound}SELECT workflow_id, epoch FROM {CLAIM_TABLE} WHERE engine_id = %s AND workflow_id IN "
+                f"({placeholders}) ORDER BY workflow_id{lock}",
                 [engine_id, *chunk],
             )
+            _past_lock_wait(cursor, bounded)
+            bounded = False
             held.update(wid for wid, epoch in cursor.fetchall() if epochs[wid] == epoch)
     return held
 
 
 def lock_batch_and_family(
-    engine_id: str, epochs: dict[str, int], family: set[str], using: str
+    engine_id: str, epochs: dict[str, int], family: set[str], using: str, *, bounded: bool = False
 ) -> tuple[set[str], set[str]]:
     """Inside a transaction, ONE statement in workflow_id order: lock our claims at these epochs and
     the claims of ``family`` (the active descendants that finishing runs close, whoever holds them),
-    skipping rows another transaction holds.
+    skipping rows another transaction holds. ``bounded``: as :func:`lock_claims`'s.
 
     Returns:
         (our claims held, family claims locked).
@@ -354,11 +368,13 @@ def lock_batch_and_family(
     rows: list[tuple[str, int, str | None]] = []
     with found.connection.cursor() as cursor:
         placeholders = ", ".join(["%s"] * len(ids))
+        wait_bound = f"{COMMIT_LOCK_WAIT_SQL};\n" if bounded else ""
         cursor.execute(
-            f"SELECT workflow_id, epoch, engine_id FROM {CLAIM_TABLE} WHERE workflow_id IN ({placeholders})"
-            f" ORDER BY workflow_id{lock}",
+            f"{wait_bound}SELECT workflow_id, epoch, engine_id FROM {CLAIM_TABLE} WHERE workflow_id IN "
+            f"({placeholders}) ORDER BY workflow_id{lock}",
             ids,
         )
+        _past_lock_wait(cursor, bounded)
         rows = cursor.fetchall()
     held = {wid for wid, epoch, holder in rows if wid in epochs and (epoch, holder) == (epochs[wid], engine_id)}
     return held, {wid for wid, _, _ in rows if wid in family}
@@ -522,12 +538,15 @@ def start_delayed(engine_id: str, *, limit: int, ttl: timedelta, now: datetime, 
         locked = [row[0] for row in cursor.fetchall()]
         if not locked:
             return {}
-        pending = list(
+        # SKIP LOCKED here too: a pending run's row held by a user's open transaction is left, with its
+        # timer, for a later pass (waiting for it stalled the pass, and its failure reloaded every workflow).
+        rows = dict(
             Workflow.objects.using(using)
-            .select_for_update()
-            .filter(id__in=locked, status=WorkflowStatus.PENDING)
-            .values_list("id", flat=True)
+            .select_for_update(skip_locked=found.skips_locked)
+            .filter(id__in=locked)
+            .values_list("id", "status")
         )
+        pending = [wid for wid, status in rows.items() if status == WorkflowStatus.PENDING]
         Workflow.objects.using(using).filter(id__in=pending).update(
             status=WorkflowStatus.RUNNING, started_at=now, updated_at=now
         )
@@ -548,5 +567,5 @@ def start_delayed(engine_id: str, *, limit: int, ttl: timedelta, now: datetime, 
                     [epoch, engine_id, engine_id, clock, clock + ttl, wid],
                 )
             started[wid] = epoch
-        Timer.objects.using(using).filter(workflow_id__in=locked, kind=TimerKind.DELAYED_START).delete()
+        Timer.objects.using(using).filter(workflow_id__in=list(rows), kind=TimerKind.DELAYED_START).delete()
     return started

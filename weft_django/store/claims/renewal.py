@@ -13,6 +13,7 @@ from django.db import OperationalError, transaction
 
 from ..backend import backend
 from ..clock import _python_now
+from ..sessions import lock_wait_ended
 from .holding import CHUNK, CLAIM_TABLE, _chunks, _ms, lock_claims
 
 # Claims one renewal statement extends (PostgreSQL). Each statement locks its rows until it ends, and
@@ -47,15 +48,6 @@ _SKIPPING = f"""WITH mine AS (
 # A renewal's commit need not wait for the disk: one lost in a crash of PostgreSQL is a renewal that did
 # not happen, which the claim's TTL (at least three renew intervals) allows for.
 _PLAIN_SETTINGS = "SELECT set_config('lock_timeout', %s, true), set_config('synchronous_commit', 'off', true)"
-_LOCK_NOT_AVAILABLE = "55P03"
-
-
-def _lock_wait_ended(exc: OperationalError) -> bool:
-    """Whether the statement failed because lock_timeout ended its wait for a row (psycopg 3 or 2)."""
-    cause = exc.__cause__
-    return (
-        getattr(cause, "sqlstate", None) == _LOCK_NOT_AVAILABLE or getattr(cause, "pgcode", None) == _LOCK_NOT_AVAILABLE
-    )
 
 
 @dataclass
@@ -83,7 +75,7 @@ def _renew_pg(
                 cursor.execute(_PLAIN, [_ms(ttl), ids, epochs, engine_id])
                 return {row[0] for row in cursor.fetchall()}, True
         except OperationalError as exc:
-            if not _lock_wait_ended(exc):
+            if not lock_wait_ended(exc):
                 raise
     cursor.execute(_SKIPPING, [ids, epochs, engine_id, _ms(ttl)])
     return {row[0] for row in cursor.fetchall()}, False

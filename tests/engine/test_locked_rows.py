@@ -1,0 +1,127 @@
+"""a user's open transaction holding one row lock (SELECT ... FOR UPDATE) must
+not stall other workflows' commits (PostgreSQL). Each case parks a workflow ("held"), locks one of its
+rows in another connection, runs an engine that must write that row, and starts a good workflow:
+the good one must finish while the lock is still held."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+
+import weft_django as weft
+from tests.engine.test_commit_locks import holding
+from weft_django.models import BufferedSignal, Step, Timer
+from weft_django.testing import run_until_idle, running_engine, wait_for
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+@weft.workflow(name="tests.locked_rows.waits")
+def waits(ctx):
+    value = yield ctx.wait_for_signal("go")
+    return value
+
+
+def _finishes_within(handle, limit: float) -> float:
+    began = time.monotonic()
+    try:
+        handle.result(timeout=limit)
+    except Exception:
+        return float("inf")
+    return time.monotonic() - began
+
+
+def _workflow_row():
+    weft.start("tests.locked_rows.waits", id="held")
+    run_until_idle(timeout=20)
+    weft.signal("held", "go", 1)  # its terminal commit updates its workflow row
+    return "SELECT 1 FROM weft_django_workflow WHERE id = %s FOR UPDATE", ["held"], 1.0
+
+
+def _signal_row():
+    weft.start("tests.locked_rows.waits", id="held")
+    run_until_idle(timeout=20)
+    weft.signal("held", "go", 1)  # its consumption updates the signal row
+    pk = BufferedSignal.objects.get(workflow_id="held").pk
+    return "SELECT 1 FROM weft_django_bufferedsignal WHERE id = %s FOR UPDATE", [pk], 1.0
+
+
+def _timer_row():
+    weft.start("tests.sleeper", args=[1.5], id="held")
+    run_until_idle(timeout=20)
+    pk = Timer.objects.get(workflow_id="held").pk  # deleted by the commit that settles the sleep
+    return "SELECT 1 FROM weft_django_timer WHERE id = %s FOR UPDATE", [pk], 2.5
+
+
+CASES = {"workflow": _workflow_row, "signal": _signal_row, "timer": _timer_row}
+
+
+@pytest.mark.parametrize("row", list(CASES))
+def test_a_row_locked_by_a_user_does_not_stall_other_workflows(row):
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks are PostgreSQL's")
+    sql, params, settle = CASES[row]()
+    with holding(sql, params, hold_at_most=40), running_engine("lock-engine"):
+        time.sleep(settle)  # the engine is now writing the locked row
+        good = weft.start("tests.sum", args=[2, 3], id="good")
+        took = _finishes_within(good, 20)
+        assert took < 5, f"a good workflow took {took:.1f}s while one {row} row was locked"
+
+
+def test_a_step_row_locked_by_a_user_does_not_stall_other_workflows():
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks are PostgreSQL's")
+    weft.start("tests.child", args=["held-step", 1.5], id="held")
+    with running_engine("lock-engine"):
+        wait_for(lambda: Step.objects.filter(workflow_id="held", status="running").exists(), 20)
+        with holding("SELECT 1 FROM weft_django_step WHERE workflow_id = %s FOR UPDATE", ["held"], hold_at_most=40):
+            time.sleep(2.0)  # the activity has ended: its commit updates the locked step row
+            good = weft.start("tests.sum", args=[2, 3], id="good")
+            took = _finishes_within(good, 20)
+        weft.get_handle("held").result(timeout=30)
+    from tests.testapp.models import ActivityCall
+
+    runs = ActivityCall.objects.filter(name="slow_step", key="held-step").count()
+    assert (took < 5, runs) == (True, 1), f"good took {took:.1f}s; the held step's activity ran {runs} times"
+
+
+def test_a_pending_workflow_row_locked_by_a_user_does_not_stall_other_workflows():
+    """A delayed start comes due while a user's transaction holds the pending run's workflow row:
+    start_delayed locks the workflow rows without SKIP LOCKED (store/claims/holding.py:525), waits
+    out lock_timeout, and the tick's DatabaseError reloads every workflow the engine holds."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks are PostgreSQL's")
+    weft.start("tests.sum", args=[1, 2], id="held", start_after=timedelta(seconds=1))
+    locked = holding("SELECT 1 FROM weft_django_workflow WHERE id = %s FOR UPDATE", ["held"], hold_at_most=40)
+    with running_engine("lock-engine"):
+        with locked:
+            time.sleep(2.0)  # the delayed start is due: the engine tries to start it
+            good = weft.start("tests.sum", args=[2, 3], id="good")
+            took = _finishes_within(good, 20)
+            assert took < 5, f"a good workflow took {took:.1f}s while a pending run's row was locked"
+        assert weft.get_handle("held").result(timeout=20) == {"total": 3}  # started once the lock went
+
+
+def test_the_engine_row_locked_by_a_user_does_not_stall_renewal():
+    """Renewal heartbeats the engine row after each pass (engine/renewal.py:217) with a plain UPDATE:
+    a user's lock on that row holds the renewal thread for lock_timeout (half the claim TTL) per pass."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks are PostgreSQL's")
+    from weft_django.models import WorkflowClaim
+
+    weft.start("tests.locked_rows.waits", id="parked")
+    with running_engine("lock-engine"):
+        wait_for(lambda: WorkflowClaim.objects.filter(pk="parked", engine_id="lock-engine").exists(), 20)
+        with holding("SELECT 1 FROM weft_django_engine WHERE id = %s FOR UPDATE", ["lock-engine"], hold_at_most=40):
+            seen = set()
+            began = time.monotonic()
+            while time.monotonic() - began < 14:
+                seen.add(WorkflowClaim.objects.get(pk="parked").expires_at)
+                time.sleep(0.2)
+            # renewed every WORKFLOW_CLAIM_RENEW_INTERVAL (5 s): at least twice in 14 s
+            assert len(seen) >= 3, (
+                f"the claim was renewed {len(seen) - 1} time(s) in 14 s while the engine row was locked"
+            )
