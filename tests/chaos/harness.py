@@ -46,9 +46,12 @@ SEQUENTIAL_TYPES = {
 }
 
 
+USER_LOCK_SECONDS = 1.5  # how long a "user_lock" fault holds its rows
+
+
 @dataclass(frozen=True)
 class Fault:
-    kind: str  # "kill" | "freeze" | "cut" | "pg_restart" | "pg_crash"
+    kind: str  # "kill" | "freeze" | "cut" | "user_lock" | "pg_restart" | "pg_crash"
     at: float  # progress (0..1) at which it is injected
 
 
@@ -255,6 +258,19 @@ class Run:
             victim = self._busiest()
             killed = _tolerant(lambda: terminate_backends(victim.engine_id), 0)
             self.count("pg_terminate_backend", max(killed, 0))
+        elif fault.kind == "user_lock":
+            # A user's open transaction holding the rows of a few running workflows (their workflow and
+            # step rows) for longer than a pass: their commits are carried, the others go on.
+            from tests.engine.test_commit_locks import holding
+
+            sql = (
+                "SELECT 1 FROM weft_django_workflow w JOIN weft_django_step s ON s.workflow_id = w.id "
+                "WHERE w.id IN (SELECT id FROM weft_django_workflow WHERE status = %s ORDER BY id LIMIT 5) "
+                "FOR UPDATE OF w, s"
+            )
+            with holding(sql, ["running"], hold_at_most=USER_LOCK_SECONDS + 5):
+                time.sleep(USER_LOCK_SECONDS)
+            self.count("user_row_lock")
         elif fault.kind in ("pg_restart", "pg_crash"):
             assert self.cluster is not None, "a PostgreSQL restart needs the private cluster"
             self.cluster.restart("fast" if fault.kind == "pg_restart" else "immediate", down_for=1.0)

@@ -45,12 +45,19 @@ def test_chaos_bounded() -> None:
         engines=3,
         approvals=12,
         chains=6,
-        faults=[Fault("kill", 0.15), Fault("cut", 0.3), Fault("freeze", 0.4), Fault("cut", 0.7)],
+        faults=[
+            Fault("kill", 0.15),
+            Fault("cut", 0.3),
+            Fault("freeze", 0.4),
+            Fault("user_lock", 0.55),
+            Fault("cut", 0.7),
+        ],
         resident=1,  # the parked approvals are evicted: their claims are dormant when the faults hit
     )
     figures = run_chaos(plan)
     report(figures)
     assert figures["faults"]["sigkill"] == 1 and figures["faults"]["sigstop_past_ttl"] == 1
+    assert figures["faults"]["user_row_lock"] == 1
     assert figures["audit"]["by_kind"].get("engine claim renew, dormant", 0) > 0, "no claim was dormant"
     assert_kept_every_promise(figures)
 

@@ -125,3 +125,63 @@ def test_the_engine_row_locked_by_a_user_does_not_stall_renewal():
             assert len(seen) >= 3, (
                 f"the claim was renewed {len(seen) - 1} time(s) in 14 s while the engine row was locked"
             )
+
+
+@pytest.mark.django_db(transaction=False)
+def test_the_commits_lock_wait_stays_inside_the_commit():
+    """An engine driven inside the caller's transaction (a test's atomic block): the commit's SET LOCAL
+    lock_timeout outlived its savepoint and stayed for the rest of the caller's transaction."""
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW lock_timeout")
+        before = cursor.fetchone()[0]
+    weft.start("tests.sleeper", args=[0.01], id="s")  # a timer: the general path
+    run_until_idle(timeout=20)
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW lock_timeout")
+        assert cursor.fetchone()[0] == before
+
+
+@pytest.mark.parametrize("name,args", [("tests.sum", [1, 2]), ("tests.sleeper", [0.01])])
+def test_commits_work_with_server_side_binding(name, args):
+    """With OPTIONS["server_side_binding"] (docs/settings.md supports it) a query string takes one
+    statement: the commit's SET LOCAL sent with its lock made every commit fail (and the one-statement
+    commit, with its planner settings, already did)."""
+    from django.db import connections
+
+    from weft_django.models import Workflow
+
+    connections["default"].close()
+    connections["default"].settings_dict.setdefault("OPTIONS", {})["server_side_binding"] = True
+    try:
+        weft.start(name, args=args, id="ssb")
+        run_until_idle(timeout=15)
+        assert Workflow.objects.get(pk="ssb").status == "completed"
+    finally:
+        connections["default"].settings_dict["OPTIONS"].pop("server_side_binding", None)
+        connections["default"].close()
+
+
+@pytest.mark.django_db(transaction=False)
+def test_held_back_workflows_are_tried_alone_one_per_commit_with_back_off(monkeypatch):
+    """A lock on a whole table (a migration) blocks every workflow: each commit then tries one of them
+    alone (100 ms at most), not one per held-back workflow."""
+    from weft_django.engine.containment import LockedRows
+    from weft_django.store.commit import WorkflowWrites
+
+    clock = [100.0]
+    monkeypatch.setattr("weft_django.engine.containment.time.monotonic", lambda: clock[0])
+    rows = LockedRows()
+    batch = [WorkflowWrites(wid, "run", 1) for wid in ("a", "b", "c", "d")]
+    for wid in ("a", "b", "c"):
+        rows.blocked(wid)
+    together, alone, deferred = rows.sort(batch)
+    assert ([w.workflow_id for w in together], alone, deferred) == (["d"], [], {"a", "b", "c"})
+    clock[0] += 0.2  # past the first back-off (0.1 s)
+    together, alone, deferred = rows.sort(batch)
+    assert ([w.workflow_id for w in together], [w.workflow_id for w in alone]) == (["d"], ["a"])
+    assert deferred == {"b", "c"}
+    rows.blocked("a")  # it waited again: 0.2 s now
+    clock[0] += 0.15
+    assert rows.sort(batch[:1]) == ([], [], {"a"})
+    rows.forget(["a", "b", "c"])
+    assert rows.sort(batch) == (batch, [], set())

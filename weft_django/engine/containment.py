@@ -46,6 +46,7 @@ from .owned import Owned, mark_stuck
 
 logger = logging.getLogger("weft_django.engine.engine")
 _NAMES = ("wid", "workflow_id")
+SPLIT_GIVE_UP = 3  # lock waits in one split after which its other workflows are held back untried
 
 
 class LockedRows:
@@ -59,10 +60,12 @@ class LockedRows:
 
     def __init__(self) -> None:
         self._retry: dict[str, tuple[float, float]] = {}  # workflow id -> (monotonic retry time, back-off)
+        self.times_blocked = 0  # how many commits gave up waiting (a split stops trying after a few)
 
     def sort(self, batch: list[WorkflowWrites]) -> tuple[list[WorkflowWrites], list[WorkflowWrites], set[str]]:
-        """Split a commit's batch: (to commit together, held-back workflows due to be tried alone, the
-        held-back ones not due yet: deferred without a try). A batch of one due workflow is its try."""
+        """Split a commit's batch: (to commit together, the held-back workflow due to be tried alone (one
+        per commit: a lock on a whole table must not cost a pass 100 ms per workflow), the held-back
+        ones not tried now: deferred). A batch of one due workflow is its try."""
         if not self._retry:
             return batch, [], set()
         clock = time.monotonic()
@@ -73,7 +76,7 @@ class LockedRows:
             entry = self._retry.get(writes.workflow_id)
             if entry is None or (entry[0] <= clock and len(batch) == 1):
                 together.append(writes)
-            elif entry[0] > clock:
+            elif entry[0] > clock or alone:
                 deferred.add(writes.workflow_id)
             else:
                 alone.append(writes)
@@ -81,6 +84,7 @@ class LockedRows:
 
     def blocked(self, workflow_id: str) -> None:
         """Its commit alone gave up waiting for a row: try again later, waiting twice as long as before."""
+        self.times_blocked += 1
         clock = time.monotonic()
         backoff = min(self._retry.get(workflow_id, (0.0, self.FIRST / 2))[1] * 2, self.LONGEST)
         # entries of workflows no longer driven (deposed, evicted) go once long past their retry time
@@ -210,12 +214,19 @@ def _one_by_one(
     exc: Exception,
     commit: Callable[[list[WorkflowWrites], datetime], set[str]],
 ) -> set[str]:
-    """The batch's commit failed for one workflow's sake: commit each workflow's writes on its own."""
+    """The batch's commit failed for one workflow's sake: commit each workflow's writes on its own.
+    After SPLIT_GIVE_UP lock waits in one split (a lock on a whole table, not one user's row), the
+    rest are held back untried, as the ones that waited."""
     logger.warning(
         "fenced commit %s engine=%s; committing its %s workflows one by one: %s", why, engine.engine_id, len(batch), exc
     )
     deferred: set[str] = set()
+    started = engine.locked_rows.times_blocked
     for writes in batch:
+        if engine.locked_rows.times_blocked - started >= SPLIT_GIVE_UP:
+            _block(engine, writes.workflow_id)
+            deferred |= {writes.workflow_id} & set(engine.owned)
+            continue
         deferred |= commit([writes], now)
     return deferred
 
@@ -230,6 +241,11 @@ def _contain_lock_wait(
     if len(batch) > 1:
         return _one_by_one("gave up waiting for a row another transaction holds", engine, batch, now, exc, commit)
     wid = batch[0].workflow_id
+    _block(engine, wid)
+    return {wid} if wid in engine.owned else set()
+
+
+def _block(engine: Loop, wid: str) -> None:
     engine.locked_rows.blocked(wid)
     logger.warning(
         "fenced commit deferred workflow=%s engine=%s: a row it writes is locked by another transaction "
@@ -237,7 +253,6 @@ def _contain_lock_wait(
         wid,
         engine.engine_id,
     )
-    return {wid} if wid in engine.owned else set()
 
 
 class _Sticking(threading.local):

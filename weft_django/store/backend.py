@@ -55,6 +55,11 @@ class Backend:
         """A complete statement that draws the next epoch and returns it as its one row."""
         return _SQLITE_NEXT_EPOCH
 
+    @property
+    def joins_statements(self) -> bool:
+        """Whether one execute may carry several statements, each result set read with nextset()."""
+        return False
+
     def lock_sql(self, *, no_key: bool = False, skip_locked: bool = False) -> str:
         """The row-lock suffix of a SELECT, for SQL the store formats (a ``*_sql`` builder of constant fragments, the
         form tests/project/test_security.py's scan of raw SQL trusts): empty where there is one writer.
@@ -148,6 +153,15 @@ class PostgreSQLBackend(Backend):
 
     def select_next_epoch_sql(self) -> str:
         return f"SELECT nextval('{SEQUENCE}')"
+
+    @property
+    def joins_statements(self) -> bool:
+        """Whether one execute may carry several statements, each result set read with nextset():
+        psycopg 3 with client-side binding (Django's default). Not with ``OPTIONS["server_side_binding"]``
+        (one statement per prepared query), not psycopg2."""
+        from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+        return is_psycopg3 and not self.connection.settings_dict.get("OPTIONS", {}).get("server_side_binding")
 
     def lock_sql(self, *, no_key: bool = False, skip_locked: bool = False) -> str:
         clause = " FOR NO KEY UPDATE" if no_key else " FOR UPDATE"

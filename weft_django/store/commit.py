@@ -206,9 +206,16 @@ def fenced_commit(
         batch = [writes for writes in batch if writes.workflow_id in deferred]
         held -= deferred
     if batch:  # the general path: lock (one sorted statement), then write, in one transaction
+        # A row a user holds fails the commit soon, not at the session's TTL/2: SET LOCAL for this
+        # transaction only (not inside a caller's, where it would outlast this savepoint).
+        found = backend(using)
+        bounded = found.bounds_sessions and not found.connection.in_atomic_block
         try:
             with transaction.atomic(using=using):
-                locked, families_busy = _lock_general(engine_id, batch, using)
+                if bounded and not found.joins_statements:  # otherwise sent with the lock (no round trip)
+                    sessions.bound_commit_lock_wait(using)
+                    bounded = False
+                locked, families_busy = _lock_general(engine_id, batch, using, bounded)
                 kept = [w for w in batch if w.workflow_id in locked and w.workflow_id not in families_busy]
                 stale = settled_elsewhere(kept, using)  # their guarded step was settled by another transaction
                 kept = [w for w in kept if w.workflow_id not in stale]
@@ -245,7 +252,7 @@ def fenced_commit(
     return FenceResult(held - stale, lost, children, busy, stale)
 
 
-def _lock_general(engine_id: str, batch: list[WorkflowWrites], using: str) -> tuple[set[str], set[str]]:
+def _lock_general(engine_id: str, batch: list[WorkflowWrites], using: str, bounded: bool) -> tuple[set[str], set[str]]:
     """The general path's fence: our claims, plus the claims of the active descendants that the
     batch's finishing runs close, in one sorted statement that skips locked rows. Returns (our claims
     held, finishing runs whose family could not be locked whole: left for the next pass)."""
@@ -258,8 +265,6 @@ def _lock_general(engine_id: str, batch: list[WorkflowWrites], using: str) -> tu
     }
     families = active_descendants(ending, using) if ending else {}
     members = {child for family in families.values() for child in family}
-    # A row a user holds fails the commit soon, not at the session's TTL/2 (sent with the lock).
-    bounded = backend(using).bounds_sessions
     if not members:
         return claims.lock_claims(engine_id, epochs, using, wait=False, bounded=bounded), set()
     held, locked = claims.lock_batch_and_family(engine_id, epochs, members, using, bounded=bounded)

@@ -115,6 +115,8 @@ def fits_one_statement(batch: list[WorkflowWrites], using: str) -> bool:
     found = backend(using)
     if not found.batches_statements or found.connection.in_atomic_block or not step_columns_known():
         return False
+    if not found.joins_statements:  # its settings go in the statement's own query string
+        return False
     if len(batch) > ONE_STATEMENT_MAX_WORKFLOWS:
         return False
     return all(

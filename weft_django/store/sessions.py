@@ -50,6 +50,17 @@ def lock_wait_ended(exc: BaseException) -> bool:
     return LOCK_NOT_AVAILABLE in (getattr(cause, "sqlstate", None), getattr(cause, "pgcode", None))
 
 
+def bound_commit_lock_wait(using: str) -> None:
+    """Inside the fenced commit's transaction, as a statement of its own (where the lock's query string
+    cannot carry it): its statements wait COMMIT_LOCK_WAIT_MS at most for a row lock.
+
+    Args:
+        using: the connection alias.
+    """
+    with backend(using).connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{COMMIT_LOCK_WAIT_MS}ms"])
+
+
 def _ms(limit: timedelta) -> str:
     return str(int(limit.total_seconds() * 1000))
 
