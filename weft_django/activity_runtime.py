@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import signal
 import threading
 from typing import Any
 
@@ -70,3 +71,27 @@ def heartbeat(details: Any = None) -> None:
         raise ActivityCancelledError(
             f"Activity {control.info.activity!r} attempt {control.info.attempt} should stop: {control.stop_reason}."
         )
+
+
+# Worker frameworks whose BaseExceptions end the worker, not the attempt (Celery's WorkerTerminate and
+# WorkerShutdown, billiard's, gevent's and eventlet's timeouts and kills).
+_FRAMEWORKS = frozenset({"celery", "billiard", "gevent", "eventlet", "greenlet"})
+
+
+def propagates(exc: BaseException) -> bool:
+    """Whether an exception raised while an activity ran must leave the attempt instead of failing it:
+    Ctrl+C (a KeyboardInterrupt on the main thread while Python's own SIGINT handler is installed) and
+    a worker framework's own signals. Anything else, SystemExit included and a KeyboardInterrupt that
+    user code raised on a worker thread or in an engine (which installs its own SIGINT handler), is a
+    failed attempt, retried by the activity's policy; left to propagate it ended the thread or the
+    engine loop, and the engine waited for an outcome that never came.
+
+    Args:
+        exc: what the activity raised.
+    """
+    if isinstance(exc, Exception):
+        return False
+    if isinstance(exc, KeyboardInterrupt):
+        on_main = threading.current_thread() is threading.main_thread()
+        return on_main and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    return type(exc).__module__.split(".")[0] in _FRAMEWORKS

@@ -1,4 +1,4 @@
-"""An activity that raises SystemExit (any BaseException but KeyboardInterrupt) is a failed attempt.
+"""An activity that raises SystemExit (or a KeyboardInterrupt that cannot be Ctrl+C) is a failed attempt.
 
 The thread executor's attempt runner caught only Exception: a SystemExit from an activity body went up
 to the worker thread, which logged it and reported no outcome, so the engine waited for the attempt
@@ -59,3 +59,55 @@ def test_an_atomic_activity_raising_system_exit_rolls_back_and_fails_its_run() -
     assert Workflow.objects.get(pk=handle.id).status == WorkflowStatus.FAILED
     assert Step.objects.get(workflow_id=handle.id, seq=0).error["type"] == "SystemExit"
     assert not ActivityCall.objects.filter(name="tests.system_exit.atomic").exists()  # rolled back
+
+
+@weft.activity(name="tests.system_exit.interrupts", retry=weft.RetryPolicy(max_attempts=1))
+def interrupts() -> None:
+    raise KeyboardInterrupt
+
+
+@weft.activity(name="tests.system_exit.local_interrupts", local=True, retry=weft.RetryPolicy(max_attempts=1))
+def local_interrupts() -> None:
+    raise KeyboardInterrupt
+
+
+@weft.workflow(name="tests.system_exit.uses_interrupts")
+def uses_interrupts(ctx: weft.WorkflowContext, local: bool):
+    yield ctx.run(local_interrupts if local else interrupts)
+    return "unreachable"
+
+
+def test_a_keyboard_interrupt_raised_on_an_activity_thread_fails_its_attempt() -> None:
+    """Signals go to the main thread: on an executor thread a KeyboardInterrupt is user code's, and
+    propagating it left the run waiting for an outcome for ever (as SystemExit did)."""
+    handle = weft.start(uses_interrupts, args=[False], id="interrupt-thread")
+    run_until_idle(timeout=15)
+    assert Workflow.objects.get(pk=handle.id).status == WorkflowStatus.FAILED
+    assert Step.objects.get(workflow_id=handle.id, seq=0).error["type"] == "KeyboardInterrupt"
+
+
+def test_a_local_activitys_keyboard_interrupt_in_an_engine_fails_its_attempt(monkeypatch) -> None:
+    """weft_engine installs its own SIGINT handler, so a KeyboardInterrupt on its loop is user code's:
+    a local activity raising one took the engine loop down, and every engine that claimed the run next
+    (its step is recorded only after it runs). Ctrl+C under Python's own handler still propagates."""
+    import signal
+
+    from weft_django.activity_runtime import propagates
+
+    assert propagates(KeyboardInterrupt()) is (signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    monkeypatch.setattr(signal, "getsignal", lambda signum: lambda *args: None)  # as in weft_engine
+    handle = weft.start(uses_interrupts, args=[True], id="interrupt-local")
+    run_until_idle(timeout=15)
+    assert Workflow.objects.get(pk=handle.id).status == WorkflowStatus.FAILED
+
+
+def test_a_celery_workers_own_shutdown_is_not_the_attempts_failure() -> None:
+    """Celery's WorkerTerminate / WorkerShutdown (SystemExit subclasses raised into a running task at a
+    hard shutdown) end the worker; swallowed as the activity's failure they delayed the shutdown."""
+    pytest.importorskip("celery")
+    from celery.exceptions import WorkerShutdown, WorkerTerminate
+
+    from weft_django.activity_runtime import propagates
+
+    assert propagates(WorkerTerminate(1)) and propagates(WorkerShutdown(0))
+    assert not propagates(SystemExit(3)) and not propagates(ValueError())

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from django.db import close_old_connections, transaction
 
 from .. import events, tracing
-from ..activity_runtime import ActivityInfo, AttemptControl, bind
+from ..activity_runtime import ActivityInfo, AttemptControl, bind, propagates
 from ..codec import decode, encode_payload
 from ..exceptions import ActivityTimeoutError
 from ..registry import ActivityDefinition
@@ -242,9 +242,9 @@ class ThreadExecutor:
                 return self._attempt_atomic(task, payload.get("args", []), payload.get("kwargs", {}))
             except FenceRefused:
                 return AttemptOutcome(task, ok=False, refused=True)
-            except KeyboardInterrupt:
-                raise
             except BaseException as exc:  # SystemExit too: a failed attempt, retried by its policy
+                if propagates(exc):
+                    raise
                 return _failed(task, exc)
         return plain_attempt(task)
 
@@ -302,16 +302,16 @@ def _failed(task: AttemptTask, exc: BaseException) -> AttemptOutcome:
 
 def plain_attempt(task: AttemptTask) -> AttemptOutcome:
     """Run a (non-atomic) attempt's function on this thread: its outcome. The function's exception is
-    the outcome, any BaseException but KeyboardInterrupt (a SystemExit from user code is a failed
-    attempt, as Django's task backends treat it; left to propagate, the engine would wait for an
-    outcome that never comes); only undecodable arguments (a bad row) raise."""
+    the outcome, any BaseException but those that ``activity_runtime.propagates`` (a SystemExit from
+    user code is a failed attempt, as Django's task backends treat it; left to propagate, the engine
+    would wait for an outcome that never comes); only undecodable arguments (a bad row) raise."""
     payload = decode(task.args_text) or {}
     try:
         value = task.definition.fn(*payload.get("args", []), **payload.get("kwargs", {}))
         return AttemptOutcome(task, ok=True, result=encode_payload(value, path="activity result"))
-    except KeyboardInterrupt:
-        raise
     except BaseException as exc:
+        if propagates(exc):  # Ctrl+C, a worker framework's own signal
+            raise
         return _failed(task, exc)
 
 

@@ -39,7 +39,7 @@ from django.db import DatabaseError, connections, transaction
 from django.db.models import Q
 
 from .. import tracing
-from ..activity_runtime import ActivityInfo, AttemptControl, bind
+from ..activity_runtime import ActivityInfo, AttemptControl, bind, propagates
 from ..codec import decode, encode, encode_payload
 from ..conf import database_alias, payload_max_bytes
 from ..exceptions import ActivityCancelledError
@@ -354,9 +354,9 @@ def _run(key: AttemptKey, activity: str, args_text: str, control: WorkerControl,
         if definition.atomic:
             return _run_atomic(key, definition.fn, args, kwargs, using)
         result = encode_payload(definition.fn(*args, **kwargs), path="activity result")
-    except KeyboardInterrupt:
-        raise
     except BaseException as exc:  # SystemExit too: the attempt's failure, as on the thread executor
+        if propagates(exc):  # Ctrl+C, Celery's WorkerTerminate / WorkerShutdown: the worker's, not ours
+            raise
         if isinstance(exc, ActivityCancelledError) and control.stop_reason is not None:
             logger.info(
                 "remote attempt stopped workflow=%s seq=%s reason=%s", key.workflow_id, key.seq, control.stop_reason
