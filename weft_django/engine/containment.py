@@ -49,6 +49,9 @@ _NAMES = ("wid", "workflow_id")
 SPLIT_GIVE_UP = 3  # lock waits in one split after which its other workflows are held back untried
 
 
+Commit = Callable[[list[WorkflowWrites], datetime], set[str]]  # the engine's fenced commit of some writes
+
+
 class LockedRows:
     """The workflows whose own commit gave up waiting for a row another transaction holds (the fence
     skips locked claims, but a write waits for its row, ``store.sessions.COMMIT_LOCK_WAIT_MS`` at
@@ -168,7 +171,7 @@ def contain_refused_commit(
     batch: list[WorkflowWrites],
     now: datetime,
     exc: Exception,
-    commit: Callable[[list[WorkflowWrites], datetime], set[str]],
+    commit: Commit,
 ) -> set[str]:
     """Called by the engine's fenced commit when it raised ``exc``: a DatabaseError, or a
     UnicodeEncodeError (text the driver cannot encode). Returns the workflows whose commit was
@@ -207,12 +210,7 @@ def contain_refused_commit(
 
 
 def _one_by_one(
-    why: str,
-    engine: Loop,
-    batch: list[WorkflowWrites],
-    now: datetime,
-    exc: Exception,
-    commit: Callable[[list[WorkflowWrites], datetime], set[str]],
+    why: str, engine: Loop, batch: list[WorkflowWrites], now: datetime, exc: Exception, commit: Commit
 ) -> set[str]:
     """The batch's commit failed for one workflow's sake: commit each workflow's writes on its own.
     After SPLIT_GIVE_UP lock waits in one split (a lock on a whole table, not one user's row), the
@@ -232,11 +230,7 @@ def _one_by_one(
 
 
 def _contain_lock_wait(
-    engine: Loop,
-    batch: list[WorkflowWrites],
-    now: datetime,
-    exc: Exception,
-    commit: Callable[[list[WorkflowWrites], datetime], set[str]],
+    engine: Loop, batch: list[WorkflowWrites], now: datetime, exc: Exception, commit: Commit
 ) -> set[str]:
     if len(batch) > 1:
         return _one_by_one("gave up waiting for a row another transaction holds", engine, batch, now, exc, commit)
