@@ -50,7 +50,8 @@ def fork(workflow_id: str, *, from_step: int, new_id: str | None = None) -> Work
     if isinstance(from_step, bool) or not isinstance(from_step, int) or from_step < 0:
         raise InvalidForkError(f"from_step must be a whole number >= 0 (got {from_step!r}).")
     using = database_alias()
-    with transaction.atomic(using=using):
+
+    def body() -> str:
         # The source's claim, then its row, locked first: a purge, retry or start_new of it waits, so
         # the steps checked are the steps copied.
         transitions.lock_workflow(workflow_id, using)
@@ -79,6 +80,11 @@ def fork(workflow_id: str, *, from_step: int, new_id: str | None = None) -> Work
             raise WorkflowAlreadyExistsError(f'Workflow "{target}" already exists; pass another new_id (or none).')
         forks.copy_history(workflow_id, row["run_id"], target, new_run, from_step, using)
         events.workflow_started(created, using)
+        return target
+
+    # Its own transaction (retried after a deadlock: a start_many inserting the new id and replacing the
+    # source waits for the source's claim this holds while this waits for that insert).
+    target = transitions.run_in_transaction(using, body, lock=[workflow_id])
     return WorkflowHandle(target)
 
 

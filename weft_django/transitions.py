@@ -93,7 +93,9 @@ def _alias(using: str | None) -> str:
     return database_alias()
 
 
-def _is_retryable(error: DatabaseError) -> bool:
+def is_retryable(error: DatabaseError) -> bool:
+    """Whether a failed transaction may be run again as it is: a deadlock or a serialization failure
+    (PostgreSQL), or SQLite's busy timeout."""
     if getattr(error.__cause__, "sqlstate", None) in _RETRYABLE_SQLSTATES:
         return True
     return "database is locked" in str(error)  # SQLite, when a writer outlasts the busy timeout
@@ -120,7 +122,7 @@ def run_in_transaction(using: str, body: Callable[[], T], *, lock: Iterable[str]
             with fenced(list(lock), using, family=family):
                 return body()
         except DatabaseError as exc:
-            if not owns_transaction or attempt == MAX_ATTEMPTS or not _is_retryable(exc):
+            if not owns_transaction or attempt == MAX_ATTEMPTS or not is_retryable(exc):
                 raise
             delay = random.uniform(0.01, 0.05) * 2**attempt
             logger.info("weft transition retried after %s (attempt=%s delay=%.3fs)", exc, attempt, delay)

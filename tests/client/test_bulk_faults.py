@@ -4,7 +4,10 @@ retention keeps, and a fork copies the steps it checked."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+from django.db import connections
 
 import weft_django as weft
 from weft_django import transitions
@@ -208,3 +211,58 @@ def test_a_fork_keeps_the_sources_execution_timeout():
     row = Workflow.objects.get(pk=fork.id)
     assert row.execution_timeout == timedelta(hours=1)
     assert row.execution_deadline is not None
+
+
+@pytest.mark.postgres
+def test_a_fork_and_a_start_many_sharing_ids_do_not_fail_on_a_deadlock(monkeypatch):
+    """fork(A, new_id=X) locks A's claim, then inserts X; start_many([X, A start_new]) inserts X, then
+    locks A's claim: a deadlock, raised to one caller as a raw OperationalError. Each now runs again
+    after a deadlock when it owns its transaction; the loser then meets the winner's rows (typed)."""
+    weft.start("tests.sum", args=[1, 2], id="fk-A")
+    Workflow.objects.filter(pk="fk-A").update(status="completed", result="3")
+    fork_holds_a, start_many_inserted_x = threading.Event(), threading.Event()
+    from weft_django.store import claims as store_claims
+    from weft_django.store import forks
+
+    real_recorded, real_lock_ids = forks.recorded_steps, store_claims.lock_ids
+    main = threading.get_ident()
+
+    def recorded(run_id, using):
+        found = real_recorded(run_id, using)
+        fork_holds_a.set()  # fork holds A's claim and row
+        start_many_inserted_x.wait(5)
+        return found
+
+    def lock_ids(ids, using, **kw):
+        if threading.get_ident() == main and ids:
+            start_many_inserted_x.set()  # start_many has inserted X, now locks A
+        return real_lock_ids(ids, using, **kw)
+
+    monkeypatch.setattr(forks, "recorded_steps", recorded)
+    monkeypatch.setattr(store_claims, "lock_ids", lock_ids)
+    fork_errors: list[BaseException] = []
+
+    def do_fork():
+        try:
+            weft.fork("fk-A", from_step=0, new_id="fk-X")
+        except BaseException as exc:
+            fork_errors.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=do_fork)
+    thread.start()
+    assert fork_holds_a.wait(10)
+    start_error = None
+    try:
+        weft.start_many(
+            [
+                weft.StartRequest("tests.sum", args=[1, 2], id="fk-X"),
+                weft.StartRequest("tests.sum", args=[1, 2], id="fk-A", on_conflict="start_new"),
+            ]
+        )
+    except BaseException as exc:
+        start_error = exc
+    thread.join(30)
+    errors = [e for e in [start_error, *fork_errors] if e is not None and not isinstance(e, weft.WeftError)]
+    assert not errors, [f"{type(e).__name__}: {e}" for e in errors]

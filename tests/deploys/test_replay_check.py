@@ -221,3 +221,24 @@ def test_the_replay_checks_read_takes_no_write_lock_on_sqlite() -> None:
         assert backend(using).write_lock_free()
         with pytest.raises(DatabaseError):  # and still nothing can be written through it
             weft.start("tests.sum", args=[1, 2], id="written")
+
+
+@pytest.mark.sqlite
+@pytest.mark.django_db(transaction=True)
+def test_an_atomic_block_inside_the_read_only_transaction_reads_on_sqlite() -> None:
+    """Replayed code or Django may open an atomic block: it is a savepoint, as on PostgreSQL (the
+    hand-written BEGIN DEFERRED of 1922655 left Django in autocommit, and the block's BEGIN IMMEDIATE
+    was refused as a write)."""
+    from django.db import connection, transaction
+
+    from weft_django.conf import database_alias
+    from weft_django.models import Workflow
+    from weft_django.store import replay as stored
+
+    weft.start("tests.sum", args=[1, 2], id="read-inside")
+    with stored.read_only(database_alias()), transaction.atomic():
+        assert Workflow.objects.count() == 1
+    with connection.cursor() as cursor:  # and the connection writes again afterwards
+        cursor.execute("PRAGMA query_only")
+        assert cursor.fetchone()[0] == 0
+    weft.start("tests.sum", args=[1, 2], id="written-after")

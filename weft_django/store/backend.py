@@ -79,9 +79,9 @@ class Backend:
     #: the statements that make the current transaction (or connection) refuse writes, and undo it
     #: after (the replay check, store/replay.py).
     read_only_sql: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = ((), ())
-    # Where a transaction of Django's would take the database's one write lock (SQLite's IMMEDIATE),
-    # the statements that open and close a read-only snapshot instead, outside any atomic block.
-    read_snapshot_sql: ClassVar[tuple[tuple[str, ...], tuple[str, ...]] | None] = None
+    # Where Django's transactions take the database's one write lock (SQLite's IMMEDIATE), the mode of
+    # a read-only transaction instead (store/replay.read_only), so a long read stalls no writer.
+    read_transaction_mode: ClassVar[str | None] = None
 
     def lock_name(self, namespace: int, name: str) -> None:
         """Inside a transaction: serialise with every other transaction that locks ``(namespace, name)``
@@ -208,8 +208,7 @@ class PostgreSQLBackend(Backend):
 class SQLiteBackend(Backend):
     vendor = "sqlite"
     read_only_sql = (("PRAGMA query_only = ON",), ("PRAGMA query_only = OFF",))
-    # BEGIN DEFERRED takes no write lock: engines go on committing (WAL) while a page is replayed.
-    read_snapshot_sql = (("PRAGMA query_only = ON", "BEGIN DEFERRED"), ("ROLLBACK", "PRAGMA query_only = OFF"))
+    read_transaction_mode = "DEFERRED"  # takes no write lock: engines go on committing (WAL) meanwhile
 
     # -- engine side: claims, the fenced commit, mailbox, timers, engines, epochs, sessions ------
 

@@ -56,35 +56,35 @@ _COLUMNS = (
 @contextlib.contextmanager
 def read_only(using: str) -> Iterator[None]:
     """A transaction in which the database refuses every write (an attempt raises DatabaseError).
+    On SQLite it is DEFERRED (Django's own transaction, its mode switched for this block): the
+    IMMEDIATE one the engines need would hold the database's one write lock while a page is replayed;
+    a deferred one reads a snapshot and locks nothing. Atomic blocks inside it are savepoints.
 
     Args:
         using: the connection alias.
     """
     store = backend(using)
-    if store.read_snapshot_sql is not None and not connections[using].in_atomic_block:
-        # SQLite: Django's transaction would be IMMEDIATE and hold the one write lock (every engine
-        # stalled) while the page is replayed; a deferred one reads a snapshot and locks nothing.
-        opening, closing = store.read_snapshot_sql
-        with connections[using].cursor() as cursor:
-            for statement in opening:
-                cursor.execute(statement)
-        try:
-            yield
-        finally:
-            with connections[using].cursor() as cursor:
-                for statement in closing:
-                    cursor.execute(statement)
-        return
+    connection = connections[using]
     begin, end = store.read_only_sql
+    mode = store.read_transaction_mode
+    switch = mode is not None and not connection.in_atomic_block and hasattr(connection, "transaction_mode")
+    previous = getattr(connection, "transaction_mode", None)
+    if switch:
+        setattr(connection, "transaction_mode", mode)  # noqa: B010 - SQLite's wrapper has it, the base type not
     try:
         with transaction.atomic(using=using):
-            with connections[using].cursor() as cursor:
+            if switch:  # the BEGIN is sent: nested blocks are savepoints
+                setattr(connection, "transaction_mode", previous)  # noqa: B010
+                switch = False
+            with connection.cursor() as cursor:
                 for statement in begin:
                     cursor.execute(statement)
             yield
     finally:
-        if end:
-            with connections[using].cursor() as cursor:
+        if switch:
+            setattr(connection, "transaction_mode", previous)  # noqa: B010
+        if end:  # after the transaction ended (a failed one accepts no statement before its rollback)
+            with connection.cursor() as cursor:
                 for statement in end:
                     cursor.execute(statement)
 
