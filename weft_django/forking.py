@@ -7,7 +7,6 @@ import uuid
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import transaction
 
 from . import events, transitions
 from .client.handles import WorkflowHandle
