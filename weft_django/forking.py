@@ -31,7 +31,8 @@ def fork(workflow_id: str, *, from_step: int, new_id: str | None = None) -> Work
     (counted from the fork's start, as a start's). A workflow declared with ``@weft.workflow(queue=)``
     forks into its queue: the new run waits ``pending`` until admitted. The source's claim (then its
     row) is locked while it is read, so a purge, retry or start_new of it waits and the steps checked
-    are the steps copied. Joins the caller's transaction, like ``weft.start``.
+    are the steps copied. Joins the caller's transaction, like ``weft.start``; outside one, its own
+    transaction is retried after a deadlock (a start_many inserting the new id while replacing the source).
 
     Args:
         workflow_id: the run to fork (its latest run).
