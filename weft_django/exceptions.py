@@ -49,7 +49,9 @@ class WorkflowNotRegisteredError(WeftError):
 
 
 class WorkflowAlreadyExistsError(WeftError):
-    """A workflow with this id exists and ``on_conflict`` says to refuse (``start(..., on_conflict=)``)."""
+    """A workflow with this id exists and ``on_conflict`` says to refuse (``start(..., on_conflict=)``);
+    or the existing run is of another workflow type (with an idempotency key or ``use_existing``); or
+    ``on_conflict="start_new"`` found it still active."""
 
 
 class WorkflowNotFoundError(WeftError):
@@ -266,7 +268,8 @@ class EngineInternalError(WeftError):
 
 
 class IdempotencyKeyPurgedError(WeftError):
-    """The idempotency key belonged to a run that retention has purged."""
+    """The idempotency key belonged to a run that is gone: retention purged it, or a start with
+    ``on_conflict="start_new"`` replaced it. Use a new key."""
 
 
 class WorkflowNotLocallyOwnedError(WeftError):
@@ -309,10 +312,12 @@ class InvalidScheduleError(InvalidArgumentError):
 
 
 class UnusableScheduleError(InvalidScheduleError):
-    """A stored schedule row cannot be used as it is (edited by hand, restored from elsewhere): its cron,
-    time zone, interval or jitter is invalid, its args / kwargs do not decode, or its next occurrence is
-    too close to year 9999 to compute. Raised by ScheduleHandle.resume(), trigger() and describe() (the
-    engines skip the row and retry it later); nothing was written. ``.schedule_id`` and ``.column`` name
+    """A stored schedule row cannot be used as it is (edited by hand, restored from elsewhere): both or
+    neither of cron / every, an invalid cron (or one that never matches), time zone, interval or jitter,
+    args / kwargs that do not decode (or are not a list / a dict), or a next occurrence too close to year
+    9999 to compute. Raised by ScheduleHandle.resume() (the timing), trigger() (args / kwargs),
+    describe() (args / kwargs and, unless paused, the timing) and update() (args / kwargs it keeps); the
+    engines skip the row and retry it later; nothing was written. ``.schedule_id`` and ``.column`` name
     the row and the column; repair it with ScheduleHandle.update() (the admin's form) or delete it."""
 
     def __init__(self, message: str, schedule_id: str = "", column: str = "") -> None:
@@ -323,8 +328,10 @@ class UnusableScheduleError(InvalidScheduleError):
 
 class InvalidSearchAttributeError(InvalidArgumentError):
     """A search attribute is not declared on the workflow (``@weft.workflow(attributes=...)``), or its
-    value does not have the declared type. Raised by ``ctx.set_attributes`` inside workflow code (an
-    uncaught one fails the run) and by ``weft.start(..., attributes=)``; nothing was written."""
+    value does not have the declared type (or is out of bounds: text over 500 characters, an int beyond
+    2**53, a naive datetime, a datetime outside years 1-9999 in UTC). Raised by ``ctx.set_attributes``
+    inside workflow code (an uncaught one fails the run) and by ``weft.start(..., attributes=)``;
+    nothing was written."""
 
 
 class InvalidFilterError(InvalidArgumentError):

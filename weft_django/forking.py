@@ -26,9 +26,12 @@ def fork(workflow_id: str, *, from_step: int, new_id: str | None = None) -> Work
     whose first ``from_step`` recorded steps (seq 0 .. from_step - 1) are copied from it: replay
     returns their recorded results and the code runs on from there with the version registered now.
     The source is not changed. The new run is top-level (no parent, no schedule) and starts with the
-    source's search attributes (replay sets them again as the code does). A workflow declared with
-    ``@weft.workflow(queue=)`` forks into its queue: the new run waits ``pending`` until admitted.
-    Joins the caller's transaction, like ``weft.start``.
+    source's search attributes (replay sets them again as the code does) and its ``execution_timeout``
+    (counted from the fork's start, as a start's). A workflow declared with ``@weft.workflow(queue=)``
+    forks into its queue: the new run waits ``pending`` until admitted. The source's claim (then its
+    row) is locked while it is read, so a purge, retry or start_new of it waits and the steps checked
+    are the steps copied. Joins the caller's transaction, like ``weft.start``; outside one, its own
+    transaction is retried after a deadlock (a start_many inserting the new id while replacing the source).
 
     Args:
         workflow_id: the run to fork (its latest run).

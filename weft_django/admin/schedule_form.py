@@ -114,7 +114,8 @@ class ScheduleForm(forms.ModelForm):
         label="Jitter",
         required=False,
         max_length=64,
-        help_text='Delay each fire by a stable amount in [0, jitter): seconds or a duration ("5m"); blank for none.',
+        help_text="Delay each fire by a stable amount in [0, jitter), and less than the gap to the next occurrence: "
+        'seconds or a duration ("5m"); blank for none.',
     )
     args = forms.CharField(
         label="Args",
