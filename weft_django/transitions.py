@@ -438,23 +438,22 @@ def purge(
     if isinstance(workflows, QuerySet):
         queryset = workflows.using(alias)
         _refuse_active(queryset.exclude(status__in=TERMINAL_STATUSES).values_list("pk", flat=True)[:10])
-        purged = 0
+        purged, after = 0, None
         while True:
-            batch = list(
-                queryset.filter(status__in=TERMINAL_STATUSES).order_by("pk").values_list("pk", flat=True)[:batch_size]
-            )
+            terminal = queryset.filter(status__in=TERMINAL_STATUSES)
+            if after is not None:  # keyset: a batch whose rows changed meanwhile is passed, not read again
+                terminal = terminal.filter(pk__gt=after)
+            batch = list(terminal.order_by("pk").values_list("pk", flat=True)[:batch_size])
             if not batch:
                 return purged
+            after = batch[-1]
 
             # The queryset's conditions are checked again under the claims' lock: a run started again
             # (start_new) since the batch was read is not the run the queryset selected.
             def matching(ids: list[str]) -> set[str]:
                 return set(queryset.filter(pk__in=ids).values_list("pk", flat=True))
 
-            deleted = run_in_transaction(alias, functools.partial(_purge_batch, batch, alias, matching=matching))
-            purged += deleted
-            if not deleted:
-                return purged  # every remaining row became active meanwhile
+            purged += run_in_transaction(alias, functools.partial(_purge_batch, batch, alias, matching=matching))
     ids = sorted({workflows} if isinstance(workflows, str) else set(workflows))
     batches = [ids[start : start + batch_size] for start in range(0, len(ids), batch_size)]
     active: list[str] = []

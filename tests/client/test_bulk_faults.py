@@ -266,3 +266,27 @@ def test_a_fork_and_a_start_many_sharing_ids_do_not_fail_on_a_deadlock(monkeypat
     thread.join(30)
     errors = [e for e in [start_error, *fork_errors] if e is not None and not isinstance(e, weft.WeftError)]
     assert not errors, [f"{type(e).__name__}: {e}" for e in errors]
+
+
+def test_a_purge_of_a_queryset_goes_past_a_batch_that_changed_meanwhile(monkeypatch):
+    """purge(queryset) (weft purge, retention) stopped at the first batch that deleted nothing: rows
+    that changed between the batch's read and its lock left every later due row unpurged."""
+    from datetime import timedelta
+
+    from weft_django.store.clock import db_now
+
+    for n in range(3):
+        weft.start("tests.sum", args=[1, 2], id=f"pq-{n}")
+    Workflow.objects.filter(pk__startswith="pq-").update(status="completed", finished_at=db_now() - timedelta(days=30))
+    due = Workflow.objects.filter(status="completed", finished_at__lt=db_now() - timedelta(days=7))
+    real, changed = transitions._purge_batch, []
+
+    def first_batch_changes(ids, using, **options):
+        if "pq-0" in ids and not changed:  # it finished again (a new run) between the read and the lock
+            Workflow.objects.filter(pk="pq-0").update(finished_at=db_now())
+            changed.append(True)
+        return real(ids, using, **options)
+
+    monkeypatch.setattr(transitions, "_purge_batch", first_batch_changes)
+    assert transitions.purge(due, batch_size=1) == 2
+    assert list(Workflow.objects.filter(pk__startswith="pq-").values_list("pk", flat=True)) == ["pq-0"]
