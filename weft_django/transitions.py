@@ -116,16 +116,34 @@ def run_in_transaction(using: str, body: Callable[[], T], *, lock: Iterable[str]
     Raises:
         django.db.DatabaseError: the transaction failed (after the retries, when they apply).
     """
+
+    def attempt() -> T:
+        with fenced(list(lock), using, family=family):
+            return body()
+
+    return retried(using, attempt)
+
+
+def retried(using: str, attempt: Callable[[], T]) -> T:
+    """Run ``attempt`` (one whole transaction) and, when this call owns the transaction (not inside a
+    caller's atomic block), run it again after a deadlock or serialization failure, with back-off.
+
+    Args:
+        using: the connection alias.
+        attempt: opens, runs and commits the transaction.
+
+    Raises:
+        django.db.DatabaseError: the transaction failed (after the retries, when they apply).
+    """
     owns_transaction = not connections[using].in_atomic_block
-    for attempt in range(1, MAX_ATTEMPTS + 1):
+    for number in range(1, MAX_ATTEMPTS + 1):
         try:
-            with fenced(list(lock), using, family=family):
-                return body()
+            return attempt()
         except DatabaseError as exc:
-            if not owns_transaction or attempt == MAX_ATTEMPTS or not is_retryable(exc):
+            if not owns_transaction or number == MAX_ATTEMPTS or not is_retryable(exc):
                 raise
-            delay = random.uniform(0.01, 0.05) * 2**attempt
-            logger.info("weft transition retried after %s (attempt=%s delay=%.3fs)", exc, attempt, delay)
+            delay = random.uniform(0.01, 0.05) * 2**number
+            logger.info("weft transaction retried after %s (attempt=%s delay=%.3fs)", exc, number, delay)
             time.sleep(delay)
     raise AssertionError("unreachable")  # pragma: no cover
 

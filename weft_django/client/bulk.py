@@ -12,15 +12,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import random
-import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.db import DatabaseError, connections, transaction
+from django.db import transaction
 
 from .. import events, tracing, transitions
 from ..conf import warn_if_invalid
@@ -279,16 +277,12 @@ def start_many(requests: Iterable[StartRequest]) -> list[StartResult]:
         trace_context = tracing.capture()
         for item in items:
             item.plan.trace_context = trace_context
-        owns_transaction = not connections[using].in_atomic_block
-        for attempt in range(1, transitions.MAX_ATTEMPTS + 1):
-            try:
-                with transaction.atomic(using=using, savepoint=False):
-                    return _write(items, using)
-            except DatabaseError as exc:  # a deadlock is retried when the call owns its transaction
-                if not owns_transaction or attempt == transitions.MAX_ATTEMPTS or not transitions.is_retryable(exc):
-                    raise
-                time.sleep(random.uniform(0.01, 0.05) * 2**attempt)
-        raise AssertionError("unreachable")  # pragma: no cover
+
+        def attempt() -> list[StartResult]:
+            with transaction.atomic(using=using, savepoint=False):
+                return _write(items, using)
+
+        return transitions.retried(using, attempt)  # a deadlock: again, when the call owns its transaction
 
 
 async def astart_many(requests: Iterable[StartRequest]) -> list[StartResult]:
