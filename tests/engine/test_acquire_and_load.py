@@ -224,3 +224,17 @@ def test_an_acquire_and_load_that_fails_falls_back_to_acquire_then_load(monkeypa
         assert sorted(engine.owned) == ids
     finally:
         engine.shutdown()
+
+
+def test_the_acquire_alone_commits_without_waiting_for_its_flush():
+    """docs/decisions/0015: the acquire-and-load transaction, and only it, has synchronous_commit off;
+    the setting ends with it (the session's next transaction, a fenced commit, waits for its flush)."""
+    ids = _parked_batch()
+    with CaptureQueriesContext(connections["default"]) as captured:
+        claimed, loaded = taking.acquire_and_load("al-1", limit=10, ttl=TTL, using="default")
+    [batch] = [q["sql"] for q in captured.captured_queries if not q["sql"].startswith("PREPARE ")]
+    assert batch.startswith("SET LOCAL synchronous_commit = off;")
+    assert sorted(claimed) == ids and loaded is not None and sorted(loaded.runs) == ids
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone()[0] == "on"

@@ -8,6 +8,10 @@ load's six statements, which find the ids the claim statement took in a transact
 PostgreSQL's simple query protocol: the claims and the reads commit together, and each read sees the
 claim it follows. Nothing else changes: the same candidates (unheld, runnable, oldest first, SKIP
 LOCKED), the same fresh epochs from the sequence, the same rows read as a separate load would read.
+
+This one transaction commits without waiting for its WAL flush (``synchronous_commit`` off for it
+only): it writes nothing but claims, and every durable write the engine makes under them is a fenced
+commit whose own flush covers it. Why that is safe: docs/decisions/0015-acquire-without-waiting-for-the-flush.md.
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ _PLAN_IN_ORDER = "SET LOCAL enable_sort = off"
 # scans once they had grown: one engine fell from 1,374 to 221 workflows/s, benchmarks/bulk_starts.py,
 # session 10). The claim statement's enable_sort goes back to its default first.
 _PLAN_FOR_FEW_IDS = ("SET LOCAL enable_sort TO DEFAULT", *prepared.KEYED_PLAN)
+# docs/decisions/0015: a claim lost with an unflushed acquire (a database crash) is as if never taken.
+_NO_FLUSH_WAIT = "SET LOCAL synchronous_commit = off"
 _LOADS = load_statements(_TAKEN_IDS)  # the last one (admitted updates) takes ADMITTED_PARAM
 _CLAIM_ALL = _claim_and_note(False)
 _CLAIM_SERVED = _claim_and_note(True)
@@ -60,6 +66,7 @@ def _statements(claim_sql: str, claim_params: list[Any]) -> list[tuple[str, list
     about as much as running them (0.8 ms of the 1.7 ms of a one-workflow batch, EXPLAIN ANALYZE)."""
     loads: list[tuple[str, list[Any] | None]] = [(sql, []) for sql in _LOADS[:-1]]
     return [
+        (_NO_FLUSH_WAIT, None),
         (_PLAN_IN_ORDER, None),
         (claim_sql, claim_params),
         *((setting, None) for setting in _PLAN_FOR_FEW_IDS),
@@ -110,7 +117,7 @@ def acquire_and_load(
         prepared.execute_statements(
             cursor, connection, _statements(_CLAIM_SERVED if served is not None else _CLAIM_ALL, params)
         )
-        if not cursor.nextset():  # past the SET: the claim statement's rows
+        if not (cursor.nextset() and cursor.nextset()):  # past the two SETs: the claim statement's rows
             raise DatabaseError("the acquire-and-load batch returned no claims")
         claimed = {wid: (epoch, previous) for wid, epoch, previous in cursor.fetchall() if wid is not None}
         loaded = empty_loaded()
