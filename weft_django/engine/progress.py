@@ -90,11 +90,12 @@ class Progress:
         self.timers = timers
         self.wake = wake
         self.on_refused = on_refused
+        self.unsettled: set[str] = set()  # changed workflows a pass's cascade left to the next (cascade.py)
 
     def processing(self) -> bool:
         """Whether an owned workflow has an attempt running, to dispatch, or waiting out its retry
         back-off (still being processed, not parked)."""
-        return any(
+        return bool(self.unsettled) or any(
             o.inflight
             or o.dispatch
             or any(kind == TimerKind.ACTIVITY_RETRY and o.run.is_pending(seq) for kind, seq in o.timers)
