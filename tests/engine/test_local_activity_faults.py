@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 
 import weft_django as weft
+from tests.engine.ticking import tick_until
 from weft_django.engine.engine import Engine
+from weft_django.models import Timer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,3 +37,33 @@ def test_a_workflow_with_more_local_steps_than_one_pass_settles_completes() -> N
     engine.run_until_idle(timeout=60)
     assert handle.describe()["status"] == "completed"
     assert handle.result(timeout=5) == 1200
+
+
+@weft.activity(name="tests.lf_slow", local=True)
+def lf_slow(seconds: float) -> str:
+    time.sleep(seconds)
+    return "slept"
+
+
+@weft.workflow(name="tests.lf_slow_then_wait")
+def lf_slow_then_wait(ctx: Any) -> Any:
+    yield ctx.run(lf_slow, 1.5)
+    try:
+        return (yield ctx.wait_for_signal("go", timeout="1s"))
+    except weft.WaitTimeoutError:
+        return "timed out"
+
+
+def test_a_wait_after_a_slow_local_step_gets_its_whole_timeout() -> None:
+    """A wait armed right after a local step that took 1.5 s gets its 1 s from when it began, not
+    from the start of the pass that ran the local step (it was due before it was even armed)."""
+    handle = weft.start(lf_slow_then_wait, id="lf-wait")
+    engine = Engine("lf-wait", concurrency=2)
+    engine.start()
+    try:
+        tick_until(engine, lambda: Timer.objects.filter(workflow_id="lf-wait").exists(), "the wait's timer")
+        weft.signal("lf-wait", "go", "in time")  # at once: well within the wait's second
+        tick_until(engine, lambda: handle.describe()["status"] == "completed", "the run's end")
+        assert handle.result(timeout=5) == "in time"
+    finally:
+        engine.shutdown()
