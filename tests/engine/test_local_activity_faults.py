@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 import pytest
+from django.test import override_settings
 
 import weft_django as weft
 from tests.engine.ticking import tick_until
@@ -65,5 +66,45 @@ def test_a_wait_after_a_slow_local_step_gets_its_whole_timeout() -> None:
         weft.signal("lf-wait", "go", "in time")  # at once: well within the wait's second
         tick_until(engine, lambda: handle.describe()["status"] == "completed", "the run's end")
         assert handle.result(timeout=5) == "in time"
+    finally:
+        engine.shutdown()
+
+
+@weft.activity(name="tests.lf_tick", local=True)
+def lf_tick(n: int) -> int:
+    time.sleep(0.0015)
+    return n + 1
+
+
+@weft.workflow(name="tests.lf_long_then_wait")
+def lf_long_then_wait(ctx: Any) -> Any:
+    yield ctx.wait_for_signal("start")
+    for n in range(1000):  # exactly the cascade's rounds: its next wait is reached, not armed
+        yield ctx.run(lf_tick, n)
+    try:
+        return (yield ctx.wait_for_signal("go", timeout="1s"))
+    except weft.WaitTimeoutError:
+        return "timed out"
+
+
+@weft.workflow(name="tests.lf_sleeper")
+def lf_sleeper(ctx: Any) -> Any:
+    yield ctx.sleep("60s")
+
+
+@override_settings(WEFT={"POLL_INTERVAL": "60s", "MAX_RESIDENT_WORKFLOWS": 1})
+def test_a_wait_reached_at_the_end_of_a_pass_is_not_evicted_before_it_is_armed() -> None:
+    """A workflow the cascade left at a frontier it has not armed yet (a wait whose timeout timer is
+    not written) is not idle: evicted there, nothing would ever arm the timeout and the run would
+    wait for ever (no mail recalls it)."""
+    engine = Engine("lf-evict", concurrency=2)
+    engine.start()
+    try:
+        weft.start(lf_sleeper, id="lf-evict-a-sleeper")  # resident (a timer) and over the limit with it
+        handle = weft.start(lf_long_then_wait, id="lf-evict-b")
+        tick_until(engine, lambda: "lf-evict-b" in engine.residency.evicted, "the parked one evicted")
+        handle.signal("start")
+        tick_until(engine, lambda: handle.describe()["status"] != "running", "the run's end", timeout=30)
+        assert handle.result(timeout=5) == "timed out"
     finally:
         engine.shutdown()
