@@ -34,7 +34,7 @@ from ..store import sessions as store_sessions
 from ..store.backend import backend
 from ..store.clock import db_now
 from ..store.commit import WorkflowWrites
-from . import ownership, sessions
+from . import cascade, ownership, sessions
 from .activities import commit_atomic_attempt
 from .attention import Attention
 from .claimer import Claimer
@@ -341,12 +341,7 @@ class Engine:
                     task.last_run = time.monotonic()
                     busy |= task.run_contained(self, now)
 
-        for _ in range(1000):  # settle cascades (memo, wait_until, consumed signals) within this tick
-            if not changed:
-                break
-            pending, changed = changed, set()
-            for wid in pending:
-                self.progress.advance(wid, now, writes, changed)
+        busy |= cascade.settle(self.progress, changed, now, writes)  # settle cascades: memo, wait_until, local steps
         # A wake-up for a workflow we hold may be a transition that deposed us (cancel, suspend). For
         # one with writes the fenced commit finds that out; re-read the claims of the others only.
         unfenced = [wid for wid in notified_owned if wid in self.owned and (wid not in writes or writes[wid].empty)]
@@ -383,6 +378,7 @@ class Engine:
             or clock - self._last_maintenance >= poll
             or self.claimer.last_claim_scan == 0.0
             or self._reload
+            or self.progress.unsettled  # a settle cascade goes on (engine/cascade.py)
             or self.claimer.take_over_now
             or self.wake.queries_waiting
             or self.lease.lost

@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from .. import tracing
@@ -90,11 +90,12 @@ class Progress:
         self.timers = timers
         self.wake = wake
         self.on_refused = on_refused
+        self.unsettled: set[str] = set()  # changed workflows a pass's cascade left to the next (cascade.py)
 
     def processing(self) -> bool:
         """Whether an owned workflow has an attempt running, to dispatch, or waiting out its retry
         back-off (still being processed, not parked)."""
-        return any(
+        return bool(self.unsettled) or any(
             o.inflight
             or o.dispatch
             or any(kind == TimerKind.ACTIVITY_RETRY and o.run.is_pending(seq) for kind, seq in o.timers)
@@ -221,6 +222,9 @@ class Progress:
     def _advance(self, owned: Owned, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]) -> None:
         wid = owned.workflow_id
         run = owned.run
+        # Not before the last step fed to the code ended: a local step of this very pass ends after
+        # the pass's clock reading, and what it arms next (a timeout, a sleep) counts from its end.
+        now = max(now, run.clock) if run.clock is not None else now
         collect_recorded(owned, writes)
         if run.finished:
             w = writes_of(owned, writes)
@@ -276,12 +280,14 @@ class Progress:
         end when the workflow returns). After a failed attempt with a retry due, the step is recorded
         as running with the retry's timer, and its retries are dispatched as any activity's."""
         task = self._task(owned, seq, op, 1, now)
+        began = time.monotonic()
         outcome = run_local(task)
+        now += timedelta(seconds=time.monotonic() - began)  # when it ended, in workflow time
         if outcome.ok:
             self.settle(owned, steps.activity_completed(task, outcome.result, now), writes, changed)
             return
         if steps.retry_at(task, outcome.retryable, now) is not None:
-            step = StepRecord(seq, "activity", op.name, StepStatus.RUNNING, attempts=1, started_at=now)
+            step = StepRecord(seq, "activity", op.name, StepStatus.RUNNING, attempts=1, started_at=task.started_at)
             owned.run.record(step)
             writes_of(owned, writes).steps.append(step)
         self._on_failure(owned, task, outcome.error or {}, outcome.retryable, now, writes, changed)

@@ -6,7 +6,7 @@ and the engine's heartbeat keeps it; ADR 0014). A wake-up naming one (a signal, 
 a query addressed to it, or the sweep finding mail for it (the safety net behind LISTEN, once per
 renew interval) recalls it: it is loaded again at the same epoch and replayed from its durable
 history, as after a refused commit. Only a workflow that has nothing but durable state is evicted:
-every leaf of its frontier waits for a signal or an update, no attempt is running or due, it has no
+every leaf of its frontier waits for a signal or an update (and is armed), no attempt is running or due, it has no
 timer (sleep, signal timeout, retry) and no execution deadline, and no write of it waits for a
 commit."""
 
@@ -135,4 +135,8 @@ def idle_parked(owned: Owned) -> bool:
     if run.finished or run.frontier is None or run.new_steps or run.responses:
         return False
     leaves = run.pending_leaves()
-    return bool(leaves) and all(isinstance(leaf.op, WaitForSignal | WaitForUpdate) for leaf in leaves)
+    # Armed, too: a wait the pass's cascade reached but left to the next pass (engine/cascade.py) has
+    # no timeout timer written yet, and nothing would arm it once its generator is gone.
+    return bool(leaves) and all(
+        isinstance(leaf.op, WaitForSignal | WaitForUpdate) and leaf.seq in owned.armed for leaf in leaves
+    )

@@ -250,7 +250,8 @@ def run_write_statement(
     if finished:
         parts.append(
             # The outcome rides in the payload when it fits (notify.ended_payload, the same text).
-            "SELECT 'n', pg_notify(%s, CASE WHEN x->>1 IN (%s, %s) AND octet_length(x::text) <= %s "
+            f"SELECT 'n', pg_notify(%s, CASE WHEN x->>1 IN ({', '.join(['%s'] * len(CARRIED_STATUSES))}) "
+            "AND octet_length(x::text) <= %s "
             "THEN 'R:' || x::text ELSE 'r:' || (x->>0) END)::text "
             "FROM d, jsonb_array_elements(d.j->'e') AS x WHERE octet_length(x->>0) < %s"
         )

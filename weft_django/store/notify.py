@@ -9,9 +9,11 @@ itself, so the engine holding a parked workflow consumes it without reading its 
 over ``MAX_CARRIED_SIGNAL`` bytes sends ``w:`` instead; engine/signal_delivery.py says when a
 carried row is used),
 ``q:<engine_id>`` (a query waits for that engine), ``r:<workflow_id>`` (a run or update finished:
-callers waiting for a result), ``R:<json [workflow_id, status, result, error, run_id]>`` (a run completed or
-failed, its outcome carried in the payload, so a waiting ``result()`` returns without reading the row;
-sent instead of ``r:`` when it fits in ``MAX_PAYLOAD``).
+callers waiting for a result), ``R:<json [workflow_id, status, result, error, run_id]>`` (a run completed, its
+outcome carried in the payload, so a waiting ``result()`` returns without reading the row; sent
+instead of ``r:`` when it fits in ``MAX_PAYLOAD``. Not for a failure: ``retry()`` runs a failed run
+again under the same run id, so a failure's wake-up, heard late, would name the very run a waiter
+started after the retry saw running).
 """
 
 from __future__ import annotations
@@ -96,7 +98,9 @@ def parse_signal(body: str) -> BufferedRow | None:
     return pk, workflow_id, run_id, name, payload, trace_context
 
 
-CARRIED_STATUSES = ("completed", "failed")  # the ends whose outcome an R: payload carries
+# The end whose outcome an R: payload carries: the one no transition undoes under the same run id (a
+# failed run may be retried; its waiters read the row).
+CARRIED_STATUSES = ("completed",)
 
 
 def ended_payload(workflow_id: str, status: str, result: str | None, error: Any, run_id: str) -> str:
