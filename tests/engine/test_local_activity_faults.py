@@ -110,3 +110,23 @@ def test_a_wait_reached_at_the_end_of_a_pass_is_not_evicted_before_it_is_armed()
         assert handle.result(timeout=5) == "timed out"
     finally:
         engine.shutdown()
+
+
+@weft.workflow(name="tests.lf_slow_then_end")
+def lf_slow_then_end(ctx: Any) -> Any:
+    first = yield ctx.run(lf_slow, 0.3)
+    second = yield ctx.run(lf_slow, 0.3)
+    return [first, second]
+
+
+def test_a_run_ends_no_earlier_than_its_last_local_step() -> None:
+    """A local step's completion is stamped when it returned (the pass time plus the time it ran);
+    the run's end committed in the same pass must not be stamped before it."""
+    from weft_django.models import Step, Workflow
+
+    handle = weft.start(lf_slow_then_end, id="lf-end-order")
+    Engine("lf-end-order", concurrency=1).run_until_idle(timeout=30)
+    assert handle.result(timeout=5) == ["slept", "slept"]
+    run = Workflow.objects.get(id="lf-end-order")
+    last = max(Step.objects.filter(workflow_id="lf-end-order").values_list("completed_at", flat=True))
+    assert run.finished_at is not None and run.finished_at >= last, (run.finished_at, last)

@@ -44,7 +44,7 @@ from .fencing import fenced_commit
 from .loader import Loader
 from .messages import _state as mailbox_state
 from .messages import deliver_messages, mailbox_sweep_due, prefetch_admitted, unchecked_mailboxes
-from .owned import Owned, collect_recorded, mark_stuck, note_children
+from .owned import Owned, collect_recorded, commit_time, mark_stuck, note_children
 from .passclock import PassClock
 from .periodic import builtin_tasks
 from .progress import Progress
@@ -432,6 +432,7 @@ class Engine:
         elsewhere; nothing of theirs written): kept for a later commit, their activities not dispatched."""
         for writes in batch:  # a run that never started a child has none to close at its end
             note_children(self.owned.get(writes.workflow_id), writes)
+        now = commit_time(self.owned, batch, now)  # not before a local step of this pass ended
         batch, alone, deferred = self.locked_rows.sort(batch)  # a row a user holds: tried alone, later
         deferred |= {wid for writes in alone for wid in self._commit([writes], now)}
         try:

@@ -24,6 +24,18 @@ from .driver import Leaf, WorkflowRun
 logger = logging.getLogger("weft_django.engine.engine")
 
 
+def commit_time(owned: dict[str, Owned], batch: list[WorkflowWrites], now: datetime) -> datetime:
+    """The time a fenced commit stamps (a run's end, its updated_at): the pass's ``now``, or later
+    where a workflow of ``batch`` observed a later step. A local step ends at the pass time plus
+    the time it ran (engine/progress.py), and the run it ends must not be stamped before it.
+
+    Args:
+        owned: the engine's held workflows; ``batch``: the commit's writes; ``now``: the pass time.
+    """
+    clocks = [o.run.clock for o in map(owned.get, (w.workflow_id for w in batch)) if o and o.run.clock]
+    return max([now, *clocks])
+
+
 @dataclasses.dataclass
 class Owned:
     """A workflow this engine holds, with its live generator and what it waits for."""
