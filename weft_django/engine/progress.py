@@ -539,6 +539,8 @@ class Progress:
         if owned is None:
             return
         if kind == TimerKind.EXECUTION_DEADLINE:
+            if owned.run.finished and owned.run.stuck is None:  # it ended (or continued) first: that stands
+                return
             writes_of(owned, writes).finish = Finish(
                 WorkflowStatus.TIMED_OUT,
                 error={"type": "WorkflowTimedOutError", "message": "The run passed its execution timeout."},
