@@ -548,6 +548,8 @@ class Progress:
                 WorkflowStatus.TIMED_OUT,
                 error={"type": "WorkflowTimedOutError", "message": "The run passed its execution timeout."},
             )
+            for task in owned.inflight.values():  # as at any other end: its attempts are asked to stop
+                task.control.request_stop("the run passed its execution timeout")
             owned.run.close()
             return
         if (kind, seq) not in owned.timers or owned.timers[(kind, seq)].fire_at != fire_at:
