@@ -306,9 +306,9 @@ class Engine:
             busy = True
             self.progress.on_outcome(outcome, now, writes, changed)
         self.progress.expire_attempts(now, writes, changed)
-        for wid, kind, seq in self.timers.pop_due(now):
+        for wid, kind, seq, fire_at in self.timers.pop_due(now):
             busy = True
-            self.progress.on_timer(wid, kind, seq, now, writes, changed)
+            self.progress.on_timer(wid, kind, seq, fire_at, now, writes, changed)
 
         # Wake-ups first. The maintenance scans (signals and messages of every owned workflow, the
         # acquire scan, the periodic chores) are the safety net behind LISTEN: they run once per

@@ -56,7 +56,7 @@ class Owned:
     trace_context: str | None = None  # the starter's (weft_django.tracing): the run's spans are its children
     history_warned: bool = False  # engine/history_size.py logged that this run's history is long
     history_limit: int | None = -1  # WEFT["HISTORY_WARN_STEPS"] as read on its first turn (-1: not yet)
-    has_deadline: bool = False  # an execution deadline is armed in the loop's timer heap (never evicted)
+    deadline: datetime | None = None  # the execution deadline armed in the loop's timer heap (never evicted)
     continued: bool = False  # a later run of a continue-as-new chain (store.histories.RunRow.continued)
     # The highest signal id this context's last mailbox read saw; the signals it consumed whose commit
     # is not durable yet; and its mailbox as known without a read (None: unknown, the next look reads
@@ -64,6 +64,10 @@ class Owned:
     signal_top: int | None = None
     signals_taken: set[int] = dataclasses.field(default_factory=set)
     signals_known: list[BufferedRow] | None = None
+
+    @property
+    def has_deadline(self) -> bool:
+        return self.deadline is not None
 
 
 def mailbox_of(leaf: Leaf) -> str:

@@ -185,7 +185,7 @@ class Progress:
             depth=row.depth,
             clear_stuck=row.stuck_error is not None,
             trace_context=row.trace_context,
-            has_deadline=row.execution_deadline is not None,
+            deadline=row.execution_deadline,
             continued=row.continued,
         )
         self.owned[row.id] = owned
@@ -536,22 +536,29 @@ class Progress:
         wid: str,
         kind: str,
         seq: int,
+        fire_at: datetime,
         now: datetime,
         writes: dict[str, WorkflowWrites],
         changed: set[str],
     ) -> None:
-        """A due timer of an owned workflow fired: settle what it ends (a stale fire is ignored)."""
+        """A due timer of an owned workflow fired: settle what it ends. A stale fire is ignored: one whose
+        ``fire_at`` (its heap entry's) is not its timer's, or its deadline's, now (an entry of an earlier
+        run under the same id, or of a timer disarmed since: a later run numbers its steps from 0 again)."""
         owned = self.owned.get(wid)
         if owned is None:
             return
         if kind == TimerKind.EXECUTION_DEADLINE:
+            if fire_at != owned.deadline or (owned.run.finished and owned.run.stuck is None):
+                return  # an earlier run's deadline; or this run ended (or continued) first, and that stands
             writes_of(owned, writes).finish = Finish(
                 WorkflowStatus.TIMED_OUT,
                 error={"type": "WorkflowTimedOutError", "message": "The run passed its execution timeout."},
             )
+            for task in owned.inflight.values():  # as at any other end: its attempts are asked to stop
+                task.control.request_stop("the run passed its execution timeout")
             owned.run.close()
             return
-        if (kind, seq) not in owned.timers:
+        if (kind, seq) not in owned.timers or owned.timers[(kind, seq)].fire_at != fire_at:
             return
         if not owned.run.is_pending(seq):
             if kind == TimerKind.ACTIVITY_RETRY:  # a retry of a step not waiting for one (an odd row): gone
