@@ -67,7 +67,7 @@ def query_on_thread(
                     Workflow.objects.using(alias)
                     .filter(pk=workflow_id)
                     .annotate(holder=Subquery(claims))
-                    .values("status", "holder")
+                    .values("status", "holder", "queue")
                     .first()
                 )
                 if row is None:
@@ -88,6 +88,8 @@ def query_on_thread(
                         request, workflow_id, holder, name, arg_text, has_arg, now, wait.db_deadline(now), alias
                     )
                     why = f'engine "{holder}" holds it but did not answer in time (is it overloaded or stopped?)'
+                elif row["status"] == WorkflowStatus.PENDING and row["queue"] is not None:
+                    why = f'it is waiting in queue "{row["queue"]}" for its admission, so no engine holds it yet'
                 elif row["status"] != WorkflowStatus.RUNNING or not row["holder"]:
                     why = _UNHELD.get(row["status"], f"it is {row['status']}")
             else:
