@@ -67,7 +67,7 @@ def query_on_thread(
                     Workflow.objects.using(alias)
                     .filter(pk=workflow_id)
                     .annotate(holder=Subquery(claims))
-                    .values("status", "holder")
+                    .values("status", "holder", "queue")
                     .first()
                 )
                 if row is None:
@@ -88,6 +88,8 @@ def query_on_thread(
                         request, workflow_id, holder, name, arg_text, has_arg, now, wait.db_deadline(now), alias
                     )
                     why = f'engine "{holder}" holds it but did not answer in time (is it overloaded or stopped?)'
+                elif row["status"] == WorkflowStatus.PENDING and row["queue"] is not None:
+                    why = f'it is waiting in queue "{row["queue"]}" for its admission, so no engine holds it yet'
                 elif row["status"] != WorkflowStatus.RUNNING or not row["holder"]:
                     why = _UNHELD.get(row["status"], f"it is {row['status']}")
             else:
@@ -160,7 +162,18 @@ def admit(
     validate_name(name, "name")
     if key is not None:
         validate_key(key, "idempotency_key")
-    row = Workflow.objects.using(using).filter(pk=workflow_id).values("run_id", "status").first()
+    # The run and the request with this key on it in ONE statement (one snapshot), as signal() does: read
+    # apart, a continue-as-new committing in between carried the request to the next run, and the key
+    # was looked for on the old run, found missing there, and admitted a second time.
+    found = Workflow.objects.using(using).filter(pk=workflow_id)
+    if key is not None:
+        same = PendingUpdate.objects.using(using).filter(run_id=OuterRef("run_id"), idempotency_key=key)
+        found = found.annotate(
+            key_id=Subquery(same.values("id")[:1]),
+            key_name=Subquery(same.values("name")[:1]),
+            key_status=Subquery(same.values("status")[:1]),
+        )
+    row = found.values("run_id", "status", *(("key_id", "key_name", "key_status") if key is not None else ())).first()
     if row is None:
         raise WorkflowNotFoundError(
             f'Cannot update workflow "{workflow_id}": no such workflow (never started, purged, or started in a '
@@ -170,25 +183,18 @@ def admit(
         f'Cannot update workflow "{workflow_id}": it already ended ({row["status"]}), so nothing would handle "{name}".'
     )
     now = db_now(using)
-    if key is not None:
-        existing = (
-            PendingUpdate.objects.using(using)
-            .filter(run_id=row["run_id"], idempotency_key=key)
-            .values("id", "name", "status")
-            .first()
-        )
-        if existing is not None:
-            if existing["name"] != name:
-                raise InvalidArgumentError(
-                    f'idempotency_key "{key}" was already used for update "{existing["name"]}" of this run; use '
-                    f'another key for "{name}".'
-                )
-            if existing["status"] != UpdateStatus.EXPIRED:
-                return str(existing["id"])  # the same request: its stored (or coming) response
-            if row["status"] in TERMINAL_STATUSES:
-                raise terminal
-            mailbox.readmit_update(workflow_id, existing["id"], text, now, wait.db_deadline(now), using, trace_context)
-            return str(existing["id"])
+    if key is not None and row["key_id"] is not None:
+        if row["key_name"] != name:
+            raise InvalidArgumentError(
+                f'idempotency_key "{key}" was already used for update "{row["key_name"]}" of this run; use '
+                f'another key for "{name}".'
+            )
+        if row["key_status"] != UpdateStatus.EXPIRED:
+            return str(row["key_id"])  # the same request: its stored (or coming) response
+        if row["status"] in TERMINAL_STATUSES:
+            raise terminal
+        mailbox.readmit_update(workflow_id, row["key_id"], text, now, wait.db_deadline(now), using, trace_context)
+        return str(row["key_id"])
     if row["status"] in TERMINAL_STATUSES:
         raise terminal
     deadline = wait.db_deadline(now)
