@@ -541,9 +541,8 @@ class Progress:
         writes: dict[str, WorkflowWrites],
         changed: set[str],
     ) -> None:
-        """A due timer of an owned workflow fired: settle what it ends. A stale fire is ignored: one whose
-        ``fire_at`` (its heap entry's) is not its timer's, or its deadline's, now (an entry of an earlier
-        run under the same id, or of a timer disarmed since: a later run numbers its steps from 0 again)."""
+        """A due timer of an owned workflow fired: settle what it ends. A stale fire is ignored: its ``fire_at`` is
+        no longer its timer's or deadline's (an earlier run's entry under the same id, or a disarmed timer's)."""
         owned = self.owned.get(wid)
         if owned is None:
             return
