@@ -185,3 +185,25 @@ def test_held_back_workflows_are_tried_alone_one_per_commit_with_back_off(monkey
     assert rows.sort(batch[:1]) == ([], [], {"a"})
     rows.forget(["a", "b", "c"])
     assert rows.sort(batch) == (batch, [], set())
+
+
+def test_a_workflow_dropped_by_the_engine_is_not_held_back_when_it_comes_back():
+    """A held-back workflow the engine stops driving (deposed, reloaded) and takes again must not
+    wait out the old back-off (up to 2 s) before its first commit: the entry goes with the context."""
+    from weft_django.engine.engine import Engine
+
+    weft.start("tests.locked_rows.waits", id="dropped")
+    engine = Engine("locked-drop", concurrency=2)
+    engine.start()
+    wait_for(lambda: engine.tick() is not None and "dropped" in engine.owned, timeout=20)
+    for _ in range(6):  # blocked six times: its back-off is at its longest, 2 s
+        engine.locked_rows.blocked("dropped")
+    engine.reload_batch(["dropped"])  # as after a failed commit: dropped, loaded again by the next pass
+    try:
+        assert engine.locked_rows.sort([]) == ([], [], set())
+        from weft_django.store.commit import WorkflowWrites
+
+        together, alone, deferred = engine.locked_rows.sort([WorkflowWrites("dropped", "run", 1)])
+        assert deferred == set() and alone == [] and [w.workflow_id for w in together] == ["dropped"]
+    finally:
+        engine.shutdown()

@@ -541,6 +541,7 @@ class Engine:
 
     def _drop(self, wid: str, reason: str | None) -> None:
         self._carried.pop(wid, None)
+        self.locked_rows.forget((wid,))  # taken again, it is tried at once, not after the old back-off
         owned = self.owned.pop(wid, None)
         if owned is None:
             return
