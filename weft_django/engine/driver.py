@@ -239,7 +239,9 @@ class WorkflowRun:
             )
 
     def pending_leaves(self) -> list[Leaf]:
-        if self.frontier is None:
+        """The leaves of the frontier still waiting; none once the run is closed (its execution deadline passed
+        in this pass: what its code reached may not be armed, a local activity run or a child started)."""
+        if self.frontier is None or self.ctx.detached:
             return []
         return [leaf for leaf in self.frontier.leaves if leaf.outcome is None]
 

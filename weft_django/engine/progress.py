@@ -262,9 +262,9 @@ class Progress:
                 self._check_wait_until(owned, leaf.seq, op, now, writes, changed)
             elif isinstance(op, WaitForUpdate):
                 self.wake.look_at(wid)  # look for an admitted update on the next pass
-        for seq, op in local:
+        for seq, op in local:  # one after the other: each begins when the one before it returned
             if run.is_pending(seq):
-                self._run_local(owned, seq, op, now, writes, changed)
+                now = self._run_local(owned, seq, op, now, writes, changed)
 
     def _run_local(
         self,
@@ -274,23 +274,23 @@ class Progress:
         now: datetime,
         writes: dict[str, WorkflowWrites],
         changed: set[str],
-    ) -> None:
-        """A local activity: run it now, on this thread, with no attempt record before it; its step
-        joins the pass's writes, so it becomes durable with the workflow's next commit (with the run's
-        end when the workflow returns). After a failed attempt with a retry due, the step is recorded
-        as running with the retry's timer, and its retries are dispatched as any activity's."""
+    ) -> datetime:
+        """A local activity: run it now, on this thread, with no attempt record; its step joins the pass's writes
+        (durable with the workflow's next commit). A failed attempt with a retry due: the step is recorded as running,
+        its retries dispatched as any activity's. Returns when it ended (``now`` plus the time it ran)."""
         task = self._task(owned, seq, op, 1, now)
         began = time.monotonic()
         outcome = run_local(task)
         now += timedelta(seconds=time.monotonic() - began)  # when it ended, in workflow time
         if outcome.ok:
             self.settle(owned, steps.activity_completed(task, outcome.result, now), writes, changed)
-            return
+            return now
         if steps.retry_at(task, outcome.retryable, now) is not None:
             step = StepRecord(seq, "activity", op.name, StepStatus.RUNNING, attempts=1, started_at=task.started_at)
             owned.run.record(step)
             writes_of(owned, writes).steps.append(step)
         self._on_failure(owned, task, outcome.error or {}, outcome.retryable, now, writes, changed)
+        return now
 
     def _arm_activity(
         self, owned: Owned, seq: int, op: RunActivity, now: datetime, writes: dict[str, WorkflowWrites]
