@@ -416,8 +416,9 @@ def lock_at_epochs(epochs: dict[str, int], using: str, *, wait: bool = True) -> 
     lock = found.lock_sql(no_key=True, skip_locked=not wait)
     placeholders = ", ".join(["%s"] * len(ids))
     with found.connection.cursor() as cursor:  # ONE statement, in workflow_id order (the global lock order)
-        # Epochs come from one global sequence and never repeat across ids (ADR 0002), so the two IN
-        # lists match exactly the (workflow_id, epoch) pairs asked for.
+        # Epochs come from one global sequence (ADR 0002): the two IN lists match the (workflow_id, epoch)
+        # pairs asked for, and a row locked for another pair (an epoch handed out again after a database
+        # crash lost an unflushed acquire, ADR 0015) is filtered out below.
         cursor.execute(
             f"SELECT workflow_id, epoch FROM {CLAIM_TABLE} WHERE workflow_id IN ({placeholders}) "
             f"AND epoch IN ({placeholders}) AND engine_id IS NOT NULL ORDER BY workflow_id{lock}",
