@@ -70,28 +70,25 @@ def _reset() -> None:
     RAN.clear()
 
 
-def test_a_run_timed_out_in_the_pass_does_not_run_its_next_local_activity(weft_clock):
-    handle = weft.start(then_local, id="dn-local", execution_timeout="1h")
-    engine = Engine("dn-local", concurrency=2)
+def _timed_out_in_one_pass(workflow: Any, workflow_id: str, weft_clock: Any) -> None:
+    """Start ``workflow`` with a 1 h deadline; its activity's outcome and the deadline land in one pass."""
+    handle = weft.start(workflow, id=workflow_id, execution_timeout="1h")
+    engine = Engine(workflow_id, concurrency=2)
     engine.start()
     try:
         _outcome_and_deadline_in_one_pass(engine, weft_clock)
         tick_until(engine, lambda: handle.status == "timed_out", "the run timed out")
     finally:
         engine.shutdown()
-    assert Workflow.objects.get(pk="dn-local").status == "timed_out"
+    assert Workflow.objects.get(pk=workflow_id).status == "timed_out"
+
+
+def test_a_run_timed_out_in_the_pass_does_not_run_its_next_local_activity(weft_clock):
+    _timed_out_in_one_pass(then_local, "dn-local", weft_clock)
     assert RAN == [], "the local activity ran for a run that had already timed out"
 
 
 def test_a_run_timed_out_in_the_pass_does_not_start_its_next_child(weft_clock):
-    handle = weft.start(then_child, id="dn-parent", execution_timeout="1h")
-    engine = Engine("dn-parent", concurrency=2)
-    engine.start()
-    try:
-        _outcome_and_deadline_in_one_pass(engine, weft_clock)
-        tick_until(engine, lambda: handle.status == "timed_out", "the run timed out")
-    finally:
-        engine.shutdown()
-    assert Workflow.objects.get(pk="dn-parent").status == "timed_out"
+    _timed_out_in_one_pass(then_child, "dn-parent", weft_clock)
     child = Workflow.objects.filter(pk="dn-the-child").values_list("status", flat=True).first()
     assert child is None, f"a child was started by a run that had already timed out (it is {child})"

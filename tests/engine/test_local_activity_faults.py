@@ -59,14 +59,22 @@ def lf_slow_then_wait(ctx: Any) -> Any:
 def test_a_wait_after_a_slow_local_step_gets_its_whole_timeout() -> None:
     """A wait armed right after a local step that took 1.5 s gets its 1 s from when it began, not
     from the start of the pass that ran the local step (it was due before it was even armed)."""
-    handle = weft.start(lf_slow_then_wait, id="lf-wait")
-    engine = Engine("lf-wait", concurrency=2)
+    signalled_as_its_wait_is_armed(lf_slow_then_wait, "lf-wait")
+
+
+def signalled_as_its_wait_is_armed(workflow: Any, workflow_id: str, check: Any = None) -> None:
+    """Run ``workflow`` on an in-process engine, signal "go" as soon as its wait's timer exists, and
+    check it got the signal in time (then ``check()``, while the engine still runs)."""
+    handle = weft.start(workflow, id=workflow_id)
+    engine = Engine(workflow_id, concurrency=2)
     engine.start()
     try:
-        tick_until(engine, lambda: Timer.objects.filter(workflow_id="lf-wait").exists(), "the wait's timer")
-        weft.signal("lf-wait", "go", "in time")  # at once: well within the wait's second
+        tick_until(engine, lambda: Timer.objects.filter(workflow_id=workflow_id).exists(), "the wait's timer")
+        weft.signal(workflow_id, "go", "in time")  # at once: well within the wait's second
         tick_until(engine, lambda: handle.describe()["status"] == "completed", "the run's end")
         assert handle.result(timeout=5) == "in time"
+        if check is not None:
+            check()
     finally:
         engine.shutdown()
 

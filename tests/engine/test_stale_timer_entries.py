@@ -38,6 +38,15 @@ def _parked(engine: Engine, workflow_id: str, run_id: str | None = None) -> bool
     return bool(owned.timers)
 
 
+def _two_hours_later(engine: Engine, weft_clock: Any) -> None:
+    """Move workflow time 2 h on and let the engine run a few passes."""
+    weft_clock.advance(2 * 3600)
+    time.sleep(0.6)  # past the pass clock's reuse
+    for _ in range(20):
+        engine.tick()
+        time.sleep(0.02)
+
+
 def test_a_stale_timer_of_the_previous_run_does_not_end_the_next_runs_wait(weft_clock):
     handle = weft.start(timeout_chain, args=[0], id="rv2-timeout-chain")
     engine = Engine("rv2-timers", concurrency=2)
@@ -47,11 +56,7 @@ def test_a_stale_timer_of_the_previous_run_does_not_end_the_next_runs_wait(weft_
         first_run = engine.owned[handle.id].run_id
         handle.signal("go", 1)
         tick_until(engine, lambda: _parked(engine, handle.id, first_run), "the next run parked on its wait")
-        weft_clock.advance(2 * 3600)  # past the first run's 1 h timeout, far before the next run's 10 h
-        time.sleep(0.6)  # past the pass clock's reuse
-        for _ in range(20):
-            engine.tick()
-            time.sleep(0.02)
+        _two_hours_later(engine, weft_clock)  # past the first run's 1 h timeout, far before the next run's 10 h
     finally:
         engine.shutdown()
     row = Workflow.objects.get(pk=handle.id)
@@ -74,11 +79,7 @@ def test_the_deadline_of_an_earlier_run_under_the_same_id_does_not_time_out_the_
         tick_until(engine, lambda: first.status == "completed", "the first run's end")
         weft.start(deadline_reused_id, id="rv2-reused", execution_timeout="10h", on_conflict="start_new")
         tick_until(engine, lambda: first.id in engine.owned, "the new run held by the same engine")
-        weft_clock.advance(2 * 3600)  # past the first run's deadline, far before the new run's
-        time.sleep(0.6)  # past the pass clock's reuse
-        for _ in range(20):
-            engine.tick()
-            time.sleep(0.02)
+        _two_hours_later(engine, weft_clock)  # past the first run's deadline, far before the new run's
     finally:
         engine.shutdown()
     row = Workflow.objects.get(pk="rv2-reused")
