@@ -32,7 +32,16 @@ def attempt_key(task: AttemptTask) -> str | None:
         return chooser
     payload = decode(task.args_text) or {}
     value = chooser(*payload.get("args", []), **payload.get("kwargs", {}))
-    return None if value is None else str(value)[:255]
+    return None if value is None else storable(str(value))[:255]
+
+
+def storable(key: str) -> str:
+    """``key`` as text every database stores: a NUL (PostgreSQL text refuses it) and a lone surrogate
+    (UTF-8 refuses it) written as backslash escapes. Stored as it was, the slot request failed on every
+    try and the whole activity waited behind it."""
+    if "\x00" in key:
+        key = key.replace("\x00", "\\x00")
+    return key.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class ActivityLimiter:
