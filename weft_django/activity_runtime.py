@@ -78,20 +78,23 @@ def heartbeat(details: Any = None) -> None:
 _FRAMEWORKS = frozenset({"celery", "billiard", "gevent", "eventlet", "greenlet"})
 
 
-def propagates(exc: BaseException) -> bool:
+def propagates(exc: BaseException, *, worker: bool = False) -> bool:
     """Whether an exception raised while an activity ran must leave the attempt instead of failing it:
-    Ctrl+C (a KeyboardInterrupt on the main thread while Python's own SIGINT handler is installed) and
-    a worker framework's own signals. Anything else, SystemExit included and a KeyboardInterrupt that
-    user code raised on a worker thread or in an engine (which installs its own SIGINT handler), is a
-    failed attempt, retried by the activity's policy; left to propagate it ended the thread or the
+    Ctrl+C (a KeyboardInterrupt on the main thread while Python's own SIGINT handler is installed) and,
+    on a worker (``worker``: a Celery worker running the attempt), the worker framework's own signals.
+    Anything else, SystemExit included, a KeyboardInterrupt that user code raised on a worker thread or
+    in an engine (which installs its own SIGINT handler), and a framework's exception raised on an
+    engine's threads or loop (no such framework runs them: it is user code's, a ``gevent.Timeout`` say),
+    is a failed attempt, retried by the activity's policy; left to propagate it ended the thread or the
     engine loop, and the engine waited for an outcome that never came.
 
     Args:
         exc: what the activity raised.
+        worker: the attempt runs on a worker framework's process (Celery), not on an engine.
     """
     if isinstance(exc, Exception):
         return False
     if isinstance(exc, KeyboardInterrupt):
         on_main = threading.current_thread() is threading.main_thread()
         return on_main and signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    return type(exc).__module__.split(".")[0] in _FRAMEWORKS
+    return worker and type(exc).__module__.split(".")[0] in _FRAMEWORKS

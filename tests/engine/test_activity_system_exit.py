@@ -109,5 +109,31 @@ def test_a_celery_workers_own_shutdown_is_not_the_attempts_failure() -> None:
 
     from weft_django.activity_runtime import propagates
 
-    assert propagates(WorkerTerminate(1)) and propagates(WorkerShutdown(0))
+    assert propagates(WorkerTerminate(1), worker=True) and propagates(WorkerShutdown(0), worker=True)
+    assert not propagates(WorkerShutdown(0))  # on an engine: user code's (see below)
     assert not propagates(SystemExit(3)) and not propagates(ValueError())
+
+
+@weft.activity(name="tests.system_exit.framework", retry=weft.RetryPolicy(max_attempts=1))
+def raises_a_frameworks_exception(local: bool) -> None:
+    from celery.exceptions import WorkerShutdown
+
+    raise WorkerShutdown(0)  # as gevent.Timeout or GreenletExit would, from user code on an engine
+
+
+@weft.workflow(name="tests.system_exit.uses_framework")
+def uses_framework(ctx: weft.WorkflowContext, local: bool):
+    yield ctx.run(raises_a_frameworks_exception.options(local=True) if local else raises_a_frameworks_exception, local)
+    return "unreachable"
+
+
+@pytest.mark.parametrize("local", [False, True], ids=["thread", "local"])
+def test_a_frameworks_exception_in_an_engine_fails_its_attempt(local: bool) -> None:
+    """An engine is no Celery (or gevent) worker: such an exception on its threads or its loop is user
+    code's. Propagated, it ended the activity thread with no outcome (the run waited for ever) or the
+    engine loop. Only a Celery worker running the attempt lets it through (the worker's own shutdown)."""
+    pytest.importorskip("celery")
+    handle = weft.start(uses_framework, args=[local], id=f"framework-{local}")
+    run_until_idle(timeout=15)
+    assert Workflow.objects.get(pk=handle.id).status == WorkflowStatus.FAILED
+    assert Step.objects.get(workflow_id=handle.id, seq=0).error["type"] == "WorkerShutdown"

@@ -310,7 +310,7 @@ def plain_attempt(task: AttemptTask) -> AttemptOutcome:
         value = task.definition.fn(*payload.get("args", []), **payload.get("kwargs", {}))
         return AttemptOutcome(task, ok=True, result=encode_payload(value, path="activity result"))
     except BaseException as exc:
-        if propagates(exc):  # Ctrl+C, a worker framework's own signal
+        if propagates(exc):  # Ctrl+C (an engine runs no worker framework: theirs fail the attempt)
             raise
         return _failed(task, exc)
 

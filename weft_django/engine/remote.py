@@ -355,7 +355,7 @@ def _run(key: AttemptKey, activity: str, args_text: str, control: WorkerControl,
             return _run_atomic(key, definition.fn, args, kwargs, using)
         result = encode_payload(definition.fn(*args, **kwargs), path="activity result")
     except BaseException as exc:  # SystemExit too: the attempt's failure, as on the thread executor
-        if propagates(exc):  # Ctrl+C, Celery's WorkerTerminate / WorkerShutdown: the worker's, not ours
+        if propagates(exc, worker=True):  # Ctrl+C, Celery's WorkerTerminate / WorkerShutdown: the worker's
             raise
         if isinstance(exc, ActivityCancelledError) and control.stop_reason is not None:
             logger.info(
