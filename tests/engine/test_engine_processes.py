@@ -120,3 +120,21 @@ def test_processes_are_refused_in_the_modes_of_one_engine(weft_engines, mode):
     assert f"OWNERSHIP={mode!r} runs one engine at a time" in supervisor.output()
     assert not Engine.objects.exists()  # refused before any engine started
 
+
+def test_a_second_signal_ends_a_frozen_engine_process_too(weft_engines):
+    # A child stopped (SIGSTOP, a stalled VM) never read the supervisor's word to exit: the supervisor
+    # waited for it after its second signal as long as it stayed frozen. (Found by a helper's review, rev6.)
+    supervisor = weft_engines("frozen-procs", "--processes", "2", env=FAST)
+    wait_for(lambda: len(live("frozen-procs")) == 2, timeout=30, message="two engines")
+    pids = list(live("frozen-procs").values())
+    os.kill(pids[0], signal.SIGSTOP)
+    try:
+        supervisor.send(signal.SIGTERM)
+        wait_for(lambda: "draining 2 engine processes" in supervisor.output(), timeout=30, message="first signal")
+        supervisor.send(signal.SIGTERM)
+        assert supervisor.wait(timeout=15) == 1
+        wait_for(lambda: all(gone(pid) for pid in pids), timeout=10, message="children gone")
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
