@@ -9,7 +9,10 @@ Format ``weft-history/1``::
      "steps": [{"seq", "kind", "name", "status", "result", "error", "attempts", "started_at",
                 "completed_at"}, ...],
      "applied": [{"seq", "n", "name", "payload", "result", "error", "update_id"}, ...],
-     "timer_seqs": [seq, ...]}
+     "timer_seqs": [seq, ...], "timer_kinds": {"<seq>": kind, ...}}
+
+``timer_kinds`` (what armed each timer: a sleep, a signal or wait_until timeout, an activity retry) is
+optional: a history exported without it replays without checking the operation at a timer's position.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ def to_json(history: StoredHistory) -> dict[str, Any]:
             for record in history.applied
         ],
         "timer_seqs": sorted(history.timer_seqs),
+        "timer_kinds": {str(seq): kind for seq, kind in sorted(history.timer_kinds.items())},
     }
 
 
@@ -141,6 +145,7 @@ def load(source: StoredHistory | dict[str, Any] | str | Path) -> StoredHistory:
             steps=steps,
             applied=applied,
             timer_seqs={int(seq) for seq in data.get("timer_seqs", [])},
+            timer_kinds={int(seq): str(kind) for seq, kind in (data.get("timer_kinds") or {}).items()},
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise InvalidArgumentError(

@@ -3,6 +3,7 @@ receiving real signals (weft_django/management/engine_processes.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -101,3 +102,39 @@ def test_child_ids_and_ports():
     assert child_engine_id(None, 1, 0) is None  # the engine's own default (host:pid:random)
     assert [child_metrics_port(9100, i) for i in (1, 2, 3)] == [9100, 9101, 9102]
     assert child_metrics_port(0, 2) == 0 and child_metrics_port(None, 2) is None
+
+
+@pytest.mark.parametrize("mode", ["lease", "none"])
+def test_processes_are_refused_in_the_modes_of_one_engine(weft_engines, mode):
+    # "lease" lets one engine drive at a time: the others waited LEASE_WAIT_TIMEOUT, exited 1 and were
+    # started again for ever (or, waiting less than QUICK_EXIT, made the supervisor stop the lease holder
+    # too). "none" takes every other engine's claims at start-up: each child took its siblings' claims,
+    # again at every restart. (Found by a helper's review, rev6.)
+    supervisor = weft_engines(f"one-{mode}", "--processes", "2", weft={"OWNERSHIP": mode, "LEASE_WAIT_TIMEOUT": "2s"})
+    try:
+        assert supervisor.wait(timeout=20) == 1
+    finally:
+        for pid in live(f"one-{mode}").values():  # before the fix: the children it forked
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert f"OWNERSHIP={mode!r} runs one engine at a time" in supervisor.output()
+    assert not Engine.objects.exists()  # refused before any engine started
+
+
+def test_a_second_signal_ends_a_frozen_engine_process_too(weft_engines):
+    # A child stopped (SIGSTOP, a stalled VM) never read the supervisor's word to exit: the supervisor
+    # waited for it after its second signal as long as it stayed frozen. (Found by a helper's review, rev6.)
+    supervisor = weft_engines("frozen-procs", "--processes", "2", env=FAST)
+    wait_for(lambda: len(live("frozen-procs")) == 2, timeout=30, message="two engines")
+    pids = list(live("frozen-procs").values())
+    os.kill(pids[0], signal.SIGSTOP)
+    try:
+        supervisor.send(signal.SIGTERM)
+        wait_for(lambda: "draining 2 engine processes" in supervisor.output(), timeout=30, message="first signal")
+        supervisor.send(signal.SIGTERM)
+        assert supervisor.wait(timeout=15) == 1
+        wait_for(lambda: all(gone(pid) for pid in pids), timeout=10, message="children gone")
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -24,6 +24,7 @@ from ..exceptions import (
 )
 from ..operations import All, ContinueAsNew, Inert, Memo, Operation, Race, WaitForUpdate
 from ..registry import WorkflowDefinition
+from ..status import TimerKind
 from ..store.histories import AppliedRecord, Outcome, StepRecord
 from . import markers
 
@@ -43,6 +44,15 @@ class Frontier:
 
 
 CORRUPT_RECORD = "CorruptRecord"  # a step error meaning: what settled this step could not be read (stuck)
+# The operation that arms each kind of timer a run's position can hold (engine/progress.py): a parked
+# wait's timer is that operation on record there, as a step is.
+TIMER_OPERATIONS: dict[str | None, str] = {
+    TimerKind.SLEEP: "sleep",
+    TimerKind.SIGNAL_TIMEOUT: "signal",
+    TimerKind.WAIT_CONDITION: "wait_until",
+    TimerKind.ACTIVITY_RETRY: "activity",
+    TimerKind.ACTIVITY_TIMEOUT: "activity",
+}
 
 
 def error_to_exception(error: Any) -> Exception:
@@ -167,8 +177,9 @@ class WorkflowRun:
             self.applied.setdefault(record.seq, []).append(record)
         # respond() answers of wait_for_update, for the next fenced commit: (update id, result text).
         self.responses: list[tuple[str, str]] = []
-        # Positions this run's timers hold (the loader's): a patch before them is the old branch.
-        self.occupied: set[int] = set()
+        # Positions this run's timers hold (the loader's), with the timer's kind (None: not known): a patch
+        # before them is the old branch, and the operation yielded there must be the one that armed it.
+        self.occupied: dict[int, str | None] = {}
         # Workflow time (ctx.now()): the latest durable time of a step fed to the code.
         self.clock: datetime | None = ctx.started_at
         self.in_code = False  # the generator's own code is running (ctx.patched, ctx.random)
@@ -428,14 +439,19 @@ class WorkflowRun:
             if isinstance(op, All):
                 expected = expected[1:]
         for position, operation in expected:
-            recorded = self.steps.get(position)
+            recorded, timer = self.steps.get(position), self.occupied.get(position)
             if recorded is not None and (recorded.kind != operation.kind or recorded.name != operation.name):
-                return (
-                    f"Workflow {self.ctx.workflow_id!r} yielded {operation.kind} {operation.name!r} at step "
-                    f"{position}, but the recorded history has {recorded.kind} {recorded.name!r} there. Workflow "
-                    f"code must yield the same operations in the same order for the same results; deploy code "
-                    f"that matches the running version, or start new runs under a new workflow version."
-                )
+                there = f"the recorded history has {recorded.kind} {recorded.name!r} there"
+            elif recorded is None and TIMER_OPERATIONS.get(timer, operation.kind) != operation.kind:
+                there = f"the run has a {timer} timer armed there"  # a parked wait's only record
+            else:
+                continue
+            return (
+                f"Workflow {self.ctx.workflow_id!r} yielded {operation.kind} {operation.name!r} at step "
+                f"{position}, but {there}. Workflow code must yield the same operations in the same order for "
+                f"the same results; deploy code that matches the running version, or start new runs under a new "
+                f"workflow version."
+            )
         return None
 
     def _memo(self, seq: int, op: Memo) -> tuple[Any, BaseException | None]:

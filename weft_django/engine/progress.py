@@ -195,7 +195,7 @@ class Progress:
             self.timers.push(timer.fire_at, row.id, timer.kind, timer.seq or 0)
         if row.execution_deadline is not None:
             self.timers.push(row.execution_deadline, row.id, TimerKind.EXECUTION_DEADLINE, -1)
-        run.occupied = {timer.seq for timer in timers if timer.seq is not None and str(timer.run_id) == owned.run_id}
+        run.occupied = {t.seq: t.kind for t in timers if t.seq is not None and str(t.run_id) == owned.run_id}
         run.start()
         # A wait's step records when it really began.
         owned.armed_at.update(steps.wait_starts(run, owned.timers, row.started_at))

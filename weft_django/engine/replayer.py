@@ -117,7 +117,7 @@ def replay(history: StoredHistory, definition: WorkflowDefinition | None = None)
         epoch=0,
     )
     run = WorkflowRun(definition, ctx, history.input, dict(history.steps), list(history.applied))
-    run.occupied = set(history.timer_seqs)
+    run.occupied = {seq: history.timer_kinds.get(seq) for seq in history.timer_seqs}
     run.check_only = True
     try:
         run.start()

@@ -9,7 +9,8 @@ exactly as they do across machines (ownership, fencing, takeover: docs/reliabili
 The parent only supervises:
 
 - **Stopping.** SIGTERM or SIGINT to the parent asks every child to drain (finish or hand back its
-  activities, release its claims) and exits once they have; a second signal makes them exit at once.
+  activities, release its claims) and exits once they have; a second signal makes them exit at once
+  (FORCE, then SIGKILL: a stopped or frozen child never reads its pipe).
   The children do not act on the terminal's or the service manager's signals themselves beyond a
   drain: a Ctrl-C, or systemd's SIGTERM to the whole control group, reaches them together with the
   parent's word and must not count twice (a second signal would force an exit).
@@ -164,6 +165,9 @@ class Supervisor:
             logger.warning("weft_engine: draining %d engine processes (send it again to force exit)", self.processes)
         for slot in self.slots.values():
             self._tell(slot, word)
+            if word == FORCE and slot.pid:  # a child that cannot read its pipe (stopped, frozen) exits too
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(slot.pid, signal.SIGKILL)
 
     def _tell(self, slot: _Slot, word: bytes) -> None:
         if slot.pipe >= 0:

@@ -70,8 +70,11 @@ def heartbeat_engine(engine_id: str, using: str) -> bool:
 
 
 def stop_engine(engine_id: str, using: str) -> None:
-    """Record that ``engine_id`` stopped, at the database clock."""
-    Engine.objects.using(using).filter(id=engine_id).update(stopped_at=db_clock(using))
+    """Record that ``engine_id`` stopped, at the database clock: only while the row is still this
+    process's registration. A successor that registered the id again while this one drained (a
+    supervisor started again, a restart that did not wait) is alive and must not be shown stopped."""
+    rows = Engine.objects.using(using).filter(id=engine_id, host=socket.gethostname(), pid=os.getpid())
+    rows.update(stopped_at=db_clock(using))
 
 
 def other_live_engines(engine_id: str, *, within: timedelta, using: str) -> list[str]:

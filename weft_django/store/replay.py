@@ -37,6 +37,7 @@ class StoredHistory:
     steps: dict[int, StepRecord] = dataclasses.field(default_factory=dict)
     applied: list[AppliedRecord] = dataclasses.field(default_factory=list)
     timer_seqs: set[int] = dataclasses.field(default_factory=set)
+    timer_kinds: dict[int, str] = dataclasses.field(default_factory=dict)  # what armed them (older exports: none)
 
 
 _COLUMNS = (
@@ -131,11 +132,12 @@ def page(
     for history in found:
         history.steps = steps.get(history.run_id, {})
         history.applied = applied.get(history.run_id, [])
-        history.timer_seqs = {
-            timer.seq
+        history.timer_kinds = {
+            timer.seq: timer.kind
             for timer in timers.get(history.workflow_id, [])
             if timer.seq is not None and str(timer.run_id) == history.run_id
         }
+        history.timer_seqs = set(history.timer_kinds)
     return found
 
 

@@ -16,6 +16,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
 
 from ...exceptions import ConfigurationError, EngineLeaseAcquisitionTimeoutError, OwnershipModeMismatchError
+from ...status import OwnershipMode
 from ...store.backend import backend
 
 VERBOSITY_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
@@ -153,6 +154,11 @@ class Command(BaseCommand):
         if options["processes"] > 1:
             if options["once"]:
                 raise CommandError("--once runs one engine until nothing is runnable: drop --processes.")
+            if settings.ownership != OwnershipMode.WORKFLOW_LEASE:  # one holds the lease / takes every claim
+                raise CommandError(
+                    f"--processes runs several engines, and OWNERSHIP={str(settings.ownership)!r} runs one engine at "
+                    "a time: drop --processes, or use OWNERSHIP='workflow-lease' (docs/operations.md)."
+                )
             from ..engine_processes import Supervisor
 
             child = Supervisor(options["processes"], options["engine_id"], options["metrics_port"]).run()
