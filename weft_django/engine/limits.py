@@ -28,8 +28,8 @@ def attempt_key(task: AttemptTask) -> str | None:
     chooser = task.definition.limits.key
     if chooser is None:
         return None
-    if isinstance(chooser, str):
-        return chooser
+    if isinstance(chooser, str):  # a fixed key: stored as a callable's is (a NUL in it, say)
+        return storable(chooser)[:255]
     payload = decode(task.args_text) or {}
     value = chooser(*payload.get("args", []), **payload.get("kwargs", {}))
     return None if value is None else storable(str(value))[:255]
