@@ -242,3 +242,23 @@ def test_an_atomic_block_inside_the_read_only_transaction_reads_on_sqlite() -> N
         cursor.execute("PRAGMA query_only")
         assert cursor.fetchone()[0] == 0
     weft.start("tests.sum", args=[1, 2], id="written-after")
+
+
+@pytest.mark.postgres
+def test_the_replay_checks_reads_share_one_snapshot_on_postgresql() -> None:
+    """A page's runs, steps and timers are separate statements: under READ COMMITTED a commit between
+    them mixed two moments of one run. The read-only transaction weft begins is REPEATABLE READ; inside a
+    caller's transaction (whose isolation is set already) it stays as it is."""
+    from django.db import connections, transaction
+
+    from weft_django.store import replay as stored
+
+    using = database_alias()
+    with stored.read_only(using), connections[using].cursor() as cursor:
+        cursor.execute("SHOW transaction_isolation")
+        assert cursor.fetchone()[0] == "repeatable read"
+    with transaction.atomic(using=using):
+        Workflow.objects.using(using).exists()  # a query first: the isolation level is fixed now
+        with stored.read_only(using), connections[using].cursor() as cursor:
+            cursor.execute("SHOW transaction_isolation")
+            assert cursor.fetchone()[0] == "read committed"

@@ -79,6 +79,8 @@ class Backend:
     #: the statements that make the current transaction (or connection) refuse writes, and undo it
     #: after (the replay check, store/replay.py).
     read_only_sql: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = ((), ())
+    #: sent first in a read-only transaction weft began itself: every read of it from one snapshot.
+    snapshot_sql: ClassVar[tuple[str, ...]] = ()
     # Where Django's transactions take the database's one write lock (SQLite's IMMEDIATE), the mode of
     # a read-only transaction instead (store/replay.read_only), so a long read stalls no writer.
     read_transaction_mode: ClassVar[str | None] = None
@@ -186,6 +188,7 @@ class PostgreSQLBackend(Backend):
     prepares_statements = True
     writes_in_one_statement = True
     read_only_sql = (("SET TRANSACTION READ ONLY",), ())
+    snapshot_sql = ("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ",)
 
     def relax_commit(self) -> None:
         with self.connection.cursor() as cursor:

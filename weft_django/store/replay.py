@@ -56,10 +56,11 @@ _COLUMNS = (
 
 @contextlib.contextmanager
 def read_only(using: str) -> Iterator[None]:
-    """A transaction in which the database refuses every write (an attempt raises DatabaseError).
-    On SQLite it is DEFERRED (Django's own transaction, its mode switched for this block): the
-    IMMEDIATE one the engines need would hold the database's one write lock while a page is replayed;
-    a deferred one reads a snapshot and locks nothing. Atomic blocks inside it are savepoints.
+    """A transaction in which the database refuses every write (an attempt raises DatabaseError); on
+    PostgreSQL, outside a caller's transaction, REPEATABLE READ (its reads share one snapshot). On
+    SQLite it is DEFERRED (Django's own transaction, its mode switched for this block): the IMMEDIATE
+    one the engines need would hold the database's one write lock while a page is replayed; a
+    deferred one reads a snapshot and locks nothing. Atomic blocks inside it are savepoints.
 
     Args:
         using: the connection alias.
@@ -67,6 +68,8 @@ def read_only(using: str) -> Iterator[None]:
     store = backend(using)
     connection = connections[using]
     begin, end = store.read_only_sql
+    if not connection.in_atomic_block:  # its own transaction: the runs, steps and timers of a page from
+        begin = (*store.snapshot_sql, *begin)  # one snapshot (else a commit between two reads mixes them)
     mode = store.read_transaction_mode
     switch = mode is not None and not connection.in_atomic_block and hasattr(connection, "transaction_mode")
     previous = getattr(connection, "transaction_mode", None)
