@@ -122,19 +122,27 @@ CHILD_MAILBOX_PREFIX = "__weft_child__:"
 
 
 def child_mailbox_name(seq: int) -> str:
-    """The reserved signal name (and signal id) under which a child reports to its parent's step ``seq``."""
+    """The reserved signal name under which a child reports to its parent's step ``seq``."""
     return f"{CHILD_MAILBOX_PREFIX}{seq}"
 
 
+def child_record_id(seq: int, child_id: str) -> str:
+    """The signal id of child ``child_id``'s end record at its parent's step ``seq``: one record per
+    child and step, not per step. A step whose child changed (a parent retried under new code gives it
+    another id, while the old child, retried too, still reports there) must keep a place for its own
+    child's end; the old one's record is taken out of the way (engine/owned.ends_its_child)."""
+    return f"{child_mailbox_name(seq)}:{child_id}"
+
+
 def forget_child_end(run_id: Any, seq: int, using: str) -> None:
-    """Delete the record of the end of the child started at step ``seq`` of run ``run_id``, whatever its
-    state (a retry removed that step: the child's end, reported again, must find its place free).
+    """Delete the records of the end of the children started at step ``seq`` of run ``run_id``, whatever
+    their state (a retry removed that step: the child's end, reported again, must find its place free).
 
     Args:
         run_id: the parent run; ``seq``: the child step; ``using``: the connection alias.
     """
     name = child_mailbox_name(seq)
-    BufferedSignal.objects.using(using).filter(run_id=run_id, name=name, signal_id=name).delete()
+    BufferedSignal.objects.using(using).filter(run_id=run_id, name=name).delete()
 
 
 def report_child_end(
@@ -149,7 +157,8 @@ def report_child_end(
     using: str,
 ) -> None:
     """Write the child-terminal record into the parent's mailbox and wake the parent's engine: a
-    buffered signal under the reserved name of the step ``parent_seq`` (idempotent by its reserved id).
+    buffered signal under the reserved name of the step ``parent_seq``, written once per child and step
+    (its reserved id, ``child_record_id``).
 
     Args:
         child_id: the child that ended; ``status``, ``result_text`` (codec text) and ``error`` its end.
@@ -165,7 +174,7 @@ def report_child_end(
                 workflow_id=parent_id,
                 run_id=parent_run_id,
                 name=name,
-                signal_id=name,
+                signal_id=child_record_id(parent_seq, child_id),
                 payload=payload,
                 created_at=now,
             )
