@@ -369,6 +369,39 @@ def to_be_carried(model: Any, key: str, using: str) -> Q:
     return Q(Exists(continued), Exists(current), ~Exists(on_current))
 
 
+def _late_signals(rows: Any, using: str) -> Any:
+    """Of these signals, the buffered ones whose run is no longer active, less those the sweep carries."""
+    return (
+        rows.filter(state=SignalState.BUFFERED)
+        .exclude(Exists(_same_run_active(using)))
+        .exclude(to_be_carried(BufferedSignal, "signal_id", using) & ~Q(name__startswith=CHILD_MAILBOX_PREFIX))
+    )
+
+
+def _orphaned_updates(rows: Any, using: str) -> Any:
+    """Of these updates, the admitted and accepted ones whose run is no longer active, less those the
+    sweep carries."""
+    return (
+        rows.filter(status__in=[UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED])
+        .exclude(Exists(_same_run_active(using)))
+        .exclude(Q(status=UpdateStatus.ADMITTED) & to_be_carried(PendingUpdate, "idempotency_key", using))
+    )
+
+
+def _close_late(model: Any, found: list[tuple[Any, str]], select: Any, fields: dict[str, Any], using: str) -> int:
+    """Write ``fields`` on the rows ``found`` ((pk, workflow id)) that ``select`` still picks. Their
+    workflows' rows are locked first (SKIP LOCKED: one another transaction holds is left for the next
+    pass), so no transition (a ``retry()``, which makes a failed run active again with the same run
+    id) commits between the check and the write: mail of a run active again is never closed."""
+    with transaction.atomic(using=using):
+        ids = sorted({workflow_id for _, workflow_id in found})
+        if backend(using).skips_locked:
+            locked = Workflow.objects.using(using).filter(pk__in=ids).select_for_update(skip_locked=True, no_key=True)
+            ids = list(locked.order_by("pk").values_list("pk", flat=True))
+        rows = model.objects.using(using).filter(pk__in=[pk for pk, _ in found], workflow_id__in=ids)
+        return int(select(rows, using).update(**fields))
+
+
 def drop_late_signals(using: str) -> int:
     """Mark dropped the buffered signals whose run is no longer active (at most CLEANUP_BATCH).
 
@@ -377,17 +410,14 @@ def drop_late_signals(using: str) -> int:
     unconsumed signals read them. signal() returned normally (the signal was recorded); the run ended
     without consuming it, so it is dropped, as one sent a moment earlier would have been. A signal of a
     run that continued as new is kept for the sweep's carrying part (``to_be_carried``), unless the
-    current run has its id already or it is a child's end record. Returns how many were marked."""
+    current run has its id already or it is a child's end record. The rows read are checked again
+    where they are written (``_close_late``): a run retried meanwhile keeps them. Returns how many
+    were marked."""
     signals = BufferedSignal.objects.using(using)
-    late = list(
-        signals.filter(state=SignalState.BUFFERED)
-        .exclude(Exists(_same_run_active(using)))
-        .exclude(to_be_carried(BufferedSignal, "signal_id", using) & ~Q(name__startswith=CHILD_MAILBOX_PREFIX))
-        .values_list("pk", flat=True)[:CLEANUP_BATCH]
-    )
+    late = list(_late_signals(signals, using).values_list("pk", "workflow_id")[:CLEANUP_BATCH])
     if not late:
         return 0
-    return int(signals.filter(pk__in=late, state=SignalState.BUFFERED).update(state=SignalState.DROPPED))
+    return _close_late(BufferedSignal, late, _late_signals, {"state": SignalState.DROPPED}, using)
 
 
 def cleanup(now: datetime, cutoff: datetime, grace: timedelta, using: str) -> int:
@@ -413,17 +443,14 @@ def cleanup(now: datetime, cutoff: datetime, grace: timedelta, using: str) -> in
             status=UpdateStatus.EXPIRED, completed_at=now
         )
     orphaned = list(
-        updates.filter(status__in=[UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED], created_at__lt=now - grace)
-        .exclude(Exists(_same_run_active(using)))
-        .exclude(Q(status=UpdateStatus.ADMITTED) & to_be_carried(PendingUpdate, "idempotency_key", using))
-        .values_list("pk", flat=True)[:CLEANUP_BATCH]
+        _orphaned_updates(updates.filter(created_at__lt=now - grace), using).values_list("pk", "workflow_id")[
+            :CLEANUP_BATCH
+        ]
     )
     if orphaned:  # runs that ended through a transition, which closes admitted updates only
-        done += updates.filter(pk__in=orphaned, status__in=[UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED]).update(
-            status=UpdateStatus.FAILED,
-            completed_at=now,
-            error={"type": "WorkflowTerminalError", "message": "The workflow ended before the update was answered."},
-        )
+        error = {"type": "WorkflowTerminalError", "message": "The workflow ended before the update was answered."}
+        fields = {"status": UpdateStatus.FAILED, "completed_at": now, "error": error}
+        done += _close_late(PendingUpdate, orphaned, _orphaned_updates, fields, using)
     done += drop_late_signals(using)
     settled = [UpdateStatus.COMPLETED, UpdateStatus.REJECTED, UpdateStatus.FAILED, UpdateStatus.EXPIRED]
     old_updates = list(
