@@ -397,7 +397,10 @@ def _close_late(model: Any, found: list[tuple[Any, str]], select: Any, fields: d
         ids = sorted({workflow_id for _, workflow_id in found})
         if backend(using).skips_locked:
             locked = Workflow.objects.using(using).filter(pk__in=ids).select_for_update(skip_locked=True, no_key=True)
-            ids = list(locked.order_by("pk").values_list("pk", flat=True))
+            held = list(locked.order_by("pk").values_list("pk", flat=True))
+            # A workflow with no row (purged) has no run to become active again: its mail is late too.
+            existing = set(Workflow.objects.using(using).filter(pk__in=ids).values_list("pk", flat=True))
+            ids = [*held, *(wid for wid in ids if wid not in existing)]
         rows = model.objects.using(using).filter(pk__in=[pk for pk, _ in found], workflow_id__in=ids)
         return int(select(rows, using).update(**fields))
 
@@ -418,6 +421,19 @@ def drop_late_signals(using: str) -> int:
     if not late:
         return 0
     return _close_late(BufferedSignal, late, _late_signals, {"state": SignalState.DROPPED}, using)
+
+
+def delete_unowned_signals(using: str) -> int:
+    """Delete the signals of workflows that do not exist (at most CLEANUP_BATCH). A purge deletes a
+    workflow's mail with it, but a child it abandoned, still running, reports its end into that
+    mailbox when it ends, under the purged id: nothing else would ever delete that record. Returns
+    how many were deleted."""
+    signals = BufferedSignal.objects.using(using)
+    exists = Workflow.objects.using(using).filter(pk=OuterRef("workflow_id"))
+    unowned = list(signals.exclude(Exists(exists)).values_list("pk", flat=True)[:CLEANUP_BATCH])
+    if not unowned:
+        return 0
+    return int(signals.filter(pk__in=unowned).exclude(Exists(exists)).delete()[0])
 
 
 def cleanup(now: datetime, cutoff: datetime, grace: timedelta, using: str) -> int:
@@ -452,6 +468,7 @@ def cleanup(now: datetime, cutoff: datetime, grace: timedelta, using: str) -> in
         fields = {"status": UpdateStatus.FAILED, "completed_at": now, "error": error}
         done += _close_late(PendingUpdate, orphaned, _orphaned_updates, fields, using)
     done += drop_late_signals(using)
+    done += delete_unowned_signals(using)
     settled = [UpdateStatus.COMPLETED, UpdateStatus.REJECTED, UpdateStatus.FAILED, UpdateStatus.EXPIRED]
     old_updates = list(
         PendingUpdate.objects.using(using)
