@@ -122,19 +122,27 @@ CHILD_MAILBOX_PREFIX = "__weft_child__:"
 
 
 def child_mailbox_name(seq: int) -> str:
-    """The reserved signal name (and signal id) under which a child reports to its parent's step ``seq``."""
+    """The reserved signal name under which a child reports to its parent's step ``seq``."""
     return f"{CHILD_MAILBOX_PREFIX}{seq}"
 
 
+def child_record_id(seq: int, child_id: str) -> str:
+    """The signal id of child ``child_id``'s end record at its parent's step ``seq``: one record per
+    child and step, not per step. A step whose child changed (a parent retried under new code gives it
+    another id, while the old child, retried too, still reports there) must keep a place for its own
+    child's end; the old one's record is taken out of the way (engine/owned.ends_its_child)."""
+    return f"{child_mailbox_name(seq)}:{child_id}"
+
+
 def forget_child_end(run_id: Any, seq: int, using: str) -> None:
-    """Delete the record of the end of the child started at step ``seq`` of run ``run_id``, whatever its
-    state (a retry removed that step: the child's end, reported again, must find its place free).
+    """Delete the records of the end of the children started at step ``seq`` of run ``run_id``, whatever
+    their state (a retry removed that step: the child's end, reported again, must find its place free).
 
     Args:
         run_id: the parent run; ``seq``: the child step; ``using``: the connection alias.
     """
     name = child_mailbox_name(seq)
-    BufferedSignal.objects.using(using).filter(run_id=run_id, name=name, signal_id=name).delete()
+    BufferedSignal.objects.using(using).filter(run_id=run_id, name=name).delete()
 
 
 def report_child_end(
@@ -149,7 +157,8 @@ def report_child_end(
     using: str,
 ) -> None:
     """Write the child-terminal record into the parent's mailbox and wake the parent's engine: a
-    buffered signal under the reserved name of the step ``parent_seq`` (idempotent by its reserved id).
+    buffered signal under the reserved name of the step ``parent_seq``, written once per child and step
+    (its reserved id, ``child_record_id``).
 
     Args:
         child_id: the child that ended; ``status``, ``result_text`` (codec text) and ``error`` its end.
@@ -165,7 +174,7 @@ def report_child_end(
                 workflow_id=parent_id,
                 run_id=parent_run_id,
                 name=name,
-                signal_id=name,
+                signal_id=child_record_id(parent_seq, child_id),
                 payload=payload,
                 created_at=now,
             )
@@ -360,6 +369,42 @@ def to_be_carried(model: Any, key: str, using: str) -> Q:
     return Q(Exists(continued), Exists(current), ~Exists(on_current))
 
 
+def _late_signals(rows: Any, using: str) -> Any:
+    """Of these signals, the buffered ones whose run is no longer active, less those the sweep carries."""
+    return (
+        rows.filter(state=SignalState.BUFFERED)
+        .exclude(Exists(_same_run_active(using)))
+        .exclude(to_be_carried(BufferedSignal, "signal_id", using) & ~Q(name__startswith=CHILD_MAILBOX_PREFIX))
+    )
+
+
+def _orphaned_updates(rows: Any, using: str) -> Any:
+    """Of these updates, the admitted and accepted ones whose run is no longer active, less those the
+    sweep carries."""
+    return (
+        rows.filter(status__in=[UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED])
+        .exclude(Exists(_same_run_active(using)))
+        .exclude(Q(status=UpdateStatus.ADMITTED) & to_be_carried(PendingUpdate, "idempotency_key", using))
+    )
+
+
+def _close_late(model: Any, found: list[tuple[Any, str]], select: Any, fields: dict[str, Any], using: str) -> int:
+    """Write ``fields`` on the rows ``found`` ((pk, workflow id)) that ``select`` still picks. Their
+    workflows' rows are locked first (SKIP LOCKED: one another transaction holds is left for the next
+    pass), so no transition (a ``retry()``, which makes a failed run active again with the same run
+    id) commits between the check and the write: mail of a run active again is never closed."""
+    with transaction.atomic(using=using):
+        ids = sorted({workflow_id for _, workflow_id in found})
+        if backend(using).skips_locked:
+            locked = Workflow.objects.using(using).filter(pk__in=ids).select_for_update(skip_locked=True, no_key=True)
+            held = list(locked.order_by("pk").values_list("pk", flat=True))
+            # A workflow with no row (purged) has no run to become active again: its mail is late too.
+            existing = set(Workflow.objects.using(using).filter(pk__in=ids).values_list("pk", flat=True))
+            ids = [*held, *(wid for wid in ids if wid not in existing)]
+        rows = model.objects.using(using).filter(pk__in=[pk for pk, _ in found], workflow_id__in=ids)
+        return int(select(rows, using).update(**fields))
+
+
 def drop_late_signals(using: str) -> int:
     """Mark dropped the buffered signals whose run is no longer active (at most CLEANUP_BATCH).
 
@@ -368,17 +413,27 @@ def drop_late_signals(using: str) -> int:
     unconsumed signals read them. signal() returned normally (the signal was recorded); the run ended
     without consuming it, so it is dropped, as one sent a moment earlier would have been. A signal of a
     run that continued as new is kept for the sweep's carrying part (``to_be_carried``), unless the
-    current run has its id already or it is a child's end record. Returns how many were marked."""
+    current run has its id already or it is a child's end record. The rows read are checked again
+    where they are written (``_close_late``): a run retried meanwhile keeps them. Returns how many
+    were marked."""
     signals = BufferedSignal.objects.using(using)
-    late = list(
-        signals.filter(state=SignalState.BUFFERED)
-        .exclude(Exists(_same_run_active(using)))
-        .exclude(to_be_carried(BufferedSignal, "signal_id", using) & ~Q(name__startswith=CHILD_MAILBOX_PREFIX))
-        .values_list("pk", flat=True)[:CLEANUP_BATCH]
-    )
+    late = list(_late_signals(signals, using).values_list("pk", "workflow_id")[:CLEANUP_BATCH])
     if not late:
         return 0
-    return int(signals.filter(pk__in=late, state=SignalState.BUFFERED).update(state=SignalState.DROPPED))
+    return _close_late(BufferedSignal, late, _late_signals, {"state": SignalState.DROPPED}, using)
+
+
+def delete_unowned_signals(using: str) -> int:
+    """Delete the signals of workflows that do not exist (at most CLEANUP_BATCH). A purge deletes a
+    workflow's mail with it, but a child it abandoned, still running, reports its end into that
+    mailbox when it ends, under the purged id: nothing else would ever delete that record. Returns
+    how many were deleted."""
+    signals = BufferedSignal.objects.using(using)
+    exists = Workflow.objects.using(using).filter(pk=OuterRef("workflow_id"))
+    unowned = list(signals.exclude(Exists(exists)).values_list("pk", flat=True)[:CLEANUP_BATCH])
+    if not unowned:
+        return 0
+    return int(signals.filter(pk__in=unowned).exclude(Exists(exists)).delete()[0])
 
 
 def cleanup(now: datetime, cutoff: datetime, grace: timedelta, using: str) -> int:
@@ -404,18 +459,16 @@ def cleanup(now: datetime, cutoff: datetime, grace: timedelta, using: str) -> in
             status=UpdateStatus.EXPIRED, completed_at=now
         )
     orphaned = list(
-        updates.filter(status__in=[UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED], created_at__lt=now - grace)
-        .exclude(Exists(_same_run_active(using)))
-        .exclude(Q(status=UpdateStatus.ADMITTED) & to_be_carried(PendingUpdate, "idempotency_key", using))
-        .values_list("pk", flat=True)[:CLEANUP_BATCH]
+        _orphaned_updates(updates.filter(created_at__lt=now - grace), using).values_list("pk", "workflow_id")[
+            :CLEANUP_BATCH
+        ]
     )
     if orphaned:  # runs that ended through a transition, which closes admitted updates only
-        done += updates.filter(pk__in=orphaned, status__in=[UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED]).update(
-            status=UpdateStatus.FAILED,
-            completed_at=now,
-            error={"type": "WorkflowTerminalError", "message": "The workflow ended before the update was answered."},
-        )
+        error = {"type": "WorkflowTerminalError", "message": "The workflow ended before the update was answered."}
+        fields = {"status": UpdateStatus.FAILED, "completed_at": now, "error": error}
+        done += _close_late(PendingUpdate, orphaned, _orphaned_updates, fields, using)
     done += drop_late_signals(using)
+    done += delete_unowned_signals(using)
     settled = [UpdateStatus.COMPLETED, UpdateStatus.REJECTED, UpdateStatus.FAILED, UpdateStatus.EXPIRED]
     old_updates = list(
         PendingUpdate.objects.using(using)
