@@ -44,8 +44,7 @@ def test_the_end_record_of_a_purged_parents_child_is_deleted(weft_run_until_idle
     kid.signal("go", 1)
     weft_run_until_idle()
     assert kid.result(timeout=5) == 1
-    assert mailbox.drop_late_signals("default") == 1  # the run is gone: its mail is late
-    assert list(BufferedSignal.objects.filter(workflow_id="orph-p").values_list("state", flat=True)) == ["dropped"]
+    assert mailbox.drop_late_signals("default") == 1  # the run is gone: its late mail is deleted
     _cleanup()
     left = list(BufferedSignal.objects.filter(workflow_id="orph-p").values_list("name", "state"))
     assert left == [], f"mail of a purged workflow is kept for ever: {left}"

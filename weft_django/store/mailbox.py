@@ -420,20 +420,20 @@ def drop_late_signals(using: str) -> int:
     late = list(_late_signals(signals, using).values_list("pk", "workflow_id")[:CLEANUP_BATCH])
     if not late:
         return 0
-    return _close_late(BufferedSignal, late, _late_signals, {"state": SignalState.DROPPED}, using)
-
-
-def delete_unowned_signals(using: str) -> int:
-    """Delete the signals of workflows that do not exist (at most CLEANUP_BATCH). A purge deletes a
-    workflow's mail with it, but a child it abandoned, still running, reports its end into that
-    mailbox when it ends, under the purged id: nothing else would ever delete that record. Returns
-    how many were deleted."""
-    signals = BufferedSignal.objects.using(using)
-    exists = Workflow.objects.using(using).filter(pk=OuterRef("workflow_id"))
-    unowned = list(signals.exclude(Exists(exists)).values_list("pk", flat=True)[:CLEANUP_BATCH])
-    if not unowned:
-        return 0
-    return int(signals.filter(pk__in=unowned).exclude(Exists(exists)).delete()[0])
+    # Late mail of a workflow that no longer exists is deleted, not marked: a purge deletes a workflow's
+    # mail with it, but a child it abandoned, still running, reports its end there when it ends, under
+    # the purged id, and nothing else would ever delete that record. (Read from the late rows only: no
+    # scan of every signal kept.)
+    existing = set(Workflow.objects.using(using).filter(pk__in={wid for _, wid in late}).values_list("pk", flat=True))
+    gone = [pk for pk, wid in late if wid not in existing]
+    deleted = 0
+    if gone:
+        exists = Workflow.objects.using(using).filter(pk=OuterRef("workflow_id"))
+        deleted = int(signals.filter(pk__in=gone).exclude(Exists(exists)).delete()[0])
+    kept = [(pk, wid) for pk, wid in late if wid in existing]
+    return deleted + (
+        _close_late(BufferedSignal, kept, _late_signals, {"state": SignalState.DROPPED}, using) if kept else 0
+    )
 
 
 def cleanup(now: datetime, cutoff: datetime, grace: timedelta, using: str) -> int:
@@ -468,7 +468,6 @@ def cleanup(now: datetime, cutoff: datetime, grace: timedelta, using: str) -> in
         fields = {"status": UpdateStatus.FAILED, "completed_at": now, "error": error}
         done += _close_late(PendingUpdate, orphaned, _orphaned_updates, fields, using)
     done += drop_late_signals(using)
-    done += delete_unowned_signals(using)
     settled = [UpdateStatus.COMPLETED, UpdateStatus.REJECTED, UpdateStatus.FAILED, UpdateStatus.EXPIRED]
     old_updates = list(
         PendingUpdate.objects.using(using)
