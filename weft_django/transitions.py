@@ -403,6 +403,7 @@ def _retry_fields(row: dict[str, Any], using: str) -> dict[str, Any]:
     if seq is not None:
         Step.objects.using(using).filter(run_id=row["run_id"], seq=seq).delete()
         mailbox.forget_child_end(row["run_id"], seq, using)  # a child step: its child's end is told again
+    mailbox.redeliver_child_ends(row["run_id"], using)  # a child step still waiting: its child's end again
     # A run in a queue re-enters it like a new start: pending until an engine admits it, which sets
     # its execution deadline from its execution_timeout again (store/queues.py admit).
     queued = {"status": WorkflowStatus.PENDING, "admitted_at": None, "started_at": None, "execution_deadline": None}
@@ -419,7 +420,8 @@ def _retry_fields(row: dict[str, Any], using: str) -> dict[str, Any]:
 
 def retry(workflow_id: str, *, using: str | None = None, run_id: str | None = None) -> int:
     """failed -> running, same run_id: the failing step is removed so it runs again with a fresh
-    attempt count; signals and updates closed at the failure stay closed. A run in a queue goes back
+    attempt count; signals and updates closed at the failure stay closed, not the ends of its children
+    (a child step still waiting gets its child's end). A run in a queue goes back
     to it: pending (same queue, priority and concurrency key) until an engine admits it within the
     queue's limits. Returns the new epoch.
 

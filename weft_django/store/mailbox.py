@@ -145,6 +145,21 @@ def forget_child_end(run_id: Any, seq: int, using: str) -> None:
     BufferedSignal.objects.using(using).filter(run_id=run_id, name=name).delete()
 
 
+def redeliver_child_ends(run_id: Any, using: str) -> None:
+    """A failed run retried (same run id): the ends of its children that its mailbox closed unconsumed
+    (its terminal commit, or the message cleanup as late mail, dropped them) are buffered again. A child
+    step still waiting when the run failed (another step failed) waits again after the retry, and its
+    child's end, written once, is the only thing that settles it. A record no step waits for is
+    dropped again at the run's end. In the retry's transaction (the workflow's row locked).
+
+    Args:
+        run_id: the retried run; ``using``: the connection alias.
+    """
+    BufferedSignal.objects.using(using).filter(
+        run_id=run_id, signal_id__startswith=CHILD_MAILBOX_PREFIX, state=SignalState.DROPPED
+    ).update(state=SignalState.BUFFERED)
+
+
 def report_child_end(
     child_id: str,
     parent_id: str,
