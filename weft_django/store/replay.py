@@ -68,7 +68,9 @@ def read_only(using: str) -> Iterator[None]:
     store = backend(using)
     connection = connections[using]
     begin, end = store.read_only_sql
-    if not connection.in_atomic_block:  # its own transaction: the runs, steps and timers of a page from
+    if (
+        not connection.in_atomic_block and connection.get_autocommit()
+    ):  # its own transaction: the runs, steps and timers of a page from
         begin = (*store.snapshot_sql, *begin)  # one snapshot (else a commit between two reads mixes them)
     mode = store.read_transaction_mode
     switch = mode is not None and not connection.in_atomic_block and hasattr(connection, "transaction_mode")
