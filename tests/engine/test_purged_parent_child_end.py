@@ -28,7 +28,8 @@ def orphan_parent(ctx):
     return "parent done"
 
 
-def _cleanup() -> None:
+def cleanup_messages() -> None:
+    """Run the message cleanup (as any engine does every UPDATE_RESPONSE_RETENTION / 4) until it is done."""
     now = db_now("default")
     while mailbox.cleanup(now, now, mailbox.timedelta(seconds=10), "default"):
         pass
@@ -45,6 +46,6 @@ def test_the_end_record_of_a_purged_parents_child_is_deleted(weft_run_until_idle
     weft_run_until_idle()
     assert kid.result(timeout=5) == 1
     assert mailbox.drop_late_signals("default") == 1  # the run is gone: its late mail is deleted
-    _cleanup()
+    cleanup_messages()
     left = list(BufferedSignal.objects.filter(workflow_id="orph-p").values_list("name", "state"))
     assert left == [], f"mail of a purged workflow is kept for ever: {left}"

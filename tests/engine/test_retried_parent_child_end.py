@@ -8,40 +8,25 @@ a child that had ended."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
 
 import weft_django as weft
+from tests.engine.test_purged_parent_child_end import cleanup_messages, orphan_kid
 from weft_django.models import BufferedSignal, Workflow
-from weft_django.store import mailbox
-from weft_django.store.clock import db_now
 
 pytestmark = pytest.mark.django_db(transaction=True)
 FAILS = {"on": True}
-
-
-@weft.workflow(name="tests.rpce_kid")
-def rpce_kid(ctx):
-    got = yield ctx.wait_for_signal("go")
-    return got
 
 
 @weft.workflow(name="tests.rpce_parent")
 def rpce_parent(ctx):
     first = yield ctx.race(
         [
-            ctx.start_child(rpce_kid, id="rpce-kid", parent_close_policy="abandon"),
+            ctx.start_child(orphan_kid, id="rpce-kid", parent_close_policy="abandon"),
             ctx.wait_for_signal("never", timeout="1ms" if FAILS["on"] else None),
         ]
     )
     return list(first)
-
-
-def _cleanup() -> None:
-    now = db_now("default")
-    while mailbox.cleanup(now, now - timedelta(hours=1), timedelta(seconds=10), "default"):
-        pass
 
 
 def test_a_retried_parent_gets_the_end_of_a_child_that_ended_while_it_was_failed(weft_run_until_idle, weft_clock):
@@ -54,7 +39,7 @@ def test_a_retried_parent_gets_the_end_of_a_child_that_ended_while_it_was_failed
     kid.signal("go", 7)
     weft_run_until_idle()
     assert kid.result(timeout=5) == 7
-    _cleanup()  # the message cleanup of any engine, before someone retries the parent
+    cleanup_messages()  # the message cleanup of any engine, before someone retries the parent
     FAILS["on"] = False
     parent.retry()
     weft_run_until_idle()
