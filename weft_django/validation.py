@@ -91,6 +91,23 @@ def validate_name(value: object, name: str) -> str:
     return check_text(value, name, max_length=MAX_NAME_LENGTH)
 
 
+# The signal names a child's end record takes in its parent's mailbox (store/mailbox.py): reserved.
+CHILD_MAILBOX_PREFIX = "__weft_child__:"
+
+
+def validate_signal_name(value: object, name: str) -> str:
+    """A signal name a caller sends: as ``validate_name``, and not one a child's end record takes in
+    its parent's mailbox (``__weft_child__:<seq>``), which the parent would consume as that child's
+    end. Raises InvalidArgumentError otherwise."""
+    text = validate_name(value, name)
+    if text.startswith(CHILD_MAILBOX_PREFIX):
+        raise InvalidArgumentError(
+            f"{name} {text[:60]!r} begins with {CHILD_MAILBOX_PREFIX!r}, which weft reserves for the end "
+            f"records of child workflows. Use another name."
+        )
+    return text
+
+
 def validate_reason(value: object) -> str | None:
     """A cancel reason: None, or a str of at most 1000 characters with no NUL or lone surrogate.
     Raises InvalidArgumentError otherwise (an object is not turned into its repr)."""
@@ -144,6 +161,7 @@ def start_moment(value: object, name: str = "start_at") -> datetime:
 
 
 __all__ = [
+    "CHILD_MAILBOX_PREFIX",
     "MAX_ID_LENGTH",
     "MAX_KEY_LENGTH",
     "MAX_NAME_LENGTH",
@@ -156,5 +174,6 @@ __all__ = [
     "validate_name",
     "validate_note",
     "validate_reason",
+    "validate_signal_name",
     "validate_workflow_id",
 ]

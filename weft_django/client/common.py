@@ -10,7 +10,7 @@ from .. import codec, validation
 from ..conf import database_alias
 from ..exceptions import InvalidArgumentError, PayloadNotSerializableError
 from ..status import WorkflowStatus
-from ..validation import validate_key, validate_name
+from ..validation import validate_key, validate_name, validate_signal_name
 
 # The summary fields of describe(), in order (manage.py weft prints them in this order too).
 SUMMARY_FIELDS = (
@@ -38,6 +38,7 @@ _UNSET: Any = object()
 
 _validate_key = validate_key
 _validate_name = validate_name
+_validate_signal_name = validate_signal_name
 _duration = validation.duration
 
 

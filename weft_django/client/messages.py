@@ -22,7 +22,7 @@ from ..store import mailbox
 from ..store.backend import backend
 from ..validation import validate_workflow_id
 from ..waits import afinish, finish, submit
-from .common import _UNSET, _alias, _validate_key, _validate_name, _wait_seconds
+from .common import _UNSET, _alias, _validate_key, _validate_name, _validate_signal_name, _wait_seconds
 
 # ------------------------------------------------------------------------------------------ signal
 
@@ -38,7 +38,7 @@ def signal(id: str, name: str, payload: Any = None, *, signal_id: str | None = N
     the send (see ``_buffer_signal``).
     """
     validate_workflow_id(id)
-    _validate_name(name, "name")
+    _validate_signal_name(name, "name")
     if signal_id is not None:
         _validate_key(signal_id, "signal_id")
     text = codec.encode_payload(payload, path="payload")

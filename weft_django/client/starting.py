@@ -39,6 +39,7 @@ from .common import (
     _start_time,
     _validate_key,
     _validate_name,
+    _validate_signal_name,
     _wait_seconds,
 )
 from .handles import WorkflowHandle
@@ -321,7 +322,7 @@ def start_or_signal(
     search attributes a run started here begins with, as for ``start`` (InvalidSearchAttributeError
     before anything is written). Joins the caller's transaction, like ``start``."""
     validate_workflow_id(id)
-    _validate_name(signal_name, "signal_name")
+    _validate_signal_name(signal_name, "signal_name")
     if signal_id is not None:
         _validate_key(signal_id, "signal_id")
     text = codec.encode_payload(payload, path="payload")

@@ -13,6 +13,7 @@ from django.db.models import Exists, OuterRef, Q, Subquery, Value
 from ..codec import encode
 from ..models import BufferedSignal, ContinuedRun, PendingUpdate, QueryRequest, Timer, Workflow, WorkflowClaim
 from ..status import ACTIVE_STATUSES, QueryStatus, SignalState, UpdateStatus, WorkflowStatus
+from ..validation import CHILD_MAILBOX_PREFIX
 from . import notify, prepared
 from .backend import backend
 from .clock import db_now, workflow_now_sql
@@ -116,9 +117,6 @@ def why_not_buffered(workflow_id: str, signal_id: str | None, using: str) -> tup
         .first()
     )
     return (None, False) if row is None else (row[0], bool(row[1]))
-
-
-CHILD_MAILBOX_PREFIX = "__weft_child__:"
 
 
 def child_mailbox_name(seq: int) -> str:
