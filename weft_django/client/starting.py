@@ -20,6 +20,7 @@ from ..exceptions import (
     IdempotencyKeyPurgedError,
     InvalidArgumentError,
     WorkflowAlreadyExistsError,
+    WorkflowNotFoundError,
     WorkflowTerminalError,
 )
 from ..models import ContinuedRun, IdempotencyKey, Workflow
@@ -429,10 +430,10 @@ def _admit_starting(
     def deliver(started: bool) -> bool:
         try:
             admitted.append(admit(workflow_id, name, text, key, wait, alias, plan.trace_context))
-        except WorkflowTerminalError:
+        except (WorkflowTerminalError, WorkflowNotFoundError):
             if started:
                 raise
-            return False  # the run ended after it was read: go round (a new run is started over it)
+            return False  # the run ended (or was purged) after it was read: go round, a new run is started
         return True
 
     for attempt in range(transitions.MAX_ATTEMPTS):
