@@ -175,7 +175,7 @@ def test_ownership_and_engine_pages_query_counts_are_flat(admin_client, runs, dj
 
 
 def test_ownership_view_lists_engines_and_claims(admin_client, runs):
-    hold("free", engine_id="engine-dead")
+    hold("free", engine_id="engine-dead", expires_in=300.0)  # dormant: renewed with ten TTLs (ADR 0014)
     Engine.objects.filter(id="engine-dead").update(heartbeat_at=db_clock() - timedelta(minutes=10))
     response = admin_client.get(f"{ADMIN}/workflow/ownership/")
     html = response.content.decode()

@@ -101,20 +101,24 @@ def engine_rows(using: str, now: datetime, ttl: timedelta) -> list[EngineRow]:
         for row in WorkflowClaim.objects.using(using)
         .filter(engine_id__isnull=False)
         .values("engine_id")
-        .annotate(n=Count("pk"), lapsed=Count("pk", filter=Q(expires_at__lt=now)))
+        .annotate(
+            n=Count("pk"),
+            lapsed=Count("pk", filter=Q(expires_at__lt=now)),
+            dormant=Count("pk", filter=Q(expires_at__gt=now + ttl)),
+        )
         .order_by()
     }
     rows = []
     for engine in Engine.objects.using(using).order_by("-heartbeat_at"):
         counts = held.get(engine.id, {})
-        silent = engine.heartbeat_at < now - ttl  # every claim it holds has lapsed (lapse.py)
+        silent = engine.heartbeat_at < now - ttl  # its dormant claims have lapsed too (lapse.py)
         rows.append(
             EngineRow(
                 engine,
                 engine_state(engine, now, ttl),
                 now - engine.heartbeat_at,
                 counts.get("n", 0),
-                counts.get("n", 0) if silent else counts.get("lapsed", 0),
+                counts.get("lapsed", 0) + (counts.get("dormant", 0) if silent else 0),
             )
         )
     order = {ALIVE: 0, DEAD: 1, STOPPED: 2}

@@ -150,6 +150,10 @@ class Renewal:
         # claims a tuple, a float and a copied id each cost about 80 MB per engine.
         self._dormant: dict[str, tuple[int, float]] = {}
         self.clock: Callable[[], float] = time.monotonic  # when a dormant claim was renewed
+        # Whether the last pass wrote the heartbeat: while it does not (a user's transaction holds the
+        # engine row; the write is skipped, never waited for), nothing keeps a dormant claim, so every
+        # evicted claim is renewed with the TTL, as a resident one, until the heartbeat is written again.
+        self.beating = True
         self._random = random.Random()
 
     def publish(self, held: Mapping[str, Held], evicted: dict[str, int] | None = None) -> None:
@@ -184,9 +188,13 @@ class Renewal:
         with DORMANT_TTL_MULTIPLIER times it). A dormant claim (an evicted workflow's: nothing happens
         to it until a wake-up recalls it) is due when this thread has not renewed it as dormant at its
         epoch, or when the TTL it has left is the TTL itself; a claim that is resident again leaves the
-        dormant record, so it is renewed as dormant again at once when evicted again."""
+        dormant record, so it is renewed as dormant again at once when evicted again. While the last
+        heartbeat was not written (``beating``), every evicted claim is renewed with the TTL instead."""
         resident, evicted = self._published()
         dormant = self._dormant
+        if not self.beating:  # renewed with the TTL: renewed as dormant again once the heartbeat is back
+            dormant.clear()
+            return {**evicted, **resident}, {}
         for wid in [wid for wid in dormant if wid not in evicted]:
             del dormant[wid]
         due = {}
@@ -214,7 +222,8 @@ class Renewal:
                     try:
                         self._renew(resident, dormant, interval, stop)
                     finally:  # the heartbeat keeps the dormant claims: written even if a group failed
-                        engines.heartbeat_engine(self.engine_id, self.using)
+                        self.beating = False  # until written (a failed write keeps it False)
+                        self.beating = engines.heartbeat_engine(self.engine_id, self.using)
                 except DatabaseError as exc:  # a storage error is not a loss: try again next tick
                     self.on_failure(exc)
                     logger.warning("claim renewal failed engine=%s error=%s", self.engine_id, exc)

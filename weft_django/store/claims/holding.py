@@ -83,15 +83,19 @@ def _held_pg(holder: str) -> str:
 
 
 # Takeover candidates (constant SQL: the conditions take their values as parameters). A held claim has
-# lapsed when its expiry is more than the grace past, or when its holder's heartbeat is more than the
-# TTL and the grace past (the expiry a claim renewed at that heartbeat would have): an engine renews
-# the claims of its evicted workflows rarely (engine/renewal.py, "dormant" claims, ADR 0014), and its
-# heartbeat is what keeps them. The lapsed holders are read once per statement (an InitPlan over the
-# few engine rows), not once per claim.
+# lapsed when its expiry is more than the grace past, or, for a claim renewed as dormant (its expiry more
+# than one TTL ahead), when its holder's heartbeat is more than the TTL and the grace past (the expiry a
+# claim renewed at that heartbeat would have): an engine renews the claims of its evicted workflows
+# rarely (engine/renewal.py, "dormant" claims, ADR 0014), and its heartbeat is what keeps them. A claim
+# renewed with the TTL is kept by its expiry alone: a heartbeat skipped behind a locked engine row (a
+# user's transaction) must not take the claims a live engine keeps renewing (its renewal renews its
+# dormant claims with the TTL meanwhile). The lapsed holders are read once per statement (an InitPlan
+# over the few engine rows), not once per claim.
 _HELD_BY_OTHERS = "c.engine_id IS NOT NULL AND c.engine_id <> %s"
 _LAPSED_PG = (
-    "(c.expires_at + %s * interval '1 millisecond' < clock_timestamp() OR c.engine_id = ANY(ARRAY("
-    f"SELECT e.id FROM {ENGINE_TABLE} e WHERE e.heartbeat_at + %s * interval '1 millisecond' < clock_timestamp())))"
+    "(c.expires_at + %s * interval '1 millisecond' < clock_timestamp() OR ("
+    "c.expires_at > clock_timestamp() + %s * interval '1 millisecond' AND c.engine_id = ANY(ARRAY("
+    f"SELECT e.id FROM {ENGINE_TABLE} e WHERE e.heartbeat_at + %s * interval '1 millisecond' < clock_timestamp()))))"
 )
 _EXPIRED_PG = _held_pg(f"c.engine_id IS NOT NULL AND {_LAPSED_PG}")
 _OTHERS_PG = _held_pg(_HELD_BY_OTHERS)
@@ -100,8 +104,8 @@ _OTHERS_PG = _held_pg(_HELD_BY_OTHERS)
 _EXPIRED_OF_PG = _held_pg(f"c.engine_id = ANY(%s) AND {_LAPSED_PG}")
 # Where one writer runs (SQLite): the same rule, its times computed by the caller.
 _LAPSED_ONE_WRITER = (
-    f"c.engine_id IS NOT NULL AND (c.expires_at < %s OR c.engine_id IN "
-    f"(SELECT e.id FROM {ENGINE_TABLE} e WHERE e.heartbeat_at < %s))"
+    f"c.engine_id IS NOT NULL AND (c.expires_at < %s OR (c.expires_at > %s AND c.engine_id IN "
+    f"(SELECT e.id FROM {ENGINE_TABLE} e WHERE e.heartbeat_at < %s)))"
 )
 
 
@@ -155,8 +159,9 @@ def acquire(
         limit: at most this many claims (``<= 0``: none).
         ttl: the claims' time to live.
         using: the connection alias.
-        grace: None for unheld claims; else how long past expiry (or past its holder's heartbeat and
-            ``ttl``) a held claim may be taken over.
+        grace: None for unheld claims; else how long past expiry (or, for a claim whose expiry is more
+            than ``ttl`` ahead, a dormant one, past its holder's heartbeat and ``ttl``) a held claim may
+            be taken over.
         holders: with ``grace`` on PostgreSQL, only the claims of these engines are looked at (None:
             every held claim; elsewhere every held claim anyway).
         served: without ``grace``, the queues this engine serves (None: all): unheld runs of other
@@ -172,7 +177,7 @@ def acquire(
             if served is not None:
                 return _claim_pg(_FREE_SERVED_PG, [list(served), limit], engine_id, ttl, using)
             return _claim_pg(_FREE_PG, [limit], engine_id, ttl, using)
-        lapsed = [_ms(grace), _ms(ttl + grace)]
+        lapsed = [_ms(grace), _ms(ttl), _ms(ttl + grace)]
         if holders is not None:
             return _claim_pg(_EXPIRED_OF_PG, [holders, *lapsed, limit], engine_id, ttl, using)
         return _claim_pg(_EXPIRED_PG, [*lapsed, limit], engine_id, ttl, using)
@@ -181,7 +186,7 @@ def acquire(
         # heartbeat_at is written by the ORM (naive, in the connection's time zone): compared as the ORM
         # would write this instant; the claims' expiry is written by this module's raw statements.
         beat = backend(using).connection.ops.adapt_datetimefield_value(now - ttl - grace)
-        return _acquire_one_writer(engine_id, _LAPSED_ONE_WRITER, [now - grace, beat], limit, ttl, using)
+        return _acquire_one_writer(engine_id, _LAPSED_ONE_WRITER, [now - grace, now + ttl, beat], limit, ttl, using)
     return _acquire_one_writer(engine_id, None, [], limit, ttl, using, served=served)
 
 

@@ -1,11 +1,14 @@
 """When a held claim has lapsed, as the readers (admin, ``weft`` command, doctor) show it: the takeover
 rule of ``holding.py`` in ORM form, read-only.
 
-A held claim has lapsed when its expiry is past, or when its holder's heartbeat is more than the claim
-TTL old (the expiry a claim renewed at that heartbeat would have had): an engine renews the claims of
-its evicted workflows only once per nine TTLs (ADR 0014), so a dead engine's dormant claims expire late
-and only its heartbeat shows that they are orphaned. Another engine takes a lapsed claim over once the
-takeover grace (``TAKEOVER_GRACE_MULTIPLIER`` renew intervals) has passed as well.
+A held claim has lapsed when its expiry is past, or, renewed as dormant (its expiry more than the claim
+TTL ahead), when its holder's heartbeat is more than the claim TTL old (the expiry a claim renewed at
+that heartbeat would have had): an engine renews the claims of its evicted workflows only once per nine
+TTLs (ADR 0014), so a dead engine's dormant claims expire late and only its heartbeat shows that they
+are orphaned. A claim renewed with the TTL is kept by its expiry alone: a live engine whose heartbeat
+is skipped behind a locked engine row keeps renewing it (and its dormant claims with the TTL meanwhile).
+Another engine takes a lapsed claim over once the takeover grace (``TAKEOVER_GRACE_MULTIPLIER`` renew
+intervals) has passed as well.
 """
 
 from __future__ import annotations
@@ -66,11 +69,13 @@ def lapsed(
         expires, engine: the fields (or annotations) of the claim's expiry and holder.
     """
     return Q(**{f"{engine}__isnull": False}) & (
-        Q(**{f"{expires}__lt": now - grace}) | Q(holder_silent(using, now - ttl - grace, engine=engine))
+        Q(**{f"{expires}__lt": now - grace})
+        | (Q(**{f"{expires}__gt": now + ttl}) & Q(holder_silent(using, now - ttl - grace, engine=engine)))
     )
 
 
 def has_lapsed(expires_at: datetime | None, heartbeat_at: datetime | None, now: datetime, ttl: timedelta) -> bool:
     """The same rule for one held claim already read, with its holder's heartbeat (None: no engine row)."""
     expired = expires_at is not None and expires_at < now
-    return expired or (heartbeat_at is not None and heartbeat_at < now - ttl)
+    dormant = expires_at is not None and expires_at > now + ttl
+    return expired or (dormant and heartbeat_at is not None and heartbeat_at < now - ttl)
