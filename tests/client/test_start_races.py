@@ -20,7 +20,7 @@ import weft_django as weft
 from tests.testapp import deploy_chain  # noqa: F401 - registers tests.deploys.counter
 from weft_django import transitions
 from weft_django.client import starting
-from weft_django.models import BufferedSignal, Workflow
+from weft_django.models import BufferedSignal, PendingUpdate, Workflow
 from weft_django.testing import run_until_idle
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -60,23 +60,34 @@ def test_start_or_signal_signals_the_run_another_call_started_over_the_finished_
     assert sorted(BufferedSignal.objects.filter(run_id=run_id).values_list("payload", flat=True)) == ['"A"', '"B"']
 
 
+def _end_and_purge(workflow_id: str) -> None:
+    weft.cancel(workflow_id, "ends and is purged before the update is admitted")
+    transitions.purge(workflow_id)
+
+
 @pytest.mark.postgres  # the cancel writes while this call's transaction is open: SQLite has one writer
-def test_start_with_update_starts_a_new_run_when_the_running_one_ends_before_the_admission(monkeypatch):
-    weft.start("tests.msg_counter", args=[1], id="swu-race")
-    first_run = Workflow.objects.get(pk="swu-race").run_id
+@pytest.mark.parametrize("purged", [False, True], ids=["ended", "ended-and-purged"])
+def test_start_with_update_starts_a_new_run_when_the_running_one_ends_before_the_admission(monkeypatch, purged):
+    """Ended, or ended and purged (admit() then raised WorkflowNotFoundError to the caller), between the
+    call's read of the running run and the admission of the update: a new run is started and takes it."""
+    wid = f"swu-race-{purged}"
+    weft.start("tests.msg_counter", args=[1], id=wid)
+    first_run = Workflow.objects.get(pk=wid).run_id
     real, first = starting.admit, [True]
 
     def ended_first(*args: Any, **kwargs: Any) -> Any:
         if first:
             first.clear()
-            _in_another_thread(lambda: weft.cancel("swu-race", "ends before the update is admitted"))
+            end = _end_and_purge if purged else lambda w: weft.cancel(w, "ends before the update is admitted")
+            _in_another_thread(lambda: end(wid))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(starting, "admit", ended_first)
     with pytest.raises(weft.UpdateTimeoutError):  # no engine runs: admitted to the new run, not answered
-        weft.start_with_update("tests.msg_counter", "add", 1, args=[1], id="swu-race", timeout="300ms")
-    row = Workflow.objects.get(pk="swu-race")
+        weft.start_with_update("tests.msg_counter", "add", 1, args=[1], id=wid, timeout="300ms")
+    row = Workflow.objects.get(pk=wid)
     assert row.status == "running" and row.run_id != first_run
+    assert PendingUpdate.objects.filter(run_id=row.run_id, name="add").count() == 1
 
 
 def test_an_idempotency_key_names_its_workflow_after_the_run_continued_as_new():
