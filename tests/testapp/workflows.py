@@ -690,6 +690,28 @@ def local_then_signal(ctx, key: str):
     return [first, payload, second]
 
 
+@weft.activity(local=True)
+def local_who(workflow_id: str) -> str:
+    """Records which engine ran it (its PostgreSQL application name) and which engine held the
+    workflow's claim as it ran: a non-owner running a step shows up as the two differing."""
+    import os
+
+    from weft_django.models import WorkflowClaim
+
+    me = os.environ.get("PGAPPNAME", "")
+    holder = WorkflowClaim.objects.filter(pk=workflow_id).values_list("engine_id", flat=True).first()
+    _count("local_who", f"{workflow_id}|ran={me}|holder=weft-{holder}")
+    return me
+
+
+@weft.workflow(name="tests.signal_then_local")
+def signal_then_local(ctx):
+    """Parks on a signal, then runs a local step recording who ran it and who owned the workflow."""
+    payload = yield ctx.wait_for_signal("go")
+    yield ctx.run(local_who, ctx.workflow_id)
+    return payload
+
+
 @weft.workflow(name="tests.local_flaky")
 def local_flaky_workflow(ctx, key: str, fail_times: int):
     return (yield ctx.run(local_flaky, key, fail_times))

@@ -287,7 +287,7 @@ class Engine:
 
     def _tick(self, claim: bool) -> bool:
         lost_at, notified, rescan, carried, read = self.wake.take()
-        self.residency.recall(notified, lost_at)  # an evicted workflow named by a wake-up is loaded again
+        self.residency.recall(self, notified, lost_at)  # an evicted workflow named by a wake-up is loaded again
         lost = {wid for wid, epoch in lost_at.items() if wid in self.owned and self.owned[wid].epoch == epoch}
         if not (lost or notified or rescan) and self._quiet(claim):
             return False

@@ -22,7 +22,9 @@ from .owned import Owned
 class ResidencyHost(Protocol):
     """What the host's ``residency`` (engine/residency.py's Residency) offers through it."""
 
-    def recall(self, workflow_ids: Iterable[str], lost: Mapping[str, int] | None = None) -> None: ...
+    def recall(
+        self, engine: EngineHost, workflow_ids: Iterable[str], lost: Mapping[str, int] | None = None
+    ) -> None: ...
 
     def interval(self, engine: EngineHost) -> float: ...
 

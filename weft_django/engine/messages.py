@@ -488,7 +488,7 @@ def answer_queries(engine: EngineHost, now: datetime, writes: dict[str, Workflow
     asked = mailbox.queries_waiting(engine.engine_id, QUERY_BATCH, using)
     if not asked:
         return False
-    engine.residency.recall(asked)  # an evicted workflow asked about is loaded again, then answered
+    engine.residency.recall(engine, asked)  # an evicted workflow asked about is loaded again, then answered
     # Every owned workflow asked about: also one whose settlement was committed elsewhere (an atomic
     # activity, a Celery worker) but whose generator recorded a memo or a race's winner since.
     engine.flush({wid for wid in asked if wid in engine.owned}, now, writes)

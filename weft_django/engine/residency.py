@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 
 from ..operations import WaitForSignal, WaitForUpdate
-from ..store import mailbox
+from ..store import histories, mailbox
 from .host import EngineHost
 from .owned import Owned
 
@@ -49,19 +49,35 @@ class Residency:
         self.recalls = 0
         self._short: tuple[float, int] | None = None  # after a short scan: (retry at, resident count then)
 
-    def recall(self, workflow_ids: Iterable[str], lost: Mapping[str, int] | None = None) -> None:
+    def recall(self, engine: EngineHost, workflow_ids: Iterable[str], lost: Mapping[str, int] | None = None) -> None:
         """Load these evicted workflows again on the next pass (they got mail or a wake-up); forget
-        the evicted ones whose claim was found ``lost`` at the epoch they were evicted at."""
+        the evicted ones whose claim was found ``lost`` at the epoch they were evicted at.
+
+        A dormant claim's loss is found late (its renewal is rare): this engine frozen past it, another
+        engine took it over. So a recall reads the claims first (one round trip, only when a named
+        workflow is evicted) and loads only those still held by this engine at their epoch; the others
+        are forgotten, never replayed and driven by a non-owner."""
         for wid, gone in (lost or {}).items():
             if self.evicted.get(wid) == gone:
                 del self.evicted[wid]
         if not self.evicted:
             return
-        for wid in workflow_ids:
-            epoch = self.evicted.pop(wid, None)
-            if epoch is not None:
-                self.recalls += 1
-                self.reload(wid, epoch)
+        named = {wid: self.evicted[wid] for wid in workflow_ids if wid in self.evicted}
+        if not named:
+            return
+        holders = histories.claim_holders(list(named), engine.using)  # raises before anything is popped
+        for wid, epoch in named.items():
+            del self.evicted[wid]
+            if holders.get(wid) != (epoch, engine.engine_id):
+                logger.warning(
+                    "stopped driving workflow=%s engine=%s epoch=%s reason=dormant claim lost before its recall",
+                    wid,
+                    engine.engine_id,
+                    epoch,
+                )
+                continue
+            self.recalls += 1
+            self.reload(wid, epoch)
 
     def forget(self, workflow_ids: Iterable[str]) -> None:
         """Drop the evicted entries of these workflows: claimed again at a new epoch, the engine lost the
@@ -123,7 +139,7 @@ class Residency:
         # mail its context has not read yet must still recall it once evicted). Workflows with no mail
         # any more drop out, so this holds no more than the held workflows with mail.
         self._seen = {wid: self._seen[wid] for wid in marks if wid in self._seen} | {wid: marks[wid] for wid in new}
-        self.recall(new)
+        self.recall(engine, new)
         return len(self.evicted) < began
 
 
