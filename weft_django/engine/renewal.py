@@ -46,6 +46,9 @@ class StoreLease:
         self.using = using
         self.epoch: int | None = None  # held at this epoch; None: not held
         self.lost = False  # renewal found it gone: the loop deposes this engine for every workflow
+        # Orders the renewal thread's ``lost`` after the loop's changes of epoch: a renewal that read an
+        # epoch the loop has given up (and taken the lease again since) does not report the new one lost.
+        self._lock = threading.Lock()
 
     def acquire(self) -> bool:
         """Try to take the lease now. Returns whether this engine holds it."""
@@ -58,7 +61,8 @@ class StoreLease:
         if epoch is None:
             return False
         logger.info("store lease acquired engine=%s epoch=%s", self.engine_id, epoch)
-        self.epoch, self.lost = epoch, False
+        with self._lock:
+            self.epoch, self.lost = epoch, False
         return True
 
     def wait(self, stopping: threading.Event) -> bool:
@@ -90,20 +94,25 @@ class StoreLease:
         if self.lost:
             logger.warning("store lease lost engine=%s: deposed for every workflow", self.engine_id)
             depose_all()
-            self.epoch, self.lost = None, False
+            with self._lock:
+                self.epoch, self.lost = None, False
         if self.epoch is None:
             acquired = self.acquire()
             return acquired, acquired
         return True, False
 
     def renew(self) -> bool:
-        """Renew the lease if held (renewal thread). Returns False when it was found lost."""
+        """Renew the lease if held (renewal thread). Returns False when it was found lost (at the epoch
+        still held: a renewal of an epoch the loop gave up meanwhile reports nothing)."""
         epoch = self.epoch
         if epoch is None or engines.renew_store_lease(
             self.engine_id, epoch, ttl=self.settings.lease_ttl, using=self.using
         ):
             return True
-        self.lost = True
+        with self._lock:
+            if self.epoch != epoch:
+                return True
+            self.lost = True
         return False
 
     def release(self) -> None:
