@@ -33,6 +33,32 @@ def test_jitter_longer_than_the_period_misses_nothing_on_a_live_engine(weft_cloc
     assert (row.missed_fire_count, fired >= 24) == (0, True), (row.missed_fire_count, fired)
 
 
+def test_two_jittered_occurrences_seen_due_in_one_pass_both_fire(weft_clock):
+    """Occurrence k delayed by most of the period, k+1 by little: a pass a few seconds after both came
+    due (a live engine polling every few seconds) must fire both, not count k as missed because k+1 came
+    due before the pass saw k. Only a pass more than a period late coalesces (docs/schedules.md)."""
+    from weft_django.schedules.timing import Timing
+
+    weft.schedule("tests.scheduled_run", id="jit2", every=60, jitter="5m", overlap="allow")
+    row = Schedule.objects.get(pk="jit2")
+    timing = Timing.of(row)
+    nominal = row.next_nominal_at
+    for _ in range(20_000):  # a nominal time whose delay is long and whose next one's is short
+        if timing.jitter(nominal) > timedelta(seconds=50) and timing.jitter(
+            nominal + timedelta(seconds=60)
+        ) < timedelta(seconds=5):
+            break
+        nominal += timedelta(seconds=60)
+    else:  # pragma: no cover - the hash spreads delays evenly: one in about 120 qualifies
+        pytest.fail("no such pair of occurrences")
+    Schedule.objects.filter(pk="jit2").update(next_nominal_at=nominal, next_fire_at=timing.fire_at(nominal))
+    second = nominal + timedelta(seconds=60)
+    now = timing.fire_at(second) + timedelta(seconds=2)  # both due; the first by 10-16 s only
+    firing.ScheduleFiring().run(engine(), now)
+    row = Schedule.objects.get(pk="jit2")
+    assert (row.missed_fire_count, Workflow.objects.filter(schedule_id="jit2").count()) == (0, 2)
+
+
 FAR = "9999-12-31T23:59:00+00:00"
 BAD_ROWS = {
     "bad-cron": {"cron": "not a cron", "every": None},
