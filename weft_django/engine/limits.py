@@ -14,7 +14,7 @@ from typing import Any
 
 from django.db import DatabaseError
 
-from ..codec import decode
+from ..codec import decode, storable_text
 from ..store.limits import SlotRequest, release_slots, take_slot
 from .activities import AttemptTask
 
@@ -28,20 +28,13 @@ def attempt_key(task: AttemptTask) -> str | None:
     chooser = task.definition.limits.key
     if chooser is None:
         return None
+    # Stored with a NUL or a lone surrogate escaped (codec.storable_text): stored as it was, the slot
+    # request failed on every try and the whole activity waited behind it.
     if isinstance(chooser, str):  # a fixed key: stored as a callable's is (a NUL in it, say)
-        return storable(chooser)[:255]
+        return storable_text(chooser)[:255]
     payload = decode(task.args_text) or {}
     value = chooser(*payload.get("args", []), **payload.get("kwargs", {}))
-    return None if value is None else storable(str(value))[:255]
-
-
-def storable(key: str) -> str:
-    """``key`` as text every database stores: a NUL (PostgreSQL text refuses it) and a lone surrogate
-    (UTF-8 refuses it) written as backslash escapes. Stored as it was, the slot request failed on every
-    try and the whole activity waited behind it."""
-    if "\x00" in key:
-        key = key.replace("\x00", "\\x00")
-    return key.encode("utf-8", "backslashreplace").decode("utf-8")
+    return None if value is None else storable_text(str(value))[:255]
 
 
 class ActivityLimiter:
