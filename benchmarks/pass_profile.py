@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import collections
 import cProfile
+import gc
 import os
 import pstats
 import re
@@ -34,6 +35,9 @@ def main() -> None:
     parser.add_argument(
         "--cprofile", type=int, default=0, metavar="N", help="profile the drain; print the N top functions by own time"
     )
+    parser.add_argument(
+        "--no-freeze", action="store_true", help="leave start-up objects to the collector (weft_engine freezes them)"
+    )
     options = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
     name = os.environ.setdefault("WEFT_BENCH_PG_NAME", "weft_pass_profile")
@@ -51,6 +55,7 @@ def main() -> None:
     import weft_django as weft
     from benchmarks.benchapp.workflows import three_local, three_noop
     from weft_django.engine.engine import Engine
+    from weft_django.management.commands.weft_engine import freeze_startup_objects
     from weft_django.models import Workflow
 
     call_command("migrate", verbosity=0)
@@ -76,6 +81,23 @@ def main() -> None:
         return commit(batch, now)
 
     engine._commit = counting_commit  # type: ignore[method-assign]
+    if not options.no_freeze:
+        freeze_startup_objects(engine.engine_id)  # as weft_engine does before its first pass
+    collections_seen: list[int] = [0, 0, 0]
+    collection_seconds: list[float] = [0.0, 0.0, 0.0]
+    collection_started: list[float] = [0.0]
+
+    def on_collection(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collection_started[0] = time.perf_counter()
+        elif not engine_started[0]:
+            return
+        else:
+            collections_seen[info["generation"]] += 1
+            collection_seconds[info["generation"]] += time.perf_counter() - collection_started[0]
+
+    engine_started = [False]
+    gc.callbacks.append(on_collection)
     engine.start()
     n = options.workflows
     workflow = three_local if options.steps == "local" else three_noop
@@ -84,6 +106,7 @@ def main() -> None:
     profiler = cProfile.Profile() if options.cprofile else None
     if profiler is not None:
         profiler.enable()
+    engine_started[0] = True
     started, passes, most = time.perf_counter(), 0, 0
     while True:
         busy = engine.tick()
@@ -103,6 +126,10 @@ def main() -> None:
         f"{sum(batches) / max(1, len(batches)):.1f}, max {max(batches, default=0)}; most held at once {most:,}"
     )
     print(f"the loop thread's statements: {sum(seconds.values()):.2f} s of {elapsed:.2f} s")
+    print(
+        "the cyclic garbage collector during the drain (all threads): "
+        + ", ".join(f"generation {g}: {collections_seen[g]} in {collection_seconds[g]:.3f} s" for g in range(3))
+    )
     for shape, spent in seconds.most_common(12):
         print(f"{spent:7.2f} s {calls[shape]:7,}  {shape}")
     if profiler is not None:

@@ -56,3 +56,20 @@ def test_bad_observability_arguments(args):
 
     with pytest.raises((CommandError, SystemExit)):
         call_command("weft_engine", *args)
+
+
+@pytest.mark.subprocess
+def test_a_running_engine_freezes_its_start_up_objects(weft_engines):
+    """The long-running engine moves its start-up objects out of the cyclic collector's reach
+    (weft_engine.freeze_startup_objects), so full collections no longer walk Django and the app
+    registry in the middle of its passes."""
+    engine = weft_engines("gc-freeze-1", "-v", "3")
+    output = wait_for(
+        lambda: (
+            (text := engine.output()) and re.search(r"start-up objects frozen engine=gc-freeze-1 objects=(\d+)", text)
+        ),
+        timeout=20,
+        message="the engine's log line for its frozen start-up objects",
+    )
+    assert int(output.group(1)) > 10_000, output.group(0)
+    assert engine.stop() == 0
