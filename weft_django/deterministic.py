@@ -14,6 +14,7 @@ import uuid
 from datetime import datetime
 from typing import Protocol
 
+from .codec import is_storable
 from .exceptions import WorkflowDefinitionError
 
 PATCH_ID_MAX = 255  # Step.name
@@ -48,12 +49,18 @@ def check_patch_id(change_id: object, call: str) -> str:
         call: the call's name, for the message.
 
     Raises:
-        WorkflowDefinitionError: not a non-empty string of at most 255 characters.
+        WorkflowDefinitionError: not a non-empty string of at most 255 characters without NUL or
+            unpaired surrogates (the marker step's name: the database could not store it).
     """
-    if not isinstance(change_id, str) or not change_id.strip() or len(change_id) > PATCH_ID_MAX:
+    if (
+        not isinstance(change_id, str)
+        or not change_id.strip()
+        or len(change_id) > PATCH_ID_MAX
+        or not is_storable(change_id)
+    ):
         raise WorkflowDefinitionError(
-            f"{call} takes a change id: a non-empty string of at most {PATCH_ID_MAX} characters that names the "
-            f'change, as in ctx.patched("charge-before-ship") (got {change_id!r}).'
+            f"{call} takes a change id: a non-empty string of at most {PATCH_ID_MAX} characters, without NUL or "
+            f'unpaired surrogates, that names the change, as in ctx.patched("charge-before-ship") (got {change_id!r}).'
         )
     return change_id
 

@@ -5,7 +5,9 @@ A patch marker is a step of kind ``patch`` named by the change id, recorded by t
 the position the call was made (like a memo step: in the next fenced commit, in order). Replay
 decides a call at position p:
 
-- the step at p is this change's marker: the new branch (the marker is consumed);
+- the step at p is this change's marker, or the markers recorded from p on with nothing between
+  include it: the new branch (the marker and those before it are consumed; a change whose marker is
+  passed over this way answers True if the code asks for it later);
 - this run recorded anything at p or later (a step, a timer, an applied update) and no marker: the
   run was recorded by code before the change, the old branch;
 - otherwise the run reaches this point for the first time: the new branch, and the marker is written.
@@ -86,9 +88,12 @@ class DriverHistory:
             return decided
         run = self._run
         seq = run.next_seq
+        found = self._marker(change_id, seq)
         step = run.steps.get(seq)
-        if step is not None and step.kind == PATCH and step.name == change_id:
-            run.next_seq += 1
+        if found is not None:
+            for unasked in range(seq, found):  # changes taken at this point that the code asks for later, or no more
+                self._decided.setdefault(run.steps[unasked].name, True)
+            run.next_seq = found + 1
             taken = True
         elif deprecated:
             taken = True
@@ -100,6 +105,18 @@ class DriverHistory:
             taken = True
         self._decided[change_id] = taken
         return taken
+
+    def _marker(self, change_id: str, seq: int) -> int | None:
+        """The position of this change's marker among the markers recorded at ``seq`` and after it
+        with nothing between (the changes one turn of the code took there), or None. Markers before it
+        are of changes whose calls were removed (a ``deprecate_patch`` at the end of its life) or come
+        later in the code: they are passed over, as ``skip_unasked`` passes them at a yield."""
+        steps = self._run.steps
+        while (step := steps.get(seq)) is not None and step.kind == PATCH:
+            if step.name == change_id:
+                return seq
+            seq += 1
+        return None
 
     def _recorded_from(self, seq: int) -> bool:
         run = self._run
