@@ -11,8 +11,10 @@ A run fails the check when replaying it:
   result, or waits for more; a failed run whose code now completes or waits for more. (A cancelled,
   terminated or timed-out run ended from outside: only its recorded steps are checked.)
 
-A run still open passes when the code reaches a frontier, completes or fails there: that is what the
-engine would do with it next.
+A run still open passes when the code reaches a frontier or completes there: that is what the
+engine would do with it next. One whose code now fails is reported (``WorkflowFailedError``), even
+right after its last recorded step: an open run a step away from failing is rare, new code that fails
+it is not.
 """
 
 from __future__ import annotations
