@@ -106,3 +106,29 @@ def test_an_attempt_in_flight_keeps_its_timeout_across_a_same_epoch_reload(celer
     epoch = WorkflowClaim.objects.get(pk=handle.id).epoch
     assert [c for c in calls("celery_gated_first") if c.startswith("t@1/")] == [f"t@1/{epoch}"]
     gate.touch()  # let the worker's hung attempt end (its result is refused: it timed out)
+
+
+def test_an_attempt_timed_out_just_before_a_same_epoch_reload_is_retried_at_once(celery_worker, engine, tmp_path):
+    """The engine's poll commits attempt 1's expiry; the same pass then fails (a database error: the
+    tick reloads every workflow) before the retry it decided is committed. The reloaded context still
+    waits for attempt 1, which can never finish now: it must be retried at once, not after another
+    whole timeout (its message, sent again, is skipped by the worker meanwhile)."""
+    celery_worker("reload-expired", concurrency=3)
+    gate = tmp_path / "gate"  # never opened: attempt 1 hangs on its worker past its 4 s timeout
+    handle = weft.start("tests.celery_gated_first", args=["x", str(gate)], id="celery-reload-expired")
+    tick_until(engine, lambda: calls("celery_gated_first"), "attempt 1 to run on the worker", timeout=90)
+    old = engine.owned[handle.id].inflight[0]
+    assert old.deadline is not None
+    time.sleep(max(0.0, old.deadline - time.monotonic()) + 0.1)
+    engine.executor.poll(set())  # the pass's first step: it fences attempt 1 out ...
+    assert RemoteAttempt.objects.get(workflow_id=handle.id, attempt=1).state == "expired"
+    engine.reload_all()  # ... and the pass fails before its writes commit (Engine.tick on a DatabaseError)
+    reloaded = time.monotonic()
+    tick_until(engine, lambda: any("@2/" in c for c in calls("celery_gated_first")), "attempt 2", timeout=30)
+    waited = time.monotonic() - reloaded
+    assert waited < 2.5, f"attempt 2 started {waited:.1f}s after the reload (attempt 1 timed out again)"
+    tick_until(engine, lambda: Workflow.objects.get(pk=handle.id).status != "running", "the run to end")
+    assert handle.result(timeout=5)["attempt"] == 2
+    ran = [c for c in calls("celery_gated_first") if c.startswith("x@1/")]
+    assert len(ran) == 1, ran  # a message sent again for attempt 1 is skipped by the worker, never run
+    gate.touch()

@@ -210,7 +210,10 @@ class CeleryExecutor:
         if check:
             by_key = {_key(task): task for task in check}
             for key, outcome in remote.poll(list(by_key), self._using).items():
-                self._settle(by_key[key], outcome)
+                if outcome.expired:
+                    self._expired(by_key[key], clock)
+                else:
+                    self._settle(by_key[key], outcome)
                 settled.add(key.ident)
         for task in tasks:
             control = task.control
@@ -220,10 +223,17 @@ class CeleryExecutor:
                 continue
             expiry, late = remote.expire(self._engine_id, control.key, task.definition.name, self._using)
             if expiry is remote.Expiry.EXPIRED:
-                self._forget(control.key, done=True)
-                control.lock.release()  # fenced out: the engine's timeout path takes it from here
+                self._expired(task, clock)
             elif late is not None:
                 self._settle(task, late)
+
+    def _expired(self, task: AttemptTask, clock: float) -> None:
+        """The attempt is fenced out (timed out): hand it to the engine's timeout path (which times out
+        the attempts past their deadline whose lock it can take), now."""
+        assert isinstance(task.control, remote.RemoteControl)
+        self._forget(task.control.key, done=True)
+        task.deadline = min(task.deadline, clock) if task.deadline is not None else clock
+        task.control.lock.release()
 
     def _settle(self, task: AttemptTask, outcome: remote.RemoteOutcome) -> None:
         self._forget(_key(task), done=True)
