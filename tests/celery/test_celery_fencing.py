@@ -106,6 +106,8 @@ def test_expiry_and_completion_exclude_each_other():
     assert remote.expire("owner", timed_out, "a", USING) == (remote.Expiry.EXPIRED, None)
     assert remote.complete(timed_out, '"late"', USING) is remote.Disposition.NOT_WAITING
     assert remote.heartbeat(timed_out, "null", "w", USING) == "this attempt is already expired"
+    # A context loaded again at the same epoch finds it timed out, not waiting for a worker.
+    assert remote.poll([timed_out], USING) == {timed_out: remote.RemoteOutcome(ok=False, expired=True)}
 
     finished = running_attempt()
     assert remote.complete(finished, '"done"', USING) is remote.Disposition.RECORDED

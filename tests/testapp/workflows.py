@@ -537,6 +537,21 @@ def celery_gated_workflow(ctx, key: str, gate: str):
     return (yield ctx.run(celery_gated, key, gate))
 
 
+@weft.activity(executor="celery", timeout="4s", retry=weft.RetryPolicy(max_attempts=3, initial_backoff="50ms"))
+def celery_gated_first(key: str, gate: str) -> dict:
+    """Attempt 1 waits for the gate (past its 4 s timeout unless the gate opens); later attempts return."""
+    info = weft.activity_info()
+    ActivityCall.objects.create(name="celery_gated_first", key=f"{key}@{info.attempt}/{info.epoch}")
+    if info.attempt == 1:
+        _wait_for_gate(gate)
+    return {"attempt": info.attempt, "epoch": info.epoch}
+
+
+@weft.workflow(name="tests.celery_gated_first")
+def celery_gated_first_workflow(ctx, key: str, gate: str):
+    return (yield ctx.run(celery_gated_first, key, gate))
+
+
 @weft.activity(timeout="30s")
 def timed_add(a: int, b: int) -> dict:
     return {"sum": a + b, "pid": _os.getpid()}

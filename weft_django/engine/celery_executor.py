@@ -24,6 +24,9 @@ logger = logging.getLogger("weft_django.contrib.celery")
 RUN_ACTIVITY = "weft_django.run_activity"
 SEND_BATCH = 500
 RESEND_DELAY = 1.0  # seconds before a send that failed (broker unreachable) is tried again
+# How long past its deadline a sent attempt no context waits for any more (its workflow reloaded,
+# finished or lost) is remembered as sent: a reload at the same epoch that comes later sends it again.
+SENT_KEPT_FOR = 60.0
 _settings_app: Celery | None = None
 _settings_app_lock = threading.Lock()
 
@@ -63,7 +66,13 @@ class CeleryExecutor:
 
     Sending happens on a thread of its own, so a slow or unreachable broker never stalls the engine
     loop; an attempt's timeout starts once its message is sent (a send that fails is retried, and is
-    not the activity's failure)."""
+    not the activity's failure).
+
+    A workflow reloaded at the same epoch (a failed pass or commit: its context is dropped and loaded
+    again under the same claim) submits the attempt it waits for again, with the same key. Its message
+    is already with a worker, whose result the new context will take: the attempt is not sent again
+    (a second delivery passes every check a worker makes, so it would run the activity twice), and its
+    timeout keeps counting from the first send."""
 
     def __init__(
         self,
@@ -79,6 +88,8 @@ class CeleryExecutor:
         self._using = using
         self._poll_interval = poll_interval
         self._running: dict[tuple[str, int, int, int], AttemptTask] = {}
+        # The deadline of every attempt this executor sent whose outcome it has not settled or expired yet.
+        self._sent: dict[tuple[str, int, int, int], float | None] = {}
         self._lock = threading.Lock()
         self._outbox: queue.SimpleQueue[AttemptTask | None] = queue.SimpleQueue()
         self._stop = threading.Event()
@@ -91,6 +102,8 @@ class CeleryExecutor:
         task.control = remote.RemoteControl(task.control.info, key, self._using, self._forget)
         with self._lock:
             self._running[task.key] = task
+            if self._adopt(task):
+                return
             if self._sender is None:
                 self._sender = threading.Thread(target=self._send_loop, name="weft-celery-send", daemon=True)
                 self._sender.start()
@@ -125,8 +138,18 @@ class CeleryExecutor:
                 batch.append(self._outbox.get_nowait())
             except queue.Empty:
                 break
-        with self._lock:
-            return [task for task in batch if task is not None and task.key in self._running]
+        with self._lock:  # not those stopped meanwhile, nor those an earlier context's send covers
+            return [t for t in batch if t is not None and self._running.get(t.key) is t and not self._adopt(t)]
+
+    def _adopt(self, task: AttemptTask) -> bool:
+        """Whether the attempt was sent already (by an earlier context of its workflow, at the same
+        epoch): then it is in flight, with that send's deadline. Called under the lock."""
+        if task.key not in self._sent:
+            return False
+        task.deadline = self._sent[task.key]
+        assert isinstance(task.control, remote.RemoteControl)
+        task.control.sent = True
+        return True
 
     def _send(self, batch: list[AttemptTask]) -> list[AttemptTask]:
         """Record the attempts as sent, then publish them; return those that could not be sent."""
@@ -162,28 +185,35 @@ class CeleryExecutor:
                 unsent.append(task)
                 continue
             timeout = task.definition.timeout
-            task.deadline = time.monotonic() + timeout.total_seconds() if timeout is not None else None
-            assert isinstance(task.control, remote.RemoteControl)
-            task.control.sent = True
+            with self._lock:
+                self._sent[task.key] = time.monotonic() + timeout.total_seconds() if timeout is not None else None
+                self._adopt(task)
+                current = self._running.get(task.key)  # a newer context may wait for it by now: it takes this send
+                if current is not None:
+                    self._adopt(current)
         return unsent
 
     # -- outcomes ---------------------------------------------------------------------------------------
     def poll(self, notified: set[str]) -> None:
         """Settle attempts whose outcome a worker committed (all of them every poll interval, those of
         woken workflows at once), and time out those past their deadline, fenced (remote.expire)."""
-        tasks = self.running
-        if not tasks:
-            return
         clock = time.monotonic()
         full = clock - self._last_poll >= self._poll_interval
         if full:
             self._last_poll = clock
+            self._prune_sent(clock)
+        tasks = self.running
+        if not tasks:
+            return
         check = [task for task in tasks if full or task.workflow_id in notified]
         settled: set[tuple[str, int, int, int]] = set()
         if check:
             by_key = {_key(task): task for task in check}
             for key, outcome in remote.poll(list(by_key), self._using).items():
-                self._settle(by_key[key], outcome)
+                if outcome.expired:
+                    self._expired(by_key[key], clock)
+                else:
+                    self._settle(by_key[key], outcome)
                 settled.add(key.ident)
         for task in tasks:
             control = task.control
@@ -193,13 +223,20 @@ class CeleryExecutor:
                 continue
             expiry, late = remote.expire(self._engine_id, control.key, task.definition.name, self._using)
             if expiry is remote.Expiry.EXPIRED:
-                self._forget(control.key)
-                control.lock.release()  # fenced out: the engine's timeout path takes it from here
+                self._expired(task, clock)
             elif late is not None:
                 self._settle(task, late)
 
+    def _expired(self, task: AttemptTask, clock: float) -> None:
+        """The attempt is fenced out (timed out): hand it to the engine's timeout path (which times out
+        the attempts past their deadline whose lock it can take), now."""
+        assert isinstance(task.control, remote.RemoteControl)
+        self._forget(task.control.key, done=True)
+        task.deadline = min(task.deadline, clock) if task.deadline is not None else clock
+        task.control.lock.release()
+
     def _settle(self, task: AttemptTask, outcome: remote.RemoteOutcome) -> None:
-        self._forget(_key(task))
+        self._forget(_key(task), done=True)
         task.control.finished = True
         if outcome.ok:
             self.outcomes.put(
@@ -209,9 +246,20 @@ class CeleryExecutor:
         retryable = remote.is_retryable(task.definition.retry, outcome.error_types)
         self.outcomes.put(AttemptOutcome(task, ok=False, error=outcome.error or {}, retryable=retryable))
 
-    def _forget(self, key: remote.AttemptKey) -> None:
+    def _forget(self, key: remote.AttemptKey, *, done: bool = False) -> None:
+        """Stop waiting for the attempt; ``done``: its outcome is settled or it expired, so no context
+        waits for its message again (else it stays known as sent: a reloaded context takes it up)."""
         with self._lock:
             self._running.pop(key.ident, None)
+            if done:
+                self._sent.pop(key.ident, None)
+
+    def _prune_sent(self, clock: float) -> None:
+        """Forget the sends no context waited for since SENT_KEPT_FOR past their deadline."""
+        with self._lock:
+            for ident, deadline in list(self._sent.items()):
+                if ident not in self._running and (deadline is None or clock > deadline + SENT_KEPT_FOR):
+                    del self._sent[ident]
 
     @property
     def running(self) -> list[AttemptTask]:

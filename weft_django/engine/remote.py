@@ -84,6 +84,9 @@ class RemoteOutcome:
     result: str | None = None
     error: dict[str, Any] | None = None
     error_types: tuple[str, ...] = ()
+    # The attempt was timed out (its row is ``expired``): by an earlier context of the workflow at the
+    # same epoch, reloaded before the timeout's retry committed. It can never finish: time it out now.
+    expired: bool = False
     # A result's: its step's completed_at as the worker wrote it (ctx.now() reads it); metadata, not
     # part of what the outcome is, so two outcomes compare equal whatever time they carry.
     completed_at: datetime | None = dataclasses.field(default=None, compare=False)
@@ -475,7 +478,8 @@ def expire(engine_id: str, key: AttemptKey, activity: str, using: str) -> tuple[
 
 
 def poll(keys: list[AttemptKey], using: str) -> dict[AttemptKey, RemoteOutcome]:
-    """The outcomes workers committed for these attempts: two queries per CHUNK runs."""
+    """The outcomes workers committed for these attempts, and those timed out already (``expired``):
+    two queries per CHUNK runs."""
     wanted = {key.ident: key for key in keys}
     seqs: dict[str, set[int]] = {}
     for key in keys:
@@ -495,15 +499,18 @@ def poll(keys: list[AttemptKey], using: str) -> dict[AttemptKey, RemoteOutcome]:
             done = wanted.get((str(run_id), seq, attempt, epoch))
             if done is not None:
                 found[done] = RemoteOutcome(ok=True, result=result, completed_at=completed_at)
-        failed = (
+        ended = (
             RemoteAttempt.objects.using(using)
-            .filter(where, state=RemoteAttemptState.FAILED)
-            .values_list("run_id", "seq", "attempt", "epoch", "error", "error_types")
+            .filter(where, state__in=(RemoteAttemptState.FAILED, RemoteAttemptState.EXPIRED))
+            .values_list("run_id", "seq", "attempt", "epoch", "state", "error", "error_types")
         )
-        for run_id, seq, attempt, epoch, error, types in failed:
+        for run_id, seq, attempt, epoch, state, error, types in ended:
             raised = wanted.get((str(run_id), seq, attempt, epoch))
             if raised is not None and raised not in found:
-                found[raised] = RemoteOutcome(ok=False, error=error, error_types=tuple(types or ()))
+                if state == RemoteAttemptState.EXPIRED:
+                    found[raised] = RemoteOutcome(ok=False, expired=True)
+                else:
+                    found[raised] = RemoteOutcome(ok=False, error=error, error_types=tuple(types or ()))
     return found
 
 
