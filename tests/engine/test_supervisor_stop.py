@@ -1,0 +1,110 @@
+"""weft_engine --processes N stopping while it forks a child: real subprocesses and real signals, the
+moment forced by a settings module that wraps ``os.fork`` in the supervisor's process only."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from weft_django.models import Engine
+from weft_django.testing import wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.subprocess]
+ROOT = Path(__file__).resolve().parents[2]
+FAST = json.dumps({"WORKFLOW_CLAIM_TTL": "3s", "WORKFLOW_CLAIM_RENEW_INTERVAL": "1s"})
+
+# The supervisor's fork number SIGNAL_AT sends the supervisor SIGTERM right after the fork returns in
+# it, and sleeps so that the handler runs there: before the supervisor has recorded the new child.
+HOOK = """
+import os, signal, time
+from tests.settings import *  # noqa
+
+_fork, _state = os.fork, {"pid": None, "forks": 0}
+SIGNAL_AT = int(os.environ["WEFT_TEST_SIGNAL_AT_FORK"])
+
+
+def _forked_then_signalled():
+    if _state["pid"] is None:
+        _state["pid"] = os.getpid()
+    pid = _fork()
+    if pid and os.getpid() == _state["pid"]:
+        _state["forks"] += 1
+        if _state["forks"] == SIGNAL_AT:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.5)
+    return pid
+
+
+os.fork = _forked_then_signalled
+"""
+
+
+def live(prefix: str) -> dict[str, int]:
+    """{engine id: pid} of the engines whose id starts with ``prefix`` and that have not stopped."""
+    return dict(Engine.objects.filter(id__startswith=prefix, stopped_at__isnull=True).values_list("id", "pid"))
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def hooked(tmp_path: Path, signal_at: int) -> dict[str, str]:
+    (tmp_path / "fork_hook_settings.py").write_text(HOOK)
+    return {
+        "DJANGO_SETTINGS_MODULE": "fork_hook_settings",
+        "PYTHONPATH": f"{tmp_path}:{ROOT}",
+        "WEFT_TEST_SIGNAL_AT_FORK": str(signal_at),
+        "WEFT_TEST_OVERRIDES": FAST,
+    }
+
+
+def alive(prefix: str) -> dict[str, int]:
+    return {engine: pid for engine, pid in live(prefix).items() if not gone(pid)}
+
+
+def test_a_child_restarted_as_the_stop_arrives_is_stopped_too(weft_engines, tmp_path):
+    # SIGTERM handled between the fork of a restarted child and the supervisor recording its pid and
+    # pipe: the child was never told to stop, kept driving workflows, and the supervisor waited for it
+    # for ever. (Found by a helper's review, rev1.)
+    supervisor = weft_engines("late", "--processes", "2", env=hooked(tmp_path, 3))  # fork 3: the restart
+    seen: set[int] = set()
+    try:
+        wait_for(lambda: len(live("late")) == 2, timeout=30, message="two engines")
+        os.kill(live("late")["late-1"], signal.SIGKILL)
+        wait_for(lambda: "draining 2 engine processes" in supervisor.output(), timeout=30, message="the stop")
+        try:
+            code = supervisor.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            code = None
+        seen.update(live("late").values())
+        assert code == 0, f"the supervisor still waits for its children, alive: {alive('late')}"
+        wait_for(lambda: all(gone(pid) for pid in seen), timeout=10, message="children gone")
+    finally:
+        for pid in seen | set(live("late").values()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_stop_while_the_children_are_first_forked_drains_them(weft_engines, tmp_path):
+    # SIGTERM between the first fork and the supervisor's handlers: the default action killed the
+    # supervisor at once (status -15), without waiting for its children to drain. (rev1)
+    supervisor = weft_engines("early", "--processes", "2", env=hooked(tmp_path, 1))
+    try:
+        assert supervisor.wait(timeout=30) == 0
+        assert "draining 2 engine processes" in supervisor.output()
+        assert Engine.objects.filter(id__startswith="early").count() <= 1  # the second was never forked
+        assert alive("early") == {}
+    finally:
+        for pid in live("early").values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
