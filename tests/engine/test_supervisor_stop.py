@@ -108,3 +108,77 @@ def test_a_stop_while_the_children_are_first_forked_drains_them(weft_engines, tm
         for pid in live("early").values():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+# The engine's idle wait number WAIT_AT (a main-thread Wake.wait) gets SIGTERM while it holds the
+# lock of the wake-up Event's condition, as a signal arriving there would: the handler runs on that
+# thread before the lock is let go.
+WAIT_HOOK = """
+import os, signal, sys, threading, time
+from tests.settings import *  # noqa
+
+_wait, _state = threading.Condition.wait, {"waits": 0}
+WAIT_AT = int(os.environ["WEFT_TEST_SIGNAL_AT_WAIT"])
+
+
+def _signalled_holding_the_lock(self, timeout=None):
+    caller = sys._getframe(2).f_code.co_filename
+    if threading.current_thread() is threading.main_thread() and caller.endswith(os.path.join("engine", "wake.py")):
+        _state["waits"] += 1
+        if _state["waits"] == WAIT_AT:
+            os.write(2, b"hook: SIGTERM inside the wake-up wait\\n")
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.5)
+    return _wait(self, timeout)
+
+
+threading.Condition.wait = _signalled_holding_the_lock
+"""
+
+
+def signalled_in_wait(tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "wait_hook_settings.py").write_text(WAIT_HOOK)
+    return {
+        "DJANGO_SETTINGS_MODULE": "wait_hook_settings",
+        "PYTHONPATH": f"{tmp_path}:{ROOT}",
+        "WEFT_TEST_SIGNAL_AT_WAIT": "20",
+        "WEFT_TEST_OVERRIDES": FAST,
+    }
+
+
+def test_a_sigterm_while_the_loop_holds_a_lock_of_its_wake_up_still_drains(weft_engines, tmp_path):
+    # The SIGTERM handler called engine.request_stop() on the loop's own thread: Event.set() takes the
+    # Event's lock, which that thread held (inside Event.wait): the engine hung, never drained, and
+    # only a second signal ended it (exit 1, claims left to lapse). (rev1)
+    engine = weft_engines("locked-stop", env=signalled_in_wait(tmp_path))
+    wait_for(lambda: "draining engine=locked-stop" in engine.output(), timeout=30, message="the signal")
+    try:
+        code = engine.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        code = None
+    assert code == 0, "the engine hung in its SIGTERM handler"
+    assert Engine.objects.get(id="locked-stop").stopped_at is not None
+
+
+def test_an_engine_process_own_sigterm_while_its_loop_holds_a_lock_still_drains(weft_engines, tmp_path):
+    # The same in an engine process under --processes (systemd signals the whole control group): the
+    # process hung, and so did its supervisor's later stop (the pipe thread's request_stop waited for
+    # the same lock). (rev1)
+    supervisor = weft_engines("locked-procs", "--processes", "2", env=signalled_in_wait(tmp_path))
+    pids: set[int] = set()
+    try:
+        wait_for(lambda: len(live("locked-procs")) == 2, timeout=30, message="two engines")
+        pids.update(live("locked-procs").values())
+        hooked_twice = lambda: supervisor.output().count("hook: SIGTERM inside the wake-up wait") == 2  # noqa: E731
+        wait_for(hooked_twice, timeout=30, message="each engine process signalled")
+        supervisor.terminate()
+        try:
+            code = supervisor.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            code = None
+        assert code == 0, f"engine processes hung in their SIGTERM handler: {alive('locked-procs')}"
+        assert alive("locked-procs") == {}
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
