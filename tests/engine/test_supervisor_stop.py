@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from weft_django.models import Engine
+import weft_django as weft
+from tests.testapp.models import ActivityCall
+from weft_django.models import Engine, WorkflowClaim
 from weft_django.testing import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.subprocess]
@@ -182,3 +184,19 @@ def test_an_engine_process_own_sigterm_while_its_loop_holds_a_lock_still_drains(
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_an_engine_process_that_dies_while_draining_is_reported(weft_engines):
+    # An engine process killed during the drain (the OOM killer, a crash) left its claims to lapse,
+    # and the supervisor said nothing: its log read as a clean drain of every engine. (rev1)
+    weft.start("tests.slow", args=["dies-draining", 1, 30], id="dies-draining")
+    supervisor = weft_engines("dying", "--processes", "2", "--drain-timeout", "60", env={"WEFT_TEST_OVERRIDES": FAST})
+    wait_for(lambda: ActivityCall.objects.filter(key="dies-draining-0").exists(), timeout=30, message="activity")
+    holder = WorkflowClaim.objects.get(workflow_id="dies-draining").engine_id
+    supervisor.terminate()
+    wait_for(lambda: "draining 2 engine processes" in supervisor.output(), timeout=30, message="the stop")
+    pid = live("dying")[holder]
+    os.kill(pid, signal.SIGKILL)
+    assert supervisor.wait(timeout=30) == 0
+    slot = holder.rsplit("-", 1)[1]
+    assert f"engine process {slot} (pid {pid}) exited with status -9 while stopping" in supervisor.output()

@@ -10,7 +10,8 @@ The parent only supervises:
 
 - **Stopping.** SIGTERM or SIGINT to the parent asks every child to drain (finish or hand back its
   activities, release its claims) and exits once they have; a second signal makes them exit at once
-  (FORCE, then SIGKILL: a stopped or frozen child never reads its pipe).
+  (FORCE, then SIGKILL: a stopped or frozen child never reads its pipe). A child forked as the
+  signal arrives is told too; one that dies while draining is logged.
   The children do not act on the terminal's or the service manager's signals themselves beyond a
   drain: a Ctrl-C, or systemd's SIGTERM to the whole control group, reaches them together with the
   parent's word and must not count twice (a second signal would force an exit).
@@ -199,6 +200,13 @@ class Supervisor:
             slot.pid, slot.pipe = 0, -1
             code = os.waitstatus_to_exitcode(status)
             if self.signals or self.failed:
+                if code != 0 and self.signals < 2:  # not the forced stop's doing: its claims were not released
+                    logger.warning(
+                        "weft_engine: engine process %d (pid %d) exited with status %d while stopping",
+                        slot.slot,
+                        pid,
+                        code,
+                    )
                 continue
             lived = time.monotonic() - slot.started
             slot.quick_exits = slot.quick_exits + 1 if lived < QUICK_EXIT else 0
