@@ -1,5 +1,6 @@
-"""weft_engine --processes N stopping while it forks a child: real subprocesses and real signals, the
-moment forced by a settings module that wraps ``os.fork`` in the supervisor's process only."""
+"""Stopping weft_engine (--processes N or one engine) by signals at awkward moments: real subprocesses
+and real signals, the moment forced by a settings module that wraps ``os.fork`` in the supervisor, or
+``threading.Condition.wait`` on the engine loop's thread."""
 
 from __future__ import annotations
 
