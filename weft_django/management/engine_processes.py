@@ -10,7 +10,8 @@ The parent only supervises:
 
 - **Stopping.** SIGTERM or SIGINT to the parent asks every child to drain (finish or hand back its
   activities, release its claims) and exits once they have; a second signal makes them exit at once
-  (FORCE, then SIGKILL: a stopped or frozen child never reads its pipe).
+  (FORCE, then SIGKILL: a stopped or frozen child never reads its pipe). A child forked as the
+  signal arrives is told too; one that dies while draining is logged.
   The children do not act on the terminal's or the service manager's signals themselves beyond a
   drain: a Ctrl-C, or systemd's SIGTERM to the whole control group, reaches them together with the
   parent's word and must not count twice (a second signal would force an exit).
@@ -114,6 +115,7 @@ class Supervisor:
         self.slots = {i: _Slot(i) for i in range(1, processes + 1)}
         self.signals = 0
         self.failed = False
+        self.pid = os.getpid()  # the supervisor's: its signal handler does nothing in a child
 
     def run(self) -> Child:
         """Fork the children and supervise them. Returns only in a child (what it runs as); the
@@ -122,17 +124,15 @@ class Supervisor:
         from django.db import connections
 
         connections.close_all()  # no connection may be shared with a child
+        # Before the first fork: a stop asked while the children are forked is a drain, told to each.
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
         for slot in self.slots.values():
             child = self._spawn(slot)
             if child is not None:
                 return child
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
-        logger.warning(
-            "weft_engine: %d engine processes started (pids %s)",
-            self.processes,
-            ", ".join(str(s.pid) for s in self.slots.values()),
-        )
+        started = [str(s.pid) for s in self.slots.values() if s.pid]  # all, unless a stop came first
+        logger.warning("weft_engine: %d engine processes started (pids %s)", len(started), ", ".join(started))
         child = self._supervise()
         if child is not None:
             return child
@@ -141,7 +141,10 @@ class Supervisor:
         os._exit(1 if self.failed or self.signals > 1 else 0)
 
     def _spawn(self, slot: _Slot) -> Child | None:
-        """Fork child ``slot``: returns its Child in the child, None in the parent."""
+        """Fork child ``slot``: returns its Child in the child, None in the parent (also when a stop
+        was asked: no child is forked then)."""
+        if self.signals or self.failed:
+            return None
         read_end, write_end = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child
@@ -156,18 +159,26 @@ class Supervisor:
             return Child(slot.slot, engine_id, child_metrics_port(self.metrics_port, slot.slot), read_end)
         os.close(read_end)
         slot.pid, slot.pipe, slot.started = pid, write_end, time.monotonic()
+        if self.signals:  # the stop's handler ran between the fork and the line above: it missed this child
+            self._stop(slot)
         return None
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self.pid:  # a child between its fork and its own handlers: the parent tells it
+            return
         self.signals += 1
-        word = STOP if self.signals == 1 else FORCE
         if self.signals == 1:
             logger.warning("weft_engine: draining %d engine processes (send it again to force exit)", self.processes)
         for slot in self.slots.values():
-            self._tell(slot, word)
-            if word == FORCE and slot.pid:  # a child that cannot read its pipe (stopped, frozen) exits too
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(slot.pid, signal.SIGKILL)
+            self._stop(slot)
+
+    def _stop(self, slot: _Slot) -> None:
+        """Tell child ``slot`` what the signals so far ask: drain after the first, exit at once after more."""
+        word = STOP if self.signals == 1 else FORCE
+        self._tell(slot, word)
+        if word == FORCE and slot.pid:  # a child that cannot read its pipe (stopped, frozen) exits too
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(slot.pid, signal.SIGKILL)
 
     def _tell(self, slot: _Slot, word: bytes) -> None:
         if slot.pipe >= 0:
@@ -189,6 +200,13 @@ class Supervisor:
             slot.pid, slot.pipe = 0, -1
             code = os.waitstatus_to_exitcode(status)
             if self.signals or self.failed:
+                if code != 0 and self.signals < 2:  # not the forced stop's doing: its claims were not released
+                    logger.warning(
+                        "weft_engine: engine process %d (pid %d) exited with status %d while stopping",
+                        slot.slot,
+                        pid,
+                        code,
+                    )
                 continue
             lived = time.monotonic() - slot.started
             slot.quick_exits = slot.quick_exits + 1 if lived < QUICK_EXIT else 0

@@ -9,6 +9,7 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -183,8 +184,7 @@ class Command(BaseCommand):
         if child is None:
             self._install_signal_handlers(engine)
         else:  # the supervisor tells this process when to drain or exit; its own signals only drain
-            signal.signal(signal.SIGTERM, lambda signum, frame: engine.request_stop())
-            signal.signal(signal.SIGINT, lambda signum, frame: engine.request_stop())
+            on_signals(lambda signum: engine.request_stop())
             child.watch(engine.request_stop)
         reporter = StatusReporter(engine, options["status_interval"]) if options["verbosity"] >= 2 else None
         if reporter is not None:
@@ -242,7 +242,7 @@ class Command(BaseCommand):
     def _install_signal_handlers(self, engine: Any) -> None:
         state = {"signals": 0}
 
-        def handler(signum: int, frame: FrameType | None) -> None:
+        def handler(signum: int) -> None:
             state["signals"] += 1
             if state["signals"] == 1:
                 logging.getLogger("weft_django").warning(
@@ -255,8 +255,7 @@ class Command(BaseCommand):
                 sys.stderr.write("weft_engine: forced exit\n")
                 os._exit(1)
 
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
+        on_signals(handler)
 
     def _configure_logging(self, verbosity: int) -> None:
         log = logging.getLogger("weft_django")
@@ -283,6 +282,36 @@ def freeze_startup_objects(engine_id: str) -> None:
     logging.getLogger("weft_django").debug(
         "start-up objects frozen engine=%s objects=%d", engine_id, gc.get_freeze_count()
     )
+
+
+def on_signals(callback: Callable[[int], None]) -> None:
+    """Call ``callback(signum)`` for each SIGTERM and SIGINT, on a thread of its own.
+
+    A Python signal handler runs on the main thread between two of its bytecodes, maybe while that
+    thread holds a lock: the engine loop holds its wake-up Event's inside ``Event.wait``, and stopping
+    the engine sets that Event (it takes the lock): run there, the handler waited for its own thread for
+    ever. So the handlers installed here do nothing; the C-level handler writes each signal's number to a
+    pipe (``signal.set_wakeup_fd``), read by the thread, which also acts while the main thread is stuck
+    in a call that does not return. Call from the main thread.
+    """
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _on_main_thread)
+    signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+
+    def follow() -> None:
+        with os.fdopen(read_end, "rb", buffering=0) as pipe:
+            while data := pipe.read(64):
+                for signum in data:
+                    if signum in (signal.SIGTERM, signal.SIGINT):
+                        callback(signum)
+
+    threading.Thread(target=follow, name="weft-signals", daemon=True).start()
+
+
+def _on_main_thread(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM's and SIGINT's Python handler: nothing (``on_signals``' thread acts on them)."""
 
 
 def banner(engine: Any, metrics_url: str | None) -> str:
