@@ -9,14 +9,16 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from .durations import MAX_DURATION
+
 RATE_UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*(?:\.\d+)?)\s*(s|sec|m|min|h|d)\s*$")
 RATE_HINT = 'Write a rate as "<count>/<period>": "10/s", "100/m", "1000/h", "5/30s" (count and period positive).'
 QUEUE_KEYS = ("concurrency", "per_engine", "rate", "priorities")
 MAX_PRIORITY = 2**31 - 1
-# The longest rate window: admission and dispatch count from ``now - period``, which must stay a date
-# (a longer period failed every engine pass with OverflowError).
-MAX_RATE_PERIOD = timedelta(days=36500)
+# The longest rate window, as every duration weft accepts: admission and dispatch count from
+# ``now - period``, which must stay a date (a longer period failed every engine pass with OverflowError).
+MAX_RATE_PERIOD = MAX_DURATION
 
 
 class FlowValueError(ValueError):
