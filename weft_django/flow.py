@@ -9,11 +9,16 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from .durations import MAX_DURATION
+
 RATE_UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*(?:\.\d+)?)\s*(s|sec|m|min|h|d)\s*$")
 RATE_HINT = 'Write a rate as "<count>/<period>": "10/s", "100/m", "1000/h", "5/30s" (count and period positive).'
 QUEUE_KEYS = ("concurrency", "per_engine", "rate", "priorities")
 MAX_PRIORITY = 2**31 - 1
+# The longest rate window, as every duration weft accepts: admission and dispatch count from
+# ``now - period``, which must stay a date (a longer period failed every engine pass with OverflowError).
+MAX_RATE_PERIOD = MAX_DURATION
 
 
 class FlowValueError(ValueError):
@@ -44,7 +49,7 @@ def parse_rate(value: Any, name: str = "rate") -> Rate:
         limit, seconds = value
         number = isinstance(seconds, int | float) and not isinstance(seconds, bool)
         if _whole(limit) and limit > 0 and number and seconds > 0:
-            return Rate(int(limit), timedelta(seconds=float(seconds)))
+            return Rate(int(limit), _period(float(seconds), name, value))
         raise FlowValueError(f"{name} must be a positive (count, seconds) pair (got {value!r}). {RATE_HINT}")
     if not isinstance(value, str):
         raise FlowValueError(f"{name} must be a rate string (got {value!r}). {RATE_HINT}")
@@ -55,7 +60,19 @@ def parse_rate(value: Any, name: str = "rate") -> Rate:
     seconds = (float(multiple) if multiple else 1.0) * RATE_UNITS[unit]
     if count <= 0 or seconds <= 0:
         raise FlowValueError(f"{name}: the rate {value!r} needs a positive count and period. {RATE_HINT}")
-    return Rate(count, timedelta(seconds=seconds))
+    return Rate(count, _period(seconds, name, value))
+
+
+def _period(seconds: float, name: str, value: Any) -> timedelta:
+    """A rate's window of ``seconds`` (> 0): at least a microsecond (shorter rounds to a zero window,
+    which never refuses anything) and at most MAX_RATE_PERIOD. Raises FlowValueError otherwise."""
+    if seconds <= MAX_RATE_PERIOD.total_seconds():
+        period = timedelta(seconds=seconds)
+        if period > timedelta(0):
+            return period
+    raise FlowValueError(
+        f"{name}: the rate {value!r} needs a period from 1 microsecond to {MAX_RATE_PERIOD.days} days. {RATE_HINT}"
+    )
 
 
 def _whole(value: Any) -> bool:
@@ -161,6 +178,7 @@ NO_LIMITS = ActivityLimits()
 
 __all__ = [
     "MAX_PRIORITY",
+    "MAX_RATE_PERIOD",
     "NO_LIMITS",
     "QUEUE_KEYS",
     "RATE_HINT",

@@ -38,6 +38,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Count, Max, Min, Q
 
+from ..durations import MAX_DURATION
 from ..flow import QueueConfig
 from ..models import Engine, Workflow, WorkflowClaim
 from ..status import ACTIVE_STATUSES, WorkflowStatus
@@ -114,11 +115,14 @@ def admit(
 
 
 def _set_deadlines(timeouts: dict[str, timedelta | None], now: datetime, using: str) -> None:
-    """The admitted runs' execution deadlines: their start's execution_timeout counts from admission."""
+    """The admitted runs' execution deadlines: their start's execution_timeout counts from admission.
+    A stored timeout outside what a start accepts (a damaged row) counts as the nearest bound, 0 or
+    MAX_DURATION: added as it was, it left the range of a date (OverflowError, no DatabaseError), and
+    every pass of the engine failed, stopping every other run."""
     by_timeout: dict[timedelta, list[str]] = {}
     for wid, timeout in timeouts.items():
         if timeout is not None:
-            by_timeout.setdefault(timeout, []).append(wid)
+            by_timeout.setdefault(max(timedelta(0), min(timeout, MAX_DURATION)), []).append(wid)
     for timeout, ids in by_timeout.items():
         Workflow.objects.using(using).filter(id__in=ids).update(execution_deadline=now + timeout)
 
