@@ -57,7 +57,7 @@ class Owned:
     history_warned: bool = False  # engine/history_size.py logged that this run's history is long
     history_limit: int | None = -1  # WEFT["HISTORY_WARN_STEPS"] as read on its first turn (-1: not yet)
     deadline: datetime | None = None  # the execution deadline armed in the loop's timer heap (never evicted)
-    continued: bool = False  # a later run of a continue-as-new chain (store.histories.RunRow.continued)
+    continued: bool = False  # a later run of its workflow id (store.histories.RunRow.continued)
     # The highest signal id this context's last mailbox read saw; the signals it consumed whose commit
     # is not durable yet; and its mailbox as known without a read (None: unknown, the next look reads
     # it). engine/signal_delivery.py says when each is used.
@@ -78,8 +78,10 @@ def mailbox_of(leaf: Leaf) -> str:
 def default_child_id(owned: Owned, seq: int) -> str:
     """The id of a child started without one at step ``seq``: ``<workflow id>/<seq>`` in the first run
     of a workflow (every run that never continued as new, and every history recorded before later
-    runs had their own), ``<workflow id>/<run id>/<seq>`` in a later run of a continue-as-new chain,
-    whose seqs start at 0 again. Fixed per run; replay keeps the id the step recorded."""
+    runs had their own), ``<workflow id>/<run id>/<seq>`` in a later run of its id: of a
+    continue-as-new chain, whose seqs start at 0 again, or a run started over a finished one
+    (on_conflict="start_new"), whose predecessor's children keep their ids
+    (``store.histories._CONTINUED_SQL``). Replay keeps the id the step recorded."""
     if owned.continued:
         return f"{owned.workflow_id}/{owned.run_id}/{seq}"
     return f"{owned.workflow_id}/{seq}"

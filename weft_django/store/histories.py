@@ -94,7 +94,7 @@ class RunRow(NamedTuple):
     parent_seq: int | None
     depth: int
     trace_context: str | None = None  # the starter's (weft_django.tracing)
-    continued: bool = False  # a later run of a continue-as-new chain (a ContinuedRun names it as next)
+    continued: bool = False  # a later run of its workflow id (continued as new, or started over one): _CONTINUED_SQL
 
 
 class AdmittedRow(NamedTuple):
@@ -130,9 +130,17 @@ class Loaded(NamedTuple):
 # Column lists and the row decoders are shared by both vendors' paths (one statement batch on
 # PostgreSQL, separate queries on SQLite), so the two cannot drift.
 _RUN_COLUMNS = ", ".join(RunRow._fields[:-1])
-# RunRow.continued: whether a ContinuedRun row names this run as the next one (a unique index).
+# RunRow.continued: whether this run is a later run of its workflow id, whose children get run-qualified
+# default ids (engine/owned.default_child_id): a ContinuedRun row names it as the next one (a unique
+# index), or a stored workflow is a child of this id started by another run (a run started over a
+# finished one with on_conflict="start_new": the old run's children keep their ids <id>/<seq>, so
+# this run's would collide with them) or is already a run-qualified child of this run (it stays so
+# once an earlier run's children are purged: a retried child step finds its own child again).
+_W = Workflow._meta.db_table
 _CONTINUED_SQL = (
-    f"EXISTS (SELECT 1 FROM {ContinuedRun._meta.db_table} c WHERE c.next_run_id = {Workflow._meta.db_table}.run_id)"
+    f"(EXISTS (SELECT 1 FROM {ContinuedRun._meta.db_table} c WHERE c.next_run_id = {_W}.run_id) "
+    f"OR EXISTS (SELECT 1 FROM {_W} k WHERE k.parent_id = {_W}.id AND (k.parent_run_id <> {_W}.run_id "
+    f"OR k.id LIKE {_W}.id || '/%%/' || k.parent_seq)))"
 )
 _STEP_COLUMNS = "run_id, seq, kind, name, status, result, error, attempts, started_at, completed_at"
 _APPLIED_COLUMNS = "run_id, seq, n, name, payload, result, error, update_id"
