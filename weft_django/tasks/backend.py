@@ -166,7 +166,9 @@ class WeftBackend(BaseTaskBackend):
             "backend": self.alias,
             "queue_name": task.queue_name,
             "priority": task.priority,
-            "run_after": task.run_after is not None,
+            # the moment as enqueued (get_result's task has it even when it was already past, which
+            # stores no start_at); rows written before kept only whether there was one (True)
+            "run_after": task.run_after.isoformat() if task.run_after is not None else None,
             "retry": self.retry,
             "timeout": self.timeout,
             "executor": self.executor,

@@ -84,6 +84,19 @@ def _task_of(request: dict[str, Any], run_after: datetime | None) -> Task[Any, A
     return task.using(**changes) if changes else task
 
 
+def _run_after(request: Mapping[str, Any], start_at: datetime | None) -> datetime | None:
+    """The ``run_after`` the task was enqueued with: the moment ``enqueue`` kept in the request, else
+    (a row of an older release, which kept only whether there was one) the run's stored ``start_at``."""
+    value = request.get("run_after")
+    if isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:  # a damaged row: what the run stored
+            return start_at
+        return moment if moment.utcoffset() is not None else start_at
+    return start_at if value else None
+
+
 def _error(error: Any) -> TaskError:
     data = error if isinstance(error, dict) else {}
     path = str(data.get("qualified_type") or data.get("type") or "Exception")
@@ -168,7 +181,7 @@ def load_result(result_id: str, using: str) -> TaskResult[Any, Any]:
     if request is None:
         raise TaskResultDoesNotExist(f"Task result {result_id!r} exists, but its run was not started by enqueue().")
     try:
-        task = _task_of(request, row["start_at"] if request.get("run_after") else None)
+        task = _task_of(request, _run_after(request, row["start_at"]))
     except TaskNotFoundError as exc:
         raise TaskResultDoesNotExist(f"Task result {result_id!r} exists, but {exc}") from exc
     step = (
