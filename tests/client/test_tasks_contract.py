@@ -10,10 +10,14 @@ import time
 from typing import Any
 
 import pytest
+from django.test import override_settings
 from django.utils import timezone
 
+import weft_django as weft
 from tests.testapp import tasks
+from weft_django.models import Step, Workflow
 from weft_django.tasks._compat import TaskResultStatus
+from weft_django.testing import running_engine
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -46,3 +50,23 @@ def test_get_result_keeps_a_run_after_in_the_past(weft_run_until_idle) -> None:
     assert done.status == TaskResultStatus.SUCCESSFUL and done.return_value == 2
     assert done.task.run_after == when
     assert tasks.add.get_result(tasks.add.enqueue(2, 2).id).task.run_after is None
+
+
+def test_a_task_cancelled_between_attempts_says_it_was_cancelled() -> None:
+    """docs/tasks.md: a cancelled task is FAILED with WorkflowCancelledError. After a failed attempt its
+    errors held only that attempt's ConnectionError, as if the task had failed on its own."""
+    with override_settings(TASKS=SLOW_RETRY), running_engine():
+        result = tasks.flaky.enqueue("cancelled-between", 5)
+        _wait(lambda: Step.objects.filter(workflow_id=result.id).exclude(error=None).exists())
+        result.refresh()
+        assert result.status == TaskResultStatus.READY
+        assert [e.exception_class_path for e in result.errors] == ["builtins.ConnectionError"]
+        weft.cancel(result.id, "not needed")
+        _wait(lambda: Workflow.objects.get(pk=result.id).status == "cancelled")
+        result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert [e.exception_class_path for e in result.errors] == [
+        "builtins.ConnectionError",
+        "weft_django.exceptions.WorkflowCancelledError",
+    ]
+    assert result.errors[-1].exception_class is weft.WorkflowCancelledError

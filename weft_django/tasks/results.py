@@ -15,7 +15,7 @@
 | finished_at       | the run's ``finished_at``                                                       |
 | errors            | the step's recorded error: the last failed attempt's, kept while the task is    |
 |                   | retried and after it succeeded on a retry (weft keeps the last one, not one per |
-|                   | attempt), or why the run ended                                                  |
+|                   | attempt), then, for a cancelled or timed-out run, why it ended                  |
 | worker_ids        | the engine that holds (or last held) the run, once per attempt                  |
 | return_value      | the run's result                                                                |
 """
@@ -205,7 +205,9 @@ def load_result(result_id: str, using: str) -> TaskResult[Any, Any]:
         state = TaskResultStatus.SUCCESSFUL
     elif status in _FAILED:
         state = TaskResultStatus.FAILED
-        if not errors:
+        # A failed run's error is its last attempt's (already there); a cancelled or timed-out one ends
+        # with why it ended, after the error of an attempt that failed before (docs/tasks.md).
+        if not errors or status != WorkflowStatus.FAILED:
             ended = row["error"] if isinstance(row["error"], dict) else {"message": f"the run was {status}"}
             errors.append(_error({**ended, "qualified_type": _ENDED_ERRORS[WorkflowStatus(status)]}))
     elif (
