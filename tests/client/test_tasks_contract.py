@@ -15,8 +15,9 @@ from django.utils import timezone
 
 import weft_django as weft
 from tests.testapp import tasks
+from weft_django.durations import MAX_DURATION
 from weft_django.models import Step, Workflow
-from weft_django.tasks._compat import TaskResultStatus
+from weft_django.tasks._compat import InvalidTask, TaskResultStatus
 from weft_django.testing import running_engine
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -70,3 +71,17 @@ def test_a_task_cancelled_between_attempts_says_it_was_cancelled() -> None:
         "weft_django.exceptions.WorkflowCancelledError",
     ]
     assert result.errors[-1].exception_class is weft.WorkflowCancelledError
+
+
+@pytest.mark.parametrize("years", [101, 8000])
+def test_a_run_after_weft_cannot_store_is_an_invalid_task(years: int) -> None:
+    """The Tasks framework: validate_task raises InvalidTask for a task the backend cannot run (at
+    ``using()``, as for a naive run_after). A run_after past weft's MAX_DURATION got through, and
+    enqueue() raised weft's InvalidArgumentError instead."""
+    when = timezone.now() + min(dt.timedelta(days=365 * years), dt.datetime.max.replace(tzinfo=dt.UTC) - timezone.now())
+    assert when - timezone.now() > MAX_DURATION
+    with pytest.raises(InvalidTask, match="run_after"):
+        tasks.add.using(run_after=when)
+    assert not Workflow.objects.exists()
+    soon = tasks.add.using(run_after=timezone.now() + dt.timedelta(days=365 * 50))  # within the bound: accepted
+    assert soon.enqueue(1, 2).status == TaskResultStatus.READY
