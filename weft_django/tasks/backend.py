@@ -25,7 +25,7 @@ import weft_django as weft
 from weft_django.conf import database_alias
 from weft_django.exceptions import PayloadNotSerializableError, WeftError
 from weft_django.registry import RetryPolicy
-from weft_django.validation import validate_workflow_id
+from weft_django.validation import start_moment, validate_workflow_id
 
 from ._compat import (
     DEFAULT_TASK_QUEUE_NAME,
@@ -130,6 +130,17 @@ class WeftBackend(BaseTaskBackend):
         self.executor: str | None = executor
         self.execution_timeout = _seconds(options.get("EXECUTION_TIMEOUT"))
 
+    def validate_task(self, task: Task[Any, Any]) -> None:
+        """The framework's checks, then weft's bound on ``run_after``: at most ``MAX_DURATION`` (100 years)
+        from now, what ``weft.start`` accepts as a ``start_at``. Raises InvalidTask, as the contract
+        asks of a task the backend cannot run (from ``@task``, ``using()`` and ``enqueue()``)."""
+        super().validate_task(task)
+        if task.run_after is not None and task.run_after.utcoffset() is not None:
+            try:
+                start_moment(task.run_after, "run_after")
+            except WeftError as exc:
+                raise InvalidTask(str(exc)) from None
+
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
         """weft.tasks.E001 when ``weft_django`` is not in INSTALLED_APPS (nothing would run the tasks);
         weft.tasks.E002 when ``USE_TZ`` is False (weft stores aware times: enqueue refuses)."""
@@ -166,7 +177,9 @@ class WeftBackend(BaseTaskBackend):
             "backend": self.alias,
             "queue_name": task.queue_name,
             "priority": task.priority,
-            "run_after": task.run_after is not None,
+            # the moment as enqueued (get_result's task has it even when it was already past, which
+            # stores no start_at); rows written before kept only whether there was one (True)
+            "run_after": task.run_after.isoformat() if task.run_after is not None else None,
             "retry": self.retry,
             "timeout": self.timeout,
             "executor": self.executor,

@@ -15,7 +15,7 @@
 | finished_at       | the run's ``finished_at``                                                       |
 | errors            | the step's recorded error: the last failed attempt's, kept while the task is    |
 |                   | retried and after it succeeded on a retry (weft keeps the last one, not one per |
-|                   | attempt), or why the run ended                                                  |
+|                   | attempt), then, for a cancelled or timed-out run, why it ended                  |
 | worker_ids        | the engine that holds (or last held) the run, once per attempt                  |
 | return_value      | the run's result                                                                |
 """
@@ -82,6 +82,19 @@ def _task_of(request: dict[str, Any], run_after: datetime | None) -> Task[Any, A
     if request.get("backend") not in (None, task.backend):
         changes["backend"] = request["backend"]
     return task.using(**changes) if changes else task
+
+
+def _run_after(request: Mapping[str, Any], start_at: datetime | None) -> datetime | None:
+    """The ``run_after`` the task was enqueued with: the moment ``enqueue`` kept in the request, else
+    (a row of an older release, which kept only whether there was one) the run's stored ``start_at``."""
+    value = request.get("run_after")
+    if isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:  # a damaged row: what the run stored
+            return start_at
+        return moment if moment.utcoffset() is not None else start_at
+    return start_at if value else None
 
 
 def _error(error: Any) -> TaskError:
@@ -168,7 +181,7 @@ def load_result(result_id: str, using: str) -> TaskResult[Any, Any]:
     if request is None:
         raise TaskResultDoesNotExist(f"Task result {result_id!r} exists, but its run was not started by enqueue().")
     try:
-        task = _task_of(request, row["start_at"] if request.get("run_after") else None)
+        task = _task_of(request, _run_after(request, row["start_at"]))
     except TaskNotFoundError as exc:
         raise TaskResultDoesNotExist(f"Task result {result_id!r} exists, but {exc}") from exc
     step = (
@@ -192,7 +205,9 @@ def load_result(result_id: str, using: str) -> TaskResult[Any, Any]:
         state = TaskResultStatus.SUCCESSFUL
     elif status in _FAILED:
         state = TaskResultStatus.FAILED
-        if not errors:
+        # A failed run's error is its last attempt's (already there); a cancelled or timed-out one ends
+        # with why it ended, after the error of an attempt that failed before (docs/tasks.md).
+        if not errors or status != WorkflowStatus.FAILED:
             ended = row["error"] if isinstance(row["error"], dict) else {"message": f"the run was {status}"}
             errors.append(_error({**ended, "qualified_type": _ENDED_ERRORS[WorkflowStatus(status)]}))
     elif (
