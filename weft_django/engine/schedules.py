@@ -97,6 +97,8 @@ class ScheduleFiring:
                 logger.info("queued run released schedule=%s workflow=%s", schedule_id, released)
             if row.paused or row.next_fire_at is None or row.next_fire_at > now:
                 return released is not None
+            if schedule_id in self._failed:  # backed off, here for its queued run: released, not fired
+                return released is not None
             definition = registry.latest.get(row.workflow_type)
             if definition is None:
                 if row.workflow_type not in self._unknown_types:
