@@ -54,3 +54,14 @@ def test_a_missed_count_at_its_maximum_stays_there_and_the_schedule_fires(weft_c
     latest = occurrence_id("max", first + timedelta(seconds=5 * 60))
     row = Schedule.objects.get(pk="max")
     assert (set(runs("max")), row.missed_fire_count) == ({latest}, MAX_COUNT)
+
+
+def test_a_new_time_zone_keeps_the_next_fire_of_an_interval_schedule(weft_clock):
+    """``every`` does not depend on the time zone (only a cron is read in it). A redeploy that declared an
+    every=86400 schedule with another timezone re-planned it one day from then: the occurrence due a
+    minute later never ran, and was not counted as missed."""
+    handle = weft.schedule("tests.scheduled_run", id="tz", every=86400)
+    first = handle.describe()["next_fire_times"][0]
+    weft_clock.advance((first - weft_clock.now()).total_seconds() - 60)  # a minute before it fires
+    weft.schedule("tests.scheduled_run", id="tz", every=86400, timezone="Europe/Berlin")
+    assert (handle.describe()["timezone"], handle.describe()["next_fire_times"][0]) == ("Europe/Berlin", first)
