@@ -67,9 +67,13 @@ def test_trigger_action_with_an_undecodable_args_row_reports_it_and_triggers_the
     assert any("b-bad" in text and "args" in text for text in messages_of(response))
 
 
-def test_change_page_of_a_schedule_with_a_far_next_occurrence_answers(admin_client, three):
-    """docs/admin.md "Odd rows": a row edited by hand never takes a page down."""
-    Schedule.objects.filter(pk="b-bad").update(paused=False, next_nominal_at=FAR, next_fire_at=FAR)
+@pytest.mark.parametrize("cron", [None, "0 0 1 1 *"])
+def test_change_page_of_a_schedule_with_a_far_next_occurrence_answers(admin_client, three, cron):
+    """docs/admin.md "Odd rows": a row edited by hand never takes a page down, and says why it cannot
+    fire. Before, for a cron row: croniter's ValueError "year 10000 is out of range" escaped the Cannot
+    fire display, and Django's read-only field showed its empty value instead."""
+    timing = {"cron": cron, "every": None} if cron else {}
+    Schedule.objects.filter(pk="b-bad").update(paused=False, next_nominal_at=FAR, next_fire_at=FAR, **timing)
     admin_client.raise_request_exception = False
     response = admin_client.get(change_url("b-bad"))
     assert response.status_code == 200, response.status_code

@@ -86,3 +86,26 @@ def test_an_unusable_row_is_backed_off_and_logged_with_its_message(weft_clock, m
     chore.run(engine(), weft_clock.now())
     assert any("cannot be used as stored: its args" in record.getMessage() for record in caplog.records)
     assert "odd" in chore._failed
+
+
+def test_a_backed_off_schedule_still_releases_its_queued_run_and_is_not_fired_every_pass(
+    weft_clock, monkeypatch, caplog
+):
+    """overlap="queue": a run waits; the row then fails to fire (args edited by hand) while its slot frees.
+    Before: each pass found the schedule through its waiting run, released the run, tried the firing in
+    the same transaction and rolled both back: the queued run never started, and the back-off was
+    ignored (the failure logged on every pass)."""
+    from weft_django.models import Timer
+
+    monkeypatch.setattr(firing, "time", Monotonic())
+    handle = weft.schedule("tests.signals", id="qodd", every=60, overlap="queue")
+    first, queued = handle.trigger().id, handle.trigger().id
+    Schedule.objects.filter(pk="qodd").update(args="{not json")
+    weft.get_handle(first).cancel("the slot frees")
+    weft_clock.advance(61)  # the occurrence is due: its firing raises UnusableScheduleError
+    chore = firing.ScheduleFiring()
+    for _ in range(3):
+        chore.run(engine(), weft_clock.now())
+    failures = [r for r in caplog.records if "cannot be used as stored" in r.getMessage()]
+    released = Timer.objects.filter(workflow_id=queued, kind="delayed_start").exists()
+    assert (released, len(failures)) == (True, 1)

@@ -43,6 +43,7 @@ MISFIRE_GRACE = timedelta(seconds=60)  # how late the latest occurrence may fire
 SCHEDULES_PER_PASS = 100
 BACKFILL_PER_PASS = 100  # catch-up runs per schedule and pass
 STEPS_PER_PASS = 1000  # occurrences looked at per schedule and pass (counting missed cron fires)
+MAX_MISSED_COUNT = 2**31 - 1  # missed_fire_count is an integer column: the count stays at its maximum
 FAILED_BACKOFF = 60.0  # seconds before this engine retries a schedule whose firing raised
 # Database errors that pass (a lock or statement timeout, a deadlock, a serialization failure, a lost
 # connection): retried on the next pass. Any other error, DataError and IntegrityError included (a
@@ -95,6 +96,8 @@ class ScheduleFiring:
             if released is not None:
                 logger.info("queued run released schedule=%s workflow=%s", schedule_id, released)
             if row.paused or row.next_fire_at is None or row.next_fire_at > now:
+                return released is not None
+            if schedule_id in self._failed:  # backed off, here for its queued run: released, not fired
                 return released is not None
             definition = registry.latest.get(row.workflow_type)
             if definition is None:
@@ -150,7 +153,7 @@ class ScheduleFiring:
                 missed += 1
             nominal, fire_at = upcoming, upcoming_fire_at
         row.next_nominal_at, row.next_fire_at = nominal, fire_at
-        row.missed_fire_count += missed
+        row.missed_fire_count = min(row.missed_fire_count + missed, MAX_MISSED_COUNT)
         store.save_schedule(row, ["next_nominal_at", "next_fire_at", "last_fired_at", "missed_fire_count"], using)
         for workflow_id, outcome in outcomes:
             logger.info("schedule fired schedule=%s workflow=%s outcome=%s", row.id, workflow_id, outcome)

@@ -41,7 +41,10 @@ def _save(row: Schedule, values: dict[str, Any], now: datetime, using: str) -> N
         return  # an idempotent re-declaration (e.g. at every deploy) keeps the next fire time
     for name in changed:
         setattr(row, name, values[name])
-    if set(changed) & set(_TIMING_FIELDS):
+    timing = set(changed) & set(_TIMING_FIELDS)
+    if row.cron is None:  # only a cron is read in the time zone: an interval keeps its phase
+        timing.discard("timezone")
+    if timing:
         retime(row, now)
     row.updated_at = now
     rows.save_schedule(row, [*changed, "next_nominal_at", "next_fire_at", "updated_at"], using)

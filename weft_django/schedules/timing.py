@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from croniter import CroniterError, croniter
+from croniter import CroniterBadDateError, CroniterError, croniter
 
 from ..exceptions import UnusableScheduleError
 from ..models import Schedule
@@ -41,6 +41,8 @@ CRON_ALIASES = {
 }
 # Bigger than any daylight-saving shift: later cron candidates never map to instants before this margin.
 _DST_MARGIN = timedelta(hours=3)
+# croniter's own bound (max_years_between_matches): a cron that gives no instant for this long never fires.
+_MAX_YEARS_WITHOUT_A_FIRE = timedelta(days=366 * 50)
 _UNSET: Any = object()
 
 STARTED, QUEUED, SKIPPED, EXISTS = "started", "queued", "skipped", "exists"
@@ -246,10 +248,23 @@ class Timing:
         wall = after.astimezone(zone).replace(tzinfo=None)
         candidates = croniter(self.expression, wall - _DST_MARGIN, hash_id=self.schedule_id)
         pending: list[datetime] = []
-        last = after
+        last, found = after, wall  # found: the latest candidate that exists on the zone's wall clock
         while True:
-            candidate = candidates.get_next(datetime)
-            for instant in _instants(candidate, zone, fixed):
+            try:
+                candidate = candidates.get_next(datetime)
+            except CroniterError:
+                raise
+            except ValueError as exc:  # past year 9999 croniter (dateutil) says "year 10000 is out of range"
+                raise OverflowError(str(exc)) from None
+            instants = _instants(candidate, zone, fixed)
+            if instants:
+                found = candidate
+            elif candidate - found > _MAX_YEARS_WITHOUT_A_FIRE:  # every match in a daylight-saving gap
+                raise CroniterBadDateError(
+                    f"every wall-clock time it matches in {self.timezone} for {_MAX_YEARS_WITHOUT_A_FIRE.days // 366} "
+                    f"years falls in a daylight-saving gap, where a wildcard job does not fire"
+                )
+            for instant in instants:
                 heapq.heappush(pending, instant)
             bound = candidate.replace(tzinfo=zone).astimezone(UTC) - _DST_MARGIN
             while pending and pending[0] <= bound:
