@@ -66,7 +66,9 @@ class StoreLease:
         return True
 
     def wait(self, stopping: threading.Event) -> bool:
-        """Block until this engine holds the lease (True) or ``stopping`` is set (False).
+        """Block until this engine holds the lease (True) or ``stopping`` is set (False), heartbeating
+        the engine row meanwhile: the renewal thread, its heartbeat's writer, starts only once the lease
+        is held, and a standby waiting longer than the claim TTL is alive, not dead (admin, doctor).
 
         Raises:
             EngineLeaseAcquisitionTimeoutError: not acquired within LEASE_WAIT_TIMEOUT (the engine
@@ -86,6 +88,7 @@ class StoreLease:
                     f"engine holds it). Stop the other engine, raise LEASE_WAIT_TIMEOUT, or use "
                     f"OWNERSHIP='workflow-lease' to run several engines."
                 )
+            engines.heartbeat_engine(self.engine_id, self.using)
             time.sleep(min(self.settings.lease_renew_interval.total_seconds(), 1.0))
 
     def hold(self, depose_all: Callable[[], object]) -> tuple[bool, bool]:

@@ -19,6 +19,7 @@ from datetime import datetime
 
 from ..operations import WaitForSignal, WaitForUpdate
 from ..store import histories, mailbox
+from . import ownership
 from .host import EngineHost
 from .owned import Owned
 
@@ -54,9 +55,12 @@ class Residency:
         the evicted ones whose claim was found ``lost`` at the epoch they were evicted at.
 
         A dormant claim's loss is found late (its renewal is rare): this engine frozen past it, another
-        engine took it over. So a recall reads the claims first (one round trip, only when a named
+        engine took it over. So a recall renews the claims first (one round trip, only when a named
         workflow is evicted) and loads only those still held by this engine at their epoch; the others
-        are forgotten, never replayed and driven by a non-owner."""
+        are forgotten, never replayed and driven by a non-owner. Renewed, not only read: a claim that had
+        lapsed (its heartbeat stalled) but was not taken yet could be taken between a read and the load,
+        and the workflow's next step (a local activity runs before the fenced commit) run on a non-owner.
+        A claim whose row another transaction holds is read instead (renewed by the next renewal)."""
         for wid, gone in (lost or {}).items():
             if self.evicted.get(wid) == gone:
                 del self.evicted[wid]
@@ -65,10 +69,13 @@ class Residency:
         named = {wid: self.evicted[wid] for wid in workflow_ids if wid in self.evicted}
         if not named:
             return
-        holders = histories.claim_holders(list(named), engine.using)  # raises before anything is popped
+        ttl = engine.settings.workflow_claim_ttl  # resident again: renewed as a resident claim
+        renewed, _ = ownership.renew_each(engine.engine_id, named, ttl, engine.using)  # raises before any pop
+        skipped = [wid for wid in named if wid not in renewed]
+        holders = histories.claim_holders(skipped, engine.using) if skipped else {}
         for wid, epoch in named.items():
             del self.evicted[wid]
-            if holders.get(wid) != (epoch, engine.engine_id):
+            if wid not in renewed and holders.get(wid) != (epoch, engine.engine_id):
                 logger.warning(
                     "stopped driving workflow=%s engine=%s epoch=%s reason=dormant claim lost before its recall",
                     wid,

@@ -157,21 +157,29 @@ def acquire_store_lease(engine_id: str, *, ttl: timedelta, grace: timedelta, usi
 
 
 def renew_store_lease(engine_id: str, epoch: int, *, ttl: timedelta, using: str) -> bool:
-    """Extend the lease at our epoch. False means another engine took it: we are deposed engine-wide."""
+    """Extend the lease at our epoch. False means another engine took it: we are deposed engine-wide.
+
+    A lease row another transaction holds (a user's open transaction) is skipped, never waited for, and
+    is no loss while a plain read still shows it ours at ``epoch`` (renewed next time): the wait (the
+    session's lock_timeout) failed the renewal pass, so the engine's claims went unrenewed and its
+    heartbeat unwritten for as long as the row was held."""
     found = backend(using)
+    lock = found.lock_sql(no_key=True, skip_locked=True)
+    held = f"id = (SELECT id FROM {LEASE_TABLE} WHERE id = 1{lock}) AND engine_id = %s AND epoch = %s"
     with found.connection.cursor() as cursor:
         if found.has_clock:
             cursor.execute(
-                f"UPDATE {LEASE_TABLE} SET expires_at = clock_timestamp() + %s * interval '1 millisecond' "
-                f"WHERE id = 1 AND engine_id = %s AND epoch = %s",
+                f"UPDATE {LEASE_TABLE} SET expires_at = clock_timestamp() + %s * interval '1 millisecond' WHERE {held}",
                 [_ms(ttl), engine_id, epoch],
             )
         else:
             cursor.execute(
-                f"UPDATE {LEASE_TABLE} SET expires_at = %s WHERE id = 1 AND engine_id = %s AND epoch = %s",
-                [_python_now() + ttl, engine_id, epoch],
+                f"UPDATE {LEASE_TABLE} SET expires_at = %s WHERE {held}", [_python_now() + ttl, engine_id, epoch]
             )
-        return bool(cursor.rowcount == 1)
+        if cursor.rowcount == 1:
+            return True
+        cursor.execute(f"SELECT engine_id, epoch FROM {LEASE_TABLE} WHERE id = 1")
+        return cursor.fetchone() == (engine_id, epoch)
 
 
 def release_store_lease(engine_id: str, epoch: int, using: str) -> None:

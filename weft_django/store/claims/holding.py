@@ -14,7 +14,7 @@ from ...status import TimerKind, WorkflowStatus
 from ..backend import backend
 from ..clock import _python_now, offset, workflow_now_sql
 from ..epochs import next_epoch, next_epoch_sql
-from ..sessions import COMMIT_LOCK_WAIT_SQL
+from ..sessions import COMMIT_LOCK_WAIT_SQL, lock_wait_ended
 
 # -- engine side (ownership, the fenced commit, messages, chores) ----------------------------
 #
@@ -252,19 +252,41 @@ def _acquire_one_writer(
     return claimed
 
 
-def release_claims(engine_id: str, epochs: dict[str, int], using: str) -> None:
-    """Clear the holder, keep the epoch, only where the claim is still ours at that epoch.
+# A release (shutdown, runs found ended at load), one statement per chunk: our claims at their epochs,
+# locked in workflow_id order, cleared. A row another transaction holds past COMMIT_LOCK_WAIT_MS (a user's
+# open transaction) is then skipped and left to expire: waiting out the session's lock_timeout rolled
+# every claim of the release back.
+_RELEASE_PG = (
+    f"WITH mine AS (SELECT c.workflow_id FROM {CLAIM_TABLE} c JOIN unnest(%s::text[], %s::bigint[]) AS "
+    "o(workflow_id, epoch) ON o.workflow_id = c.workflow_id AND o.epoch = c.epoch WHERE c.engine_id = %s "
+    "ORDER BY c.workflow_id FOR NO KEY UPDATE OF c{skip}) UPDATE " + CLAIM_TABLE + " AS claim SET "
+    "engine_id = NULL, claimed_at = NULL, expires_at = NULL FROM mine WHERE claim.workflow_id = mine.workflow_id"
+)
 
-    Args:
-        engine_id: the holder; ``epochs``: {workflow_id: epoch}; ``using``: the connection alias.
-    """
-    with backend(using).connection.cursor() as cursor:
-        for wid, epoch in sorted(epochs.items()):
-            cursor.execute(
-                f"UPDATE {CLAIM_TABLE} SET engine_id = NULL, claimed_at = NULL, expires_at = NULL "
-                f"WHERE workflow_id = %s AND epoch = %s AND engine_id = %s",
-                [wid, epoch, engine_id],
-            )
+
+def release_claims(engine_id: str, epochs: dict[str, int], using: str) -> None:
+    """Clear the holder, keep the epoch, where the claim is still ours at that epoch (``epochs``:
+    {workflow_id: epoch}); a claim row another transaction holds (``_RELEASE_PG``) stays held."""
+    found = backend(using)
+    with found.connection.cursor() as cursor:
+        for chunk in _chunks(sorted(epochs), CHUNK if found.skips_locked else 1):
+            if not found.skips_locked:  # one writer: nothing to wait for
+                sql = f"UPDATE {CLAIM_TABLE} SET engine_id = NULL, claimed_at = NULL, expires_at = NULL WHERE "
+                cursor.execute(
+                    f"{sql}workflow_id = %s AND epoch = %s AND engine_id = %s", [*chunk, epochs[chunk[0]], engine_id]
+                )
+                continue
+            params = [chunk, [epochs[wid] for wid in chunk], engine_id]
+            cursor.execute("SELECT current_setting('lock_timeout')")
+            (session_wait,) = cursor.fetchone()
+            try:
+                with transaction.atomic(using=using):
+                    cursor.execute(f"{COMMIT_LOCK_WAIT_SQL};\n{_RELEASE_PG.format(skip='')}", params)
+            except DatabaseError as exc:
+                if not lock_wait_ended(exc):
+                    raise
+                cursor.execute(_RELEASE_PG.format(skip=" SKIP LOCKED"), params)
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [session_wait])
 
 
 def release_locked_claims(engine_id: str, workflow_ids: list[str], using: str, *, ended: list[str]) -> None:

@@ -159,7 +159,16 @@ def expire_claims(engine_id: str | None, workflow_ids: list[str] | None, using: 
 def cap_expiry(engine_id: str, ttl: timedelta, using: str) -> int:
     """Cut the expiry of ``engine_id``'s claims to at most ``ttl`` from now (the database clock): at an
     engine's start-up, the dormant claims a previous process with its id left (engine/ownership.py).
-    Returns how many were cut."""
-    latest = db_clock(using) + ttl
-    rows = WorkflowClaim.objects.using(using).filter(engine_id=engine_id, expires_at__gt=latest)
-    return rows.update(expires_at=latest)
+    Returns how many were cut. One statement, its rows locked in workflow_id order, skipping a row
+    another transaction holds (a user's open transaction): waiting for it (the session's lock_timeout)
+    failed the engine's start-up. A claim skipped keeps its expiry."""
+    found, table = backend(using), WorkflowClaim._meta.db_table
+    latest = found.connection.ops.adapt_datetimefield_value(db_clock(using) + ttl)
+    lock = found.lock_sql(no_key=True, skip_locked=True)
+    with found.connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET expires_at = %s WHERE workflow_id IN (SELECT workflow_id FROM {table} "
+            f"WHERE engine_id = %s AND expires_at > %s ORDER BY workflow_id{lock})",
+            [latest, engine_id, latest],
+        )
+        return int(cursor.rowcount)
