@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import weft_django as weft
+from tests.engine.test_engine_processes import gone, live
 from tests.testapp.models import ActivityCall
 from weft_django.models import Engine, WorkflowClaim
 from weft_django.testing import wait_for
@@ -46,19 +47,6 @@ def _forked_then_signalled():
 
 os.fork = _forked_then_signalled
 """
-
-
-def live(prefix: str) -> dict[str, int]:
-    """{engine id: pid} of the engines whose id starts with ``prefix`` and that have not stopped."""
-    return dict(Engine.objects.filter(id__startswith=prefix, stopped_at__isnull=True).values_list("id", "pid"))
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def hooked(tmp_path: Path, signal_at: int) -> dict[str, str]:
