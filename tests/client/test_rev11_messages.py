@@ -1,0 +1,53 @@
+"""Updates, queries and forks (review rev11): a forked run's respond() must not answer the source's
+update."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+import weft_django as weft
+from weft_django.models import PendingUpdate, Step
+from weft_django.testing import owns, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@weft.workflow(name="tests.rev11.take_then_wait")
+def take_then_wait(ctx: weft.WorkflowContext):  # type: ignore[no-untyped-def]
+    payload, respond = yield ctx.wait_for_update("approve")  # step 0
+    yield ctx.wait_for_signal("go")  # step 1: the answer comes after it
+    respond({"answered_by": ctx.workflow_id})
+    return payload
+
+
+def test_a_forks_respond_does_not_answer_the_sources_update(weft_engine: Any) -> None:
+    source = weft.start("tests.rev11.take_then_wait", id="rev11-src")
+    owns(weft_engine, source.id)
+    outcome: list[Any] = []
+
+    def ask() -> None:
+        try:
+            outcome.append(source.update("approve", {"n": 1}, timeout="30s"))
+        except Exception as exc:  # reported by the assertions below
+            outcome.append(exc)
+        finally:
+            from django.db import connections
+
+            connections.close_all()
+
+    caller = threading.Thread(target=ask)
+    caller.start()
+    wait_for(lambda: PendingUpdate.objects.filter(workflow_id=source.id, status="accepted").exists())
+    wait_for(lambda: Step.objects.filter(workflow_id=source.id, seq=0).exists())
+    fork = weft.fork(source.id, from_step=1, new_id="rev11-fork")
+    owns(weft_engine, fork.id)
+    fork.signal("go")
+    assert fork.result(timeout=10) == {"n": 1}
+    row = PendingUpdate.objects.get(workflow_id=source.id)
+    assert row.status == "accepted", f"the fork answered the source's update: {row.status} {row.result}"
+    source.signal("go")
+    caller.join(30)
+    assert outcome == [{"answered_by": source.id}]
