@@ -51,3 +51,52 @@ def test_a_forks_respond_does_not_answer_the_sources_update(weft_engine: Any) ->
     source.signal("go")
     caller.join(30)
     assert outcome == [{"answered_by": source.id}]
+
+
+@weft.workflow(name="tests.rev11.noted", attributes={"note": str})
+def noted(ctx: weft.WorkflowContext):  # type: ignore[no-untyped-def]
+    state = {"n": 0}
+
+    def validate(payload: Any) -> Any:
+        ctx.set_attributes(note="from the validator")  # not allowed: a validator changes nothing
+        return "refused"
+
+    def peek() -> Any:
+        ctx.set_attributes(note="from the query")  # not allowed: a query changes nothing
+        return state["n"]
+
+    def add(payload: Any) -> Any:
+        state["n"] += payload
+        return state["n"]
+
+    ctx.on_update("refused", add, validator=validate)
+    ctx.on_update("add", add)
+    ctx.on_query("peek", peek)
+    yield ctx.wait_for_signal("stop")
+    return state["n"]
+
+
+def test_a_validator_that_sets_attributes_changes_nothing(weft_engine: Any) -> None:
+    from weft_django.models import WorkflowAttribute
+
+    handle = weft.start("tests.rev11.noted", id="rev11-validator")
+    owns(weft_engine, handle.id)
+    with pytest.raises(weft.UpdateFailedError, match="update validator"):
+        handle.update("refused", 1, timeout="10s")
+    assert handle.update("add", 2, timeout="10s") == 2  # a later commit of the run
+    stored = list(WorkflowAttribute.objects.filter(workflow_id=handle.id).values_list("str_value", flat=True))
+    assert stored == [], "the validator's set_attributes was recorded"
+
+
+def test_a_query_that_sets_attributes_changes_nothing(weft_engine: Any) -> None:
+    from weft_django.models import WorkflowAttribute
+
+    handle = weft.start("tests.rev11.noted", id="rev11-query")
+    owns(weft_engine, handle.id)
+    with pytest.raises(weft.QueryFailedError, match="query"):
+        handle.query("peek", timeout="10s")
+    assert handle.update("add", 2, timeout="10s") == 2  # a later commit of the run
+    stored = list(WorkflowAttribute.objects.filter(workflow_id=handle.id).values_list("str_value", flat=True))
+    assert stored == [], "the query's set_attributes was recorded"
+    handle.signal("stop")
+    assert handle.result(timeout=10) == 2
