@@ -100,3 +100,16 @@ def test_a_query_that_sets_attributes_changes_nothing(weft_engine: Any) -> None:
     assert stored == [], "the query's set_attributes was recorded"
     handle.signal("stop")
     assert handle.result(timeout=10) == 2
+
+
+def test_an_update_to_a_suspended_run_says_it_is_suspended(weft_engine: Any) -> None:
+    handle = weft.start("tests.rev11.noted", id="rev11-paused")
+    owns(weft_engine, handle.id)
+    handle.suspend()
+    with pytest.raises(weft.UpdateTimeoutError) as caught:
+        handle.update("add", 2, timeout="1s")
+    assert "it is suspended" in str(caught.value), str(caught.value)
+    assert PendingUpdate.objects.get(workflow_id=handle.id).status == "expired"
+    handle.resume()
+    owns(weft_engine, handle.id)
+    assert handle.update("add", 3, timeout="10s") == 3  # the expired one was never applied
