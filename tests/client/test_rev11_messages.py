@@ -113,3 +113,38 @@ def test_an_update_to_a_suspended_run_says_it_is_suspended(weft_engine: Any) -> 
     handle.resume()
     owns(weft_engine, handle.id)
     assert handle.update("add", 3, timeout="10s") == 3  # the expired one was never applied
+
+
+@weft.workflow(name="tests.rev11.answer_later")
+def answer_later(ctx: weft.WorkflowContext):  # type: ignore[no-untyped-def]
+    held: dict[str, Any] = {}
+    ctx.on_query("answer_now", lambda: held["respond"]("from the query"))  # not allowed: a query changes nothing
+    payload, held["respond"] = yield ctx.wait_for_update("approve")
+    yield ctx.wait_for_signal("go")
+    held["respond"]("from the workflow")
+    return payload
+
+
+def test_a_query_cannot_answer_an_update(weft_engine: Any) -> None:
+    handle = weft.start("tests.rev11.answer_later", id="rev11-respond")
+    owns(weft_engine, handle.id)
+    outcome: list[Any] = []
+
+    def ask() -> None:
+        try:
+            outcome.append(handle.update("approve", 1, timeout="30s"))
+        except Exception as exc:  # reported by the assertion below
+            outcome.append(exc)
+        finally:
+            from django.db import connections
+
+            connections.close_all()
+
+    caller = threading.Thread(target=ask)
+    caller.start()
+    wait_for(lambda: PendingUpdate.objects.filter(workflow_id=handle.id, status="accepted").exists())
+    with pytest.raises(weft.QueryFailedError, match="query handler"):
+        handle.query("answer_now", timeout="10s")
+    handle.signal("go")
+    caller.join(30)
+    assert outcome == ["from the workflow"]
