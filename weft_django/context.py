@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 import random
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
@@ -69,6 +70,8 @@ class WorkflowContext:
         self.is_replaying = False
         self.detached = False
         self.cancelled = False  # set before the on_cancel handlers run
+        # What runs now that must change nothing ("a query handler", "an update validator"), or None.
+        self.read_only: str | None = None
         self.query_handlers: dict[str, Callable[..., Any]] = {}
         self.exposed: dict[str, Callable[[], Any]] = {}
         self.update_handlers: dict[str, tuple[Callable[[Any], Any], Any]] = {}
@@ -314,6 +317,16 @@ class WorkflowContext:
         self.cancel_handlers.append(handler)
 
     # -- search attributes --------------------------------------------------------------------
+    @contextmanager
+    def reading(self, what: str) -> Iterator[None]:
+        """While ``what`` runs (a query handler, an update validator: neither is recorded nor replayed),
+        the calls that change the run durably raise WorkflowDefinitionError (``set_attributes``)."""
+        previous, self.read_only = self.read_only, what
+        try:
+            yield
+        finally:
+            self.read_only = previous
+
     def set_attributes(self, values: Mapping[str, Any] | None = None, /, **named: Any) -> None:
         """Set search attributes of this run: ``ctx.set_attributes(customer="acme", amount=12.5)``
         (or a dict). A value None clears the attribute. They become durable with the workflow's next
@@ -327,9 +340,17 @@ class WorkflowContext:
         Raises:
             InvalidSearchAttributeError: a name is not declared on this workflow or a value has another
                 type; raised in the workflow code (uncaught, it fails the run) and nothing is queued.
+            WorkflowDefinitionError: called from a query handler or an update validator (they change
+                nothing: neither is recorded, so replay would not set them again).
         """
         if self.detached:
             return
+        if self.read_only is not None:
+            raise WorkflowDefinitionError(
+                f"ctx.set_attributes may not be called from {self.read_only}: it must change nothing (it is not "
+                "recorded, so replay would not set them again). Set attributes in the workflow code or an update "
+                "handler."
+            )
         merged = {**(values or {}), **named}
         checked = check_values(self.attribute_kinds, merged, f'Workflow "{self.workflow_type}"')
         for name, value in checked.items():

@@ -319,8 +319,8 @@ def await_update(workflow_id: str, name: str, update_id: str, wait: Wait) -> Any
                 ).update(status=UpdateStatus.EXPIRED, completed_at=db_now(alias)):
                     raise UpdateTimeoutError(
                         f'Update "{name}" to workflow "{workflow_id}" was not applied within {wait.timeout_text()}, '
-                        f"so it expired and will never be applied (is an engine running and does the workflow handle "
-                        f'"{name}"?). Retry with the same idempotency_key to send it again.'
+                        f"so it expired and will never be applied ({_why_unapplied(row['run_status'], name)}). "
+                        f"Retry with the same idempotency_key to send it again."
                     )
                 continue  # the owner settled it meanwhile (or a wait_for_update took it): read it again
             raise UpdateTimeoutError(
@@ -329,6 +329,14 @@ def await_update(workflow_id: str, name: str, update_id: str, wait: Wait) -> Any
                 f"with the same idempotency_key to wait for that)."
             )
         wait.pause()
+
+
+def _why_unapplied(run_status: str | None, name: str) -> str:
+    """Why an admitted update may have waited in vain, from its run's status: a suspended run has no
+    engine to apply it (as ``query`` says, ``_UNHELD``)."""
+    if run_status == WorkflowStatus.SUSPENDED:
+        return _UNHELD[run_status]
+    return f'is an engine running and does the workflow handle "{name}"?'
 
 
 def _update_outcome(workflow_id: str, name: str, row: Mapping[str, Any]) -> Any:

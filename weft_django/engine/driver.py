@@ -21,6 +21,7 @@ from ..exceptions import (
     NonDeterminismError,
     WaitTimeoutError,
     WeftError,
+    WorkflowDefinitionError,
 )
 from ..operations import All, ContinueAsNew, Inert, Memo, Operation, Race, WaitForUpdate
 from ..registry import WorkflowDefinition
@@ -520,6 +521,8 @@ class WorkflowRun:
             nonlocal answered
             if answered or self.ctx.detached or self.ctx.is_replaying:
                 return
+            if self.ctx.read_only is not None:  # a query handler or a validator: not recorded, not replayed
+                raise WorkflowDefinitionError(f"respond() may not be called from {self.ctx.read_only}.")
             text = encode_payload(result, path=f'respond() of update "{name}"')
             answered = True
             self.responses.append((update_id, text))

@@ -44,6 +44,7 @@ from typing import Any
 from django.db import DatabaseError, transaction
 
 from ..codec import decode, encode, encode_payload, storable_text
+from ..context import WorkflowContext
 from ..exceptions import QueryNotFoundError, WeftError
 from ..operations import WaitForUpdate
 from ..status import QueryStatus, UpdateStatus
@@ -256,7 +257,7 @@ def deliver_updates(
         if w is None:
             w = batch[wid] = WorkflowWrites(wid, owned.run_id, owned.epoch)
         if name in run.ctx.update_handlers:
-            done, ran = run_update(run.ctx.update_handlers[name], str(pk), name, payload)
+            done, ran = run_update(run.ctx, run.ctx.update_handlers[name], str(pk), name, payload)
             w.updates_done.append(done)
             touched.add(wid)
             if ran:
@@ -330,16 +331,20 @@ def deliver_updates(
     return bool(touched)
 
 
-def run_update(entry: tuple[Any, Any], update_id: str, name: str, payload_text: str) -> tuple[UpdateDone, bool]:
-    """Validate and apply one update on the live context. Returns its outcome and whether the handler
-    ran (then its effects are in memory and the update goes to the applied log, even if it raised)."""
+def run_update(
+    ctx: WorkflowContext, entry: tuple[Any, Any], update_id: str, name: str, payload_text: str
+) -> tuple[UpdateDone, bool]:
+    """Validate and apply one update on the live context ``ctx`` (its validator read-only). Returns its
+    outcome and whether the handler ran (then its effects are in memory and the update goes to the
+    applied log, even if it raised)."""
     handler, validator = entry
     try:
         payload = decode(payload_text)
     except Exception as exc:
         return UpdateDone(update_id, UpdateStatus.FAILED, error=_failure(exc, "payload")), False
     try:
-        issues = validation_issues(validator, payload)
+        with ctx.reading("an update validator"):
+            issues = validation_issues(validator, payload)
     except Exception as exc:
         return UpdateDone(update_id, UpdateStatus.FAILED, error=_failure(exc, "validator")), False
     if issues:

@@ -121,7 +121,7 @@ class Progress:
         Args:
             workflow_id: an owned workflow.
             name: the query's name.
-            args: its arguments.
+            args: its arguments (the handler runs read-only: ``WorkflowContext.reading``).
 
         Raises:
             WorkflowNotLocallyOwnedError: this engine does not drive the workflow.
@@ -129,10 +129,8 @@ class Progress:
         """
         owned = self.owned.get(workflow_id)
         if owned is None:
-            raise WorkflowNotLocallyOwnedError(
-                f"Workflow {workflow_id!r} is not driven by engine {self.engine_id!r}; "
-                "ask the engine that holds its claim."
-            )
+            message = f"Workflow {workflow_id!r} is not driven by engine {self.engine_id!r}; ask its holder."
+            raise WorkflowNotLocallyOwnedError(message)
         if name == "activity_progress":
             running = sorted(owned.inflight.values(), key=lambda task: task.seq)
             return running[-1].control.details if running else None
@@ -140,7 +138,8 @@ class Progress:
         handler = ctx.query_handlers.get(name) or ctx.exposed.get(name)
         if handler is None:
             raise QueryNotFoundError(f"Workflow {workflow_id!r} has no query {name!r}; register it with ctx.on_query.")
-        return handler(*args)
+        with ctx.reading("a query handler"):
+            return handler(*args)
 
     # -- a freshly loaded workflow ---------------------------------------------------------------
     def adopt(

@@ -488,7 +488,7 @@ def apply_messages(batch: list[WorkflowWrites], now: datetime, using: str) -> No
             if not mailbox.settle_update(done.update_id, w.run_id, fields, using):
                 raise UpdateRaceLost(f"update {done.update_id} of workflow {w.workflow_id!r} is no longer admitted")
         for update_id, text in w.update_responses:
-            if mailbox.answer_accepted(update_id, text, now, using):
+            if mailbox.answer_accepted(update_id, w.run_id, text, now, using):
                 answered.append(update_id)
     applied = [
         AppliedUpdate(

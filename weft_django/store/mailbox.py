@@ -313,11 +313,13 @@ def settle_update(update_id: str, run_id: str, fields: dict[str, Any], using: st
     return bool(won == 1)
 
 
-def answer_accepted(update_id: str, text: str, now: datetime, using: str) -> bool:
-    """Complete an accepted update with respond()'s answer, only while it is still accepted."""
+def answer_accepted(update_id: str, run_id: Any, text: str, now: datetime, using: str) -> bool:
+    """Complete an accepted update with respond()'s answer, only while it is still accepted and on
+    ``run_id``, the run that responds: a fork replays the source's wait_for_update step, update id
+    included, and its respond() must not answer the source's caller."""
     return bool(
         PendingUpdate.objects.using(using)
-        .filter(pk=update_id, status=UpdateStatus.ACCEPTED)
+        .filter(pk=update_id, run_id=run_id, status=UpdateStatus.ACCEPTED)
         .update(status=UpdateStatus.COMPLETED, result=text, completed_at=now)
     )
 
