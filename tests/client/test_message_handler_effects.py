@@ -1,5 +1,6 @@
-"""Updates, queries and forks (review rev11): a forked run's respond() must not answer the source's
-update."""
+"""What message handlers may change: a forked run's respond() must not answer the source's update;
+query handlers and update validators change nothing durable (set_attributes and respond() raise
+there); an update to a suspended run says the run is suspended when it expires."""
 
 from __future__ import annotations
 
