@@ -13,7 +13,7 @@ from django.db import connection
 
 import weft_django as weft
 from tests.testapp.workflows import add
-from weft_django.models import Step, Timer, Workflow
+from weft_django.models import Engine, Step, Timer, Workflow
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -78,3 +78,17 @@ def test_a_timestamp_python_cannot_hold_makes_only_its_workflow_stuck(
     assert stuck[0] == "running" and stuck[1] is not None, stuck
     assert stuck[1]["type"] == "EngineInternalError"
     assert "cannot be read" in stuck[1]["message"] and "year" in stuck[1]["message"], stuck[1]["message"]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("column", ["heartbeat_at", "started_at", "stopped_at"])
+def test_an_engine_restarted_under_its_id_over_a_damaged_engine_row_starts(weft_run_until_idle, column):
+    """An engine registers by its id (weft_engine --engine-id, stable in a StatefulSet): its earlier
+    row, damaged in a column psycopg cannot convert, is overwritten, not read first (the registration's
+    read raised DataError, so that engine could never start again)."""
+    weft_run_until_idle(timeout=10, engine_id="stable-id")
+    _sql(f"UPDATE {Engine._meta.db_table} SET {column} = 'infinity' WHERE id = 'stable-id'")
+    good = weft.start("tests.sum", args=[2, 3], id="good")
+    weft_run_until_idle(timeout=15, engine_id="stable-id")  # before the fix: DataError: timestamp too large
+    assert good.result(timeout=5) == {"total": 5}
+    assert Engine.objects.filter(pk="stable-id", stopped_at__isnull=False).exists()
