@@ -313,7 +313,8 @@ def _unloadable(
     run = runs.run_of_unreadable(wid, using)
     message = (
         f"Workflow {wid!r}: its rows cannot be read by the engine ({type(exc).__name__}: {exc}). Repair the row "
-        "(a column holding a value of the wrong type), or cancel the workflow; it is retried with back-off."
+        "(a column holding a value of the wrong type or out of range), or cancel the workflow; it is retried "
+        "with back-off."
     )
     logger.error("workflow rows unreadable workflow=%s engine=%s error=%s", wid, engine_id, exc)
     if run is None:

@@ -6,7 +6,7 @@ import os
 import socket
 from datetime import datetime, timedelta
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils.dateparse import parse_datetime
 
@@ -36,18 +36,25 @@ def register_engine(engine_id: str, mode: str, using: str, *, queues: list[str] 
         queues: the queues it admits from (None: every queue of WEFT["QUEUES"]).
     """
     now = db_clock(using)
-    Engine.objects.using(using).update_or_create(
-        id=engine_id,
-        defaults={
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "mode": mode,
-            "started_at": now,
-            "heartbeat_at": now,
-            "stopped_at": None,
-            "queues": queues,
-        },
-    )
+    values = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "mode": mode,
+        "started_at": now,
+        "heartbeat_at": now,
+        "stopped_at": None,
+        "queues": queues,
+    }
+    # written over, never read first: an earlier row of this id may hold a value the driver cannot
+    # convert (a timestamp past year 9999 on PostgreSQL), which must not keep this engine from starting
+    row = Engine.objects.using(using).filter(id=engine_id)
+    if row.update(**values):
+        return
+    try:
+        with transaction.atomic(using=using):
+            Engine.objects.using(using).create(id=engine_id, **values)
+    except IntegrityError:  # registered meanwhile under this id
+        row.update(**values)
 
 
 def heartbeat_engine(engine_id: str, using: str) -> bool:

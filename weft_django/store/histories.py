@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, DataError, connections
 
 from ..models import AppliedUpdate, BufferedSignal, ContinuedRun, PendingUpdate, Step, Timer, Workflow, WorkflowClaim
 from ..status import SignalState, UpdateStatus
@@ -259,6 +259,21 @@ def _uuid_text(value: Any) -> str:
     return str(uuid.UUID(str(value)))  # uuid on PostgreSQL, hex text on SQLite
 
 
+class UnreadableRow(ValueError):
+    """The database returned a row its driver cannot convert to Python: on PostgreSQL a timestamp past
+    year 9999 or ``'infinity'`` (a hand edit, a bad migration), an interval past ``timedelta``'s range.
+    Not a failure of the database (psycopg raises ``DataError`` for it while converting a result it
+    already holds), so only that row's workflow is left out (engine/containment.load_each)."""
+
+
+def _rows(cursor: Any) -> list[Any]:
+    """``cursor.fetchall()``, a value the driver cannot convert raised as ``UnreadableRow``."""
+    try:
+        return list(cursor.fetchall())
+    except DataError as exc:  # the result set is already in memory: only a conversion can fail here
+        raise UnreadableRow(f"{exc} (a value the database holds but Python cannot represent)") from exc
+
+
 def _decode_runs(values: list[Any], aware: _Aware, into: dict[str, RunRow]) -> None:
     for columns in values:
         row = RunRow(*columns)
@@ -385,22 +400,22 @@ def read_loaded(cursor: Any, using: str, into: Loaded) -> None:
     assert into.admitted is not None and into.signals is not None
     aware = backend(using).datetime_reader()
     runs: dict[str, RunRow] = {}
-    _decode_runs(cursor.fetchall(), aware, runs)
+    _decode_runs(_rows(cursor), aware, runs)
     into.runs.update(runs)
     steps: dict[str, dict[int, StepRecord]] = {row.run_id: {} for row in runs.values()}
     _next_result(cursor)
-    _decode_steps(cursor.fetchall(), aware, steps)
+    _decode_steps(_rows(cursor), aware, steps)
     into.steps.update(steps)
     applied: dict[str, list[AppliedRecord]] = {}
     _next_result(cursor)
-    _decode_applied(cursor.fetchall(), applied)
+    _decode_applied(_rows(cursor), applied)
     into.applied.update((run_id, records) for run_id, records in applied.items() if run_id in steps)
     _next_result(cursor)
-    _decode_timers(cursor.fetchall(), aware, using, into.timers)
+    _decode_timers(_rows(cursor), aware, using, into.timers)
     _next_result(cursor)
-    _decode_signals(cursor.fetchall(), list(runs), into.signals)
+    _decode_signals(_rows(cursor), list(runs), into.signals)
     _next_result(cursor)
-    _decode_admitted(cursor.fetchall(), into.admitted)
+    _decode_admitted(_rows(cursor), into.admitted)
 
 
 def empty_loaded() -> Loaded:
@@ -459,7 +474,7 @@ def _read_chunked(
     with connections[using].cursor() as cursor:
         for chunk in _chunks(keys):
             cursor.execute(build_sql(f"IN ({', '.join(['%s'] * len(chunk))})"), chunk)
-            decode(cursor.fetchall())
+            decode(_rows(cursor))
 
 
 def load_runs(workflow_ids: list[str], using: str) -> dict[str, RunRow]:
