@@ -34,7 +34,7 @@ from ..store import sessions as store_sessions
 from ..store.backend import backend
 from ..store.clock import db_now
 from ..store.commit import WorkflowWrites
-from . import cascade, ownership, sessions
+from . import cascade, ownership, sessions, signal_delivery
 from .activities import commit_atomic_attempt
 from .attention import Attention
 from .claimer import Claimer
@@ -306,7 +306,9 @@ class Engine:
             busy = True
             self.progress.on_outcome(outcome, now, writes, changed)
         self.progress.expire_attempts(now, writes, changed)
-        for wid, kind, seq, fire_at in self.timers.pop_due(now):
+        due = self.timers.pop_due(now)
+        signal_delivery.before_timeouts(self.progress, due, carried, read, now, writes, changed)  # a signal wins
+        for wid, kind, seq, fire_at in due:
             busy = True
             self.progress.on_timer(wid, kind, seq, fire_at, now, writes, changed)
 

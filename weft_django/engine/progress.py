@@ -419,12 +419,7 @@ class Progress:
         writes: dict[str, WorkflowWrites],
         changed: set[str],
     ) -> None:
-        try:
-            satisfied = bool(op.predicate())
-        except Exception as exc:
-            logger.warning("wait_until predicate raised workflow=%s error=%s", owned.workflow_id, exc)
-            satisfied = False
-        if satisfied:
+        if steps.holds(op, owned.workflow_id):
             self.take_timer(owned, TimerKind.WAIT_CONDITION, seq, writes)
             self.settle(owned, steps.wait_satisfied(seq, now), writes, changed)
         elif op.timeout is not None:
@@ -438,12 +433,7 @@ class Progress:
         for leaf in owned.run.pending_leaves():
             if not isinstance(leaf.op, WaitUntil) or leaf.seq not in owned.armed:
                 continue
-            try:
-                satisfied = bool(leaf.op.predicate())
-            except Exception as exc:
-                logger.warning("wait_until predicate raised workflow=%s error=%s", owned.workflow_id, exc)
-                continue
-            if satisfied:
+            if steps.holds(leaf.op, owned.workflow_id):
                 self.take_timer(owned, TimerKind.WAIT_CONDITION, leaf.seq, writes)
                 self.settle(owned, steps.wait_satisfied(leaf.seq, now), writes, changed)
 
@@ -578,7 +568,7 @@ class Progress:
                 self.attention.queue(owned, task)
             return
         leaf = next((lf for lf in owned.run.pending_leaves() if lf.seq == seq), None)
-        fired = steps.timer_fired(kind, seq, leaf, now)
+        fired = steps.timer_fired(kind, seq, leaf, now, wid)
         if fired is not None:
             self.settle(owned, fired, writes, changed)
 

@@ -27,7 +27,7 @@ has one, and a workflow that loops on a signal reads its mailbox once, not once 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Protocol
 
@@ -180,3 +180,33 @@ def deliver(
             settler.settle(owned, steps.delivered(leaf, name, payload, now), writes, changed)
         wanted[wid] = [lf for lf in wanted[wid] if lf.seq != leaf.seq]
     return delivered
+
+
+def before_timeouts(
+    settler: Settler,
+    due: Sequence[tuple[str, str, int, datetime]],
+    carried: Mapping[str, list[BufferedRow]],
+    must_read: set[str],
+    now: datetime,
+    writes: dict[str, WorkflowWrites],
+    changed: set[str],
+) -> None:
+    """Deliver to the workflows whose signal wait's timeout is among the ``due`` timer entries, before
+    the timers fire: a signal buffered by the time its wait times out is the wait's outcome (the timer
+    is then taken and its entry is stale). Otherwise a wait with a timeout shorter than a pass (or 0)
+    timed out with its signal already buffered, sent before the wait began.
+
+    Args:
+        settler: the engine's state machine.
+        due: the timer heap's due entries (workflow id, kind, seq, fire time).
+        carried, must_read, now, writes, changed: as for ``deliver``.
+    """
+    timing_out = set()
+    for wid, kind, seq, fire_at in due:
+        owned = settler.owned.get(wid)
+        timer = owned.timers.get((kind, seq)) if owned is not None else None
+        if kind == TimerKind.SIGNAL_TIMEOUT and timer is not None and timer.fire_at == fire_at:
+            timing_out.add(wid)
+    if timing_out:
+        rows = {wid: carried[wid] for wid in timing_out if wid in carried}
+        deliver(settler, timing_out, rows, must_read & timing_out, now, writes, changed)

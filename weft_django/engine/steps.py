@@ -5,18 +5,20 @@ applies them to a workflow's live state and its writes for the next fenced commi
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta
 from typing import Any
 
 from ..codec import storable_text
 from ..exceptions import ActivityTimeoutError, WeftError
 from ..models import Timer
-from ..operations import RunActivity, Sleep, StartChild, WaitForSignal
+from ..operations import RunActivity, Sleep, StartChild, WaitForSignal, WaitUntil
 from ..status import TimerKind
 from .activities import AttemptTask
 from .children import child_outcome
 from .driver import Leaf, StepRecord, WorkflowRun
 
+logger = logging.getLogger("weft_django.engine.engine")
 STUCK_MAX_BACKOFF = timedelta(minutes=5)
 STUCK_MAX_COUNT = 2**31 - 1  # stuck_attempts is an integer column
 
@@ -109,14 +111,16 @@ def timed_out(task: AttemptTask) -> tuple[dict[str, Any], bool]:
     return error, task.definition.retry.is_retryable(ActivityTimeoutError(error["message"]))
 
 
-def timer_fired(kind: str, seq: int, leaf: Leaf | None, now: datetime) -> StepRecord | None:
+def timer_fired(kind: str, seq: int, leaf: Leaf | None, now: datetime, workflow_id: str = "") -> StepRecord | None:
     """The step a fired sleep, signal-timeout or wait-condition timer settles (None for other kinds).
 
     Args:
         kind: the timer's kind.
         seq: the step it belongs to.
-        leaf: the pending leaf at ``seq`` (a signal timeout names its signal).
+        leaf: the pending leaf at ``seq`` (a signal timeout names its signal; a wait_until's
+            predicate is asked again).
         now: workflow time.
+        workflow_id: its workflow (for the log of a predicate that raises).
     """
     if kind == TimerKind.SLEEP:
         return StepRecord(seq, "sleep", "", "completed", "null", completed_at=now)
@@ -125,9 +129,20 @@ def timer_fired(kind: str, seq: int, leaf: Leaf | None, now: datetime) -> StepRe
         name = leaf.op.name
         error = {"exc": "WaitTimeoutError", "message": f"No signal {name!r} arrived within the timeout."}
         return StepRecord(seq, "signal", name, "failed", error=error, completed_at=now)
-    if kind == TimerKind.WAIT_CONDITION:
-        return StepRecord(seq, "wait_until", "", "completed", "false", completed_at=now)
+    if kind == TimerKind.WAIT_CONDITION:  # asked once more: the answer at the timeout is recorded
+        held = leaf is not None and isinstance(leaf.op, WaitUntil) and holds(leaf.op, workflow_id)
+        return StepRecord(seq, "wait_until", "", "completed", "true" if held else "false", completed_at=now)
     return None
+
+
+def holds(op: WaitUntil, workflow_id: str) -> bool:
+    """Whether a ``wait_until`` predicate holds now: asked when the wait is reached, after each update
+    handler, and when its timeout fires. One that raises counts as false (logged as a warning)."""
+    try:
+        return bool(op.predicate())
+    except Exception as exc:
+        logger.warning("wait_until predicate raised workflow=%s error=%s", workflow_id, exc)
+        return False
 
 
 def wait_satisfied(seq: int, now: datetime) -> StepRecord:
