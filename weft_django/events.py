@@ -11,6 +11,7 @@ receiver from reaching the engine. Nothing here may raise into its caller.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -188,8 +189,8 @@ def started_if(inserted: bool, workflow_id: str, using: str) -> bool:
 
 @_guard
 def child_started(child: ChildStart, using: str) -> None:
-    """A child run was inserted inside its parent's fenced commit (signal sent once that commits)."""
-    metrics.workflow_started()
+    """A child run was inserted inside its parent's fenced commit (counted and signalled once that commits)."""
+    transaction.on_commit(metrics.workflow_started, using=using)
     _send(
         signals.workflow_started,
         _models()[0],
@@ -326,8 +327,9 @@ def _seconds(start: datetime | None, end: datetime | None) -> float | None:
 # -- transitions from any process -------------------------------------------------------------------------
 @_guard
 def workflow_ended(row: Mapping[str, Any], status: str, reason: str | None, using: str) -> None:
-    """transitions._end_run, inside its transaction: cancelled or timed_out from outside the engine."""
-    metrics.workflow_finished(status)
+    """transitions._end_run, inside its transaction: cancelled or timed_out from outside the engine
+    (counted and signalled once that commits: a caller's transaction may still roll it back)."""
+    transaction.on_commit(functools.partial(metrics.workflow_finished, status), using=using)
     signal = _FINISH_SIGNALS.get(status)
     if signal is None:
         return

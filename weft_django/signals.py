@@ -35,8 +35,10 @@ holder, "none"-mode start-up).
 
 ``claim_lost``: ``engine_id``, ``workflow_id``, ``run_id``, ``epoch`` (the epoch this engine held),
 ``reason``: "deposed" (renewal or a wake-up found another epoch or holder: a takeover, or a transition
-such as suspend), "cancelled" (the run was cancelled), "lost_race" (a fenced commit or an atomic
-activity's commit was refused), "store_lease_lost" ("lease" mode). The engine stops driving the run.
+such as suspend), "cancelled" (the run was cancelled), "lost_race" (a fenced commit was refused:
+the claim moved on), "store_lease_lost" ("lease" mode). The engine stops driving the run. A reload at
+the same epoch (an atomic activity's commit disagreed with the engine's context) is not a loss and
+sends nothing; if the claim had moved on, the renewal or the next fenced commit reports it.
 
 ``activity_failed``: ``engine_id``, ``workflow_id``, ``run_id``, ``seq``, ``activity``, ``attempts``,
 ``error``. Sent once per activity step whose failure is final (retries exhausted or not retryable)

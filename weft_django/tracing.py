@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -33,6 +34,8 @@ MAX_CARRIER = 1024  # a longer serialised context (a huge tracestate) is not sto
 _MISSING = object()
 _api: Any = _MISSING  # the opentelemetry modules, or None: imported on first use
 _environment_provider: bool | None = None  # OTEL_PYTHON_TRACER_PROVIDER is set (read on first use)
+_warned = False  # a tracing failure was logged with its traceback (later ones at DEBUG)
+logger = logging.getLogger(__name__)
 _NOOP: contextlib.AbstractContextManager[None] = contextlib.nullcontext()  # span() while tracing is off
 
 
@@ -142,18 +145,62 @@ def span(
 def _recorded(
     name: str, carrier: Any, kind: str, attributes: Mapping[str, Any] | None, links: Sequence[str | None]
 ) -> Iterator[Any]:
-    trace = _otel()[0]
-    parent = None if carrier is _MISSING else _extract(carrier)
-    found = [link for link in (_link(text) for text in links if text) if link is not None]
-    tracer = trace.get_tracer(TRACER_NAME)
-    values = {key: value for key, value in (attributes or {}).items() if value is not None}
-    with tracer.start_as_current_span(
-        name, context=parent, kind=getattr(trace.SpanKind, kind), attributes=values, links=found
-    ) as current:
+    """The span, current inside the block; None (and the block runs all the same) when the SDK or
+    one of the application's span processors raised while starting it. Ending it (its processors'
+    ``on_end``, a synchronous exporter) never raises either: tracing must not break the engine."""
+    try:
+        trace, _, context = _otel()
+        parent = None if carrier is _MISSING else _extract(carrier)
+        found = [link for link in (_link(text) for text in links if text) if link is not None]
+        values = {key: value for key, value in (attributes or {}).items() if value is not None}
+        current = trace.get_tracer(TRACER_NAME).start_span(
+            name, context=parent, kind=getattr(trace.SpanKind, kind), attributes=values, links=found
+        )
+    except Exception:
+        _failed(name, "started")
+        yield None
+        return
+    token = context.attach(trace.set_span_in_context(current))
+    try:
         yield current
+    except Exception as exc:  # recorded as start_as_current_span does, then raised on
+        _quietly(name, "marked failed", _record_error, current, exc)
+        raise
+    finally:
+        context.detach(token)
+        _quietly(name, "ended", current.end)
+
+
+def _record_error(current: Any, exc: Exception) -> None:
+    trace = _otel()[0]
+    if current.is_recording():
+        current.record_exception(exc)
+        current.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+
+
+def _quietly(name: str, what: str, fn: Any, *args: Any) -> None:
+    try:
+        fn(*args)
+    except Exception:
+        _failed(name, what)
+
+
+def _failed(name: str, what: str) -> None:
+    """Log a tracing failure: with its traceback the first time in this process, briefly after."""
+    global _warned
+    if _warned:
+        logger.debug("tracing: span %s could not be %s", name, what, exc_info=True)
+        return
+    _warned = True
+    logger.exception(
+        "tracing: span %s could not be %s (a span processor or exporter raised); the work goes on without it "
+        "(later failures are logged at DEBUG)",
+        name,
+        what,
+    )
 
 
 def set_attribute(current: Any, key: str, value: Any) -> None:
     """Set an attribute on a span ``span`` yielded (nothing for None)."""
     if current is not None and value is not None:
-        current.set_attribute(key, value)
+        _quietly(str(getattr(current, "name", "?")), f"given the attribute {key}", current.set_attribute, key, value)

@@ -122,3 +122,31 @@ def test_metrics_port_without_prometheus_client_says_what_to_install(monkeypatch
     monkeypatch.setattr(metrics, "AVAILABLE", False)
     with pytest.raises(CommandError, match=re.escape("pip install 'weft-django[prometheus]'")):
         call_command("weft_engine", "--once", "--metrics-port", "0", "--engine-id", "no-prometheus-2")
+
+
+def test_a_cancel_or_child_start_rolled_back_is_not_counted():
+    """Metrics count what is durable: a cancel() in a caller's transaction that rolls back (an
+    ATOMIC_REQUESTS view that then raised) ended nothing, and a child start in a commit that rolled
+    back started nothing. Before: weft_workflows_finished_total{status="cancelled"} and
+    weft_workflows_started_total were bumped inside the transaction."""
+    from django.db import transaction
+
+    from weft_django import events
+    from weft_django.store.children import ChildStart
+
+    weft.start("tests.signals", id="metrics-rolled-back")
+    cancelled = _value("weft_workflows_finished_total", status="cancelled")
+    started = _value("weft_workflows_started_total")
+    child = ChildStart("metrics-kid", "tests.child", "1", "[]", "metrics-rolled-back", "run", 1, "terminate", 1)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        weft.cancel("metrics-rolled-back")
+        events.child_started(child, "default")
+        raise RuntimeError("the view failed after the cancel")
+    assert _value("weft_workflows_finished_total", status="cancelled") == cancelled
+    assert _value("weft_workflows_started_total") == started
+    with transaction.atomic():
+        weft.cancel("metrics-rolled-back")
+        events.child_started(child, "default")
+        assert _value("weft_workflows_finished_total", status="cancelled") == cancelled  # not durable yet
+    assert _value("weft_workflows_finished_total", status="cancelled") == cancelled + 1
+    assert _value("weft_workflows_started_total") == started + 1

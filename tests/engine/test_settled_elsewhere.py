@@ -122,3 +122,43 @@ def test_a_step_committed_by_an_old_contexts_attempt_is_not_overwritten(workflow
     assert _step(run_id) == (StepStatus.COMPLETED, 1, encode(41))
     assert sorted(Reservation.objects.values_list("order_id", flat=True)) == [71], "the activity committed twice"
     assert engine.refused_commits >= 1  # counted as refused (weft_fenced_commits_refused reason atomic)
+
+
+def test_a_reload_for_a_step_settled_elsewhere_is_not_reported_as_a_lost_claim():
+    """The engine's commit found the step settled by an old context's atomic attempt (stale): it
+    reloads the workflow at the same epoch and goes on driving it. Before: claim_lost was sent with
+    reason "lost_race" (and weft_claims_total{outcome="lost_race"}, the status line's lost=+1 counted
+    it) for a claim the engine still held."""
+    from weft_django import signals
+    from weft_django.models import WorkflowClaim
+
+    lost: list[dict[str, Any]] = []
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        lost.append(kwargs)
+
+    signals.claim_lost.connect(receiver)
+    handle = weft.start("tests.se_retried", args=[8], id="se-not-lost")
+    engine = Engine("se-engine-not-lost")
+    engine.start()
+    try:
+        tick_until(engine, lambda: handle.id in engine.owned and engine.owned[handle.id].inflight, "attempt 1 running")
+        owned = engine.owned[handle.id]
+        epoch, old_task = owned.epoch, owned.inflight[0]
+        engine._reload[handle.id] = owned.epoch
+        engine._drop(handle.id, reason=None)
+        tick_until(engine, lambda: handle.id in engine.owned and engine.owned[handle.id].inflight, "the reload")
+        with transaction.atomic():
+            commit_atomic_attempt(engine.engine_id, "default", old_task, encode(81))
+        GATE.set()
+        tick_until(engine, engine.idle, "the engine to be idle")
+        assert engine.refused_commits >= 1  # the stale commit happened
+        assert handle.id in engine.owned and engine.owned[handle.id].epoch == epoch  # still driven, same claim
+        assert WorkflowClaim.objects.get(pk=handle.id).engine_id == engine.engine_id
+        assert [(e["workflow_id"], e["reason"]) for e in lost] == []
+        weft.signal(handle.id, "end")
+        tick_until(engine, lambda: Workflow.objects.get(pk=handle.id).status != "running", "the run to end")
+    finally:
+        signals.claim_lost.disconnect(receiver)
+        engine.shutdown()
+    assert handle.result(timeout=1) == 81

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("opentelemetry.sdk")
 
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -248,3 +248,42 @@ def test_a_provider_set_after_the_first_call_is_used_from_the_next_call_on(monke
         assert span is not None
     monkeypatch.undo()
     assert not tracing.enabled()
+
+
+class _RaisingProcessor(SpanProcessor):
+    """An application's span processor with a bug: it raises when a span starts, or when one ends."""
+
+    def __init__(self, when: str) -> None:
+        self.when = when
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        if self.when == "start":
+            raise RuntimeError("span processor broke on_start")
+
+    def on_end(self, span: Any) -> None:
+        if self.when == "end":
+            raise RuntimeError("span processor broke on_end")
+
+
+@pytest.mark.parametrize("when", ["start", "end"])
+def test_a_raising_span_processor_breaks_neither_the_client_nor_the_engine(monkeypatch, weft_run_until_idle, when):
+    """Tracing must never break the engine: a processor that raises (the SDK does not catch it) cost
+    the span, not the work. Before: every turn raised, each run was made stuck and retried forever."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))  # before the broken one (the SDK stops at it)
+    provider.add_span_processor(_RaisingProcessor(when))
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)
+    tracing.reset()
+    try:
+        handle = weft.start("tests.three_steps", args=["otel-broken"])
+        failing = weft.start("tests.non_retryable", args=["otel-broken-refuses"])
+        weft_run_until_idle()
+        assert handle.result(timeout=5)[0].endswith("otel-broken-1")
+        assert failing.result(timeout=5) == {"type": "ValueError", "attempts": 1}
+        assert not Workflow.objects.filter(stuck_error__isnull=False).exists()
+        if when == "end":  # the spans are still exported by the processor before it
+            assert _named(exporter, "weft.activity.attempt")
+    finally:
+        provider.shutdown()
+        tracing.reset()

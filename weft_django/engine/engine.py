@@ -558,10 +558,12 @@ class Engine:
         self._publish_epochs()
 
     def _refused(self, owned: Owned) -> None:
-        """An atomic attempt's commit disagrees with this context (refused, or settled a step): reload."""
-        self.refused_commits += 1
-        self._reload[owned.workflow_id] = owned.epoch
-        self._drop(owned.workflow_id, reason="refused: an atomic activity's commit disagrees; reloading")
+        """An atomic attempt's commit disagrees with this context (refused, or settled a step): reload at the
+        same epoch; no claim_lost (a claim that did move on is reported by the renewal or the next commit)."""
+        self.refused_commits, wid, epoch = self.refused_commits + 1, owned.workflow_id, owned.epoch
+        self._reload[wid] = epoch
+        logger.warning("reloading workflow=%s engine=%s epoch=%s: atomic commit disagrees", wid, self.engine_id, epoch)
+        self._drop(wid, reason=None)
 
     def reload_all(self) -> None:
         """After a pass failed: drop every owned workflow and nothing carried; reload them all from the log."""
