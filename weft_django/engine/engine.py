@@ -560,10 +560,9 @@ class Engine:
     def _refused(self, owned: Owned) -> None:
         """An atomic attempt's commit disagrees with this context (refused, or settled a step): reload at the
         same epoch; no claim_lost (a claim that did move on is reported by the renewal or the next commit)."""
-        self.refused_commits, wid, epoch = self.refused_commits + 1, owned.workflow_id, owned.epoch
-        self._reload[wid] = epoch
-        logger.warning("reloading workflow=%s engine=%s epoch=%s: atomic commit disagrees", wid, self.engine_id, epoch)
-        self._drop(wid, reason=None)
+        self.refused_commits, self._reload[owned.workflow_id] = self.refused_commits + 1, owned.epoch
+        logger.warning("reloading workflow=%s engine=%s: atomic commit disagrees", owned.workflow_id, self.engine_id)
+        self._drop(owned.workflow_id, reason=None)
 
     def reload_all(self) -> None:
         """After a pass failed: drop every owned workflow and nothing carried; reload them all from the log."""
@@ -576,8 +575,7 @@ class Engine:
             self._drop(wid, reason)
 
     def commit_stuck(self, wid: str, error: WeftError) -> None:
-        """Make owned workflow ``wid`` stuck with ``error`` in a commit of its own, and stop driving it
-        (containment of an engine bug; a failure to record it is logged)."""
+        """Make owned ``wid`` stuck with ``error`` in a commit of its own, stop driving it (containment of a bug)."""
         owned = self.owned[wid]
         writes: dict[str, WorkflowWrites] = {}
         try:
