@@ -457,3 +457,29 @@ def test_doctor_exit_codes_as_a_subprocess():
     refused = run_weft("cancel", "abandoned")  # stdin is not a terminal and there is no --yes
     assert refused.returncode == 1 and "pass --yes" in refused.stderr
     assert Workflow.objects.get(pk="abandoned").status == "running"
+
+
+def test_doctor_a_dead_engine_within_its_takeover_grace_is_a_warning_then_an_error(db):
+    """A killed engine's claims are taken over once its silence passes the TTL and the takeover grace:
+    within that window doctor warns (as its "lapsed claims" check waits for the grace), so a liveness
+    probe of every healthy pod does not fail while the system heals itself; past it, an error."""
+    from weft_django.conf import get_settings
+    from weft_django.store.claims import takeover_grace
+
+    settings = get_settings()
+    ttl, grace = settings.workflow_claim_ttl, takeover_grace(settings.workflow_claim_renew_interval)
+    weft.start("admin_tests.waits", id="dying")
+    hold("dying", engine_id="engine-killed", expires_in=3600)
+    Engine.objects.create(
+        id="engine-live", host="h", pid=2, mode="workflow-lease", started_at=db_clock(), heartbeat_at=db_clock()
+    )
+    Engine.objects.filter(id="engine-killed").update(heartbeat_at=db_clock() - ttl - timedelta(seconds=1))
+    report, ok = doctor()
+    assert ok, report
+    assert levels(report)["dead engines"] == "warning"
+    dead = next(c for c in report["checks"] if c["check"] == "dead engines")
+    assert "taken over" in dead["summary"], dead
+    Engine.objects.filter(id="engine-killed").update(heartbeat_at=db_clock() - ttl - grace - timedelta(seconds=5))
+    report, ok = doctor()
+    assert not ok
+    assert levels(report)["dead engines"] == "error"

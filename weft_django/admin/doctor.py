@@ -148,7 +148,11 @@ def _overdue_timers(using: str, wf_now: datetime) -> Finding:
     )
 
 
-def _dead_engines(using: str, now: datetime, ttl: timedelta) -> Finding:
+def _dead_engines(using: str, now: datetime, ttl: timedelta, renew: timedelta) -> Finding:
+    """Engines that have not stopped and are silent for longer than the TTL. One that claims still name
+    is an error once it is silent past the takeover grace too (its claims should have been taken by
+    then); before that it is being taken over, a warning: the "lapsed claims" check waits the same
+    grace, and a liveness probe of the healthy engines must not fail while the system heals itself."""
     dead = list(
         Engine.objects.using(using).filter(stopped_at__isnull=True, heartbeat_at__lt=now - ttl).order_by("heartbeat_at")
     )
@@ -167,11 +171,13 @@ def _dead_engines(using: str, now: datetime, ttl: timedelta) -> Finding:
         f"holds {holding.get(e.id, 0)} claim(s)"
         for e in dead[:DETAIL_LIMIT]
     ]
+    overdue = [e for e in dead if e.id in holding and e.heartbeat_at < now - ttl - takeover_grace(renew)]
     return Finding(
         "dead engines",
-        ERROR if holding else WARNING,
+        ERROR if overdue else WARNING,
         f"{len(dead)} engine(s) stopped heartbeating without shutting down"
-        + (f"; {sum(holding.values())} claim(s) still name them" if holding else ""),
+        + (f"; {sum(holding.values())} claim(s) still name them" if holding else "")
+        + ("" if overdue or not holding else " (being taken over: within the takeover grace)"),
         details,
         "A dead engine's claims are taken over once they lapse; one that holds none is only history "
         "(its row stays until an engine with the same id starts again).",
@@ -308,7 +314,7 @@ def doctor(using: str) -> list[Finding]:
             if wf_now is not None
             else Finding("overdue timers", SKIPPED, "skipped: workflow time cannot be computed (see clock)")
         ),
-        lambda: _dead_engines(using, now, ttl),
+        lambda: _dead_engines(using, now, ttl, renew),
         lambda: _stuck(using),
         lambda: _unclaimed(using),
         lambda: _unserved_queues(using, ttl, sorted(settings.queues)),
