@@ -18,9 +18,9 @@ from django.test import override_settings
 import weft_django as weft
 from tests.engine.test_commit_locks import holding
 from tests.engine.test_locked_rows import _finishes_within
-from weft_django.models import PendingUpdate, QueryRequest, Workflow
+from weft_django.models import BufferedSignal, PendingUpdate, QueryRequest, Workflow
 from weft_django.store.clock import db_now
-from weft_django.testing import running_engine
+from weft_django.testing import run_until_idle, running_engine
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -69,7 +69,26 @@ def _old_query() -> tuple[str, list[str]]:
     return "SELECT 1 FROM weft_django_queryrequest WHERE id = %s FOR UPDATE", [str(pk)]
 
 
-CASES = {"abandoned-update": _abandoned_update, "settled-update": _old_settled_update, "query": _old_query}
+def _late_signal() -> tuple[str, list[str]]:
+    """A signal that committed for a run after it continued as new: the cleanup carries it to the
+    current run (a ``cancel()`` of the workflow in an open transaction holds it: it closes every run's
+    buffered signals of that workflow)."""
+    from tests.deploys.test_continue_as_new import _chain, _on_old_run
+
+    handle = weft.start("tests.deploys.counter", args=[1, 0], id="held-continued")
+    handle.signal("add", 1)
+    run_until_idle(timeout=20)
+    ((old, _new),) = _chain(handle.id)
+    late = _on_old_run(BufferedSignal, handle.id, old, name="add", payload="5")
+    return "SELECT 1 FROM weft_django_bufferedsignal WHERE id = %s FOR UPDATE", [str(late.pk)]
+
+
+CASES = {
+    "abandoned-update": _abandoned_update,
+    "settled-update": _old_settled_update,
+    "query": _old_query,
+    "late-signal": _late_signal,
+}
 
 
 @pytest.mark.parametrize("row", list(CASES))

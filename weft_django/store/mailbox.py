@@ -415,7 +415,7 @@ def _close_late(model: Any, found: list[tuple[Any, str]], select: Any, fields: d
             existing = set(Workflow.objects.using(using).filter(pk__in=ids).values_list("pk", flat=True))
             ids = [*held, *(wid for wid in ids if wid not in existing)]
         rows = model.objects.using(using).filter(pk__in=[pk for pk, _ in found], workflow_id__in=ids)
-        return _write_unlocked(select(rows, using), fields, using)  # (a savepoint: the locks stay to the end)
+        return write_unlocked(select(rows, using), fields, using)  # (a savepoint: the locks stay to the end)
 
 
 def drop_late_signals(using: str) -> int:
@@ -469,7 +469,7 @@ def cleanup(now: datetime, cutoff: datetime, grace: timedelta, using: str) -> in
     )
     if abandoned:  # their callers stopped waiting and died: nobody will expire them otherwise
         fields = {"status": UpdateStatus.EXPIRED, "completed_at": now}
-        done += _write_unlocked(updates.filter(pk__in=abandoned, status=UpdateStatus.ADMITTED), fields, using)
+        done += write_unlocked(updates.filter(pk__in=abandoned, status=UpdateStatus.ADMITTED), fields, using)
     orphaned = list(
         _orphaned_updates(updates.filter(created_at__lt=now - grace), using).values_list("pk", "workflow_id")[
             :CLEANUP_BATCH
@@ -487,7 +487,7 @@ def cleanup(now: datetime, cutoff: datetime, grace: timedelta, using: str) -> in
         .values_list("pk", flat=True)[:CLEANUP_BATCH]
     )
     if old_updates:
-        done += _write_unlocked(PendingUpdate.objects.using(using).filter(pk__in=old_updates), None, using)
+        done += write_unlocked(PendingUpdate.objects.using(using).filter(pk__in=old_updates), None, using)
     old_queries = list(
         QueryRequest.objects.using(using)
         .filter(status__in=[QueryStatus.ANSWERED, QueryStatus.FAILED, QueryStatus.EXPIRED], created_at__lt=cutoff)
@@ -499,11 +499,11 @@ def cleanup(now: datetime, cutoff: datetime, grace: timedelta, using: str) -> in
         .values_list("pk", flat=True)[:CLEANUP_BATCH]
     )
     if old_queries:
-        done += _write_unlocked(QueryRequest.objects.using(using).filter(pk__in=old_queries), None, using)
+        done += write_unlocked(QueryRequest.objects.using(using).filter(pk__in=old_queries), None, using)
     return done
 
 
-def _write_unlocked(rows: Any, fields: dict[str, Any] | None, using: str) -> int:
+def write_unlocked(rows: Any, fields: dict[str, Any] | None, using: str) -> int:
     """Update ``rows`` with ``fields`` (None: delete them), leaving out those another transaction holds
     (a user's open transaction around ``cancel()`` or ``purge()``): locked first with SKIP LOCKED, in one
     transaction, so the cleanup on the engine's loop never waits for a row (the next pass takes them).
