@@ -102,3 +102,20 @@ def test_a_message_row_locked_by_a_user_does_not_stall_the_engine(row):
         good = weft.start("tests.sum", args=[2, 3], id="good")
         took = _finishes_within(good, 25)
         assert took < 5, f"a good workflow took {took:.1f}s while one {row} row was locked"
+
+
+@override_settings(WEFT={"RETENTION": {"completed": "1ms"}, "WORKFLOW_CLAIM_TTL": "30s"})
+def test_a_finished_runs_claim_locked_by_a_user_does_not_stall_the_retention_sweep():
+    """The retention chore purges finished runs on the engine's loop: one whose claim a user's open
+    transaction holds (a ``purge()`` or ``retry()`` of it inside ``transaction.atomic()``) must not
+    stall the engine's other workflows."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks are PostgreSQL's")
+    weft.start("tests.sum", args=[1, 1], id="old")
+    run_until_idle(timeout=20)
+    sql = "SELECT 1 FROM weft_django_workflowclaim WHERE workflow_id = %s FOR UPDATE"
+    with holding(sql, ["old"], hold_at_most=40), running_engine("retention-engine"):
+        time.sleep(1.5)  # the engine's first maintenance pass runs the retention sweep
+        good = weft.start("tests.sum", args=[2, 3], id="good")
+        took = _finishes_within(good, 25)
+        assert took < 5, f"a good workflow took {took:.1f}s while a finished run's claim was locked"
