@@ -388,6 +388,12 @@ def claims_acquired(engine_id: str, got: Mapping[str, Any], using: str) -> None:
         _send(signals.claim_acquired, claim_model, using, _claim_kwargs(engine_id, wid, epoch))
 
 
+def claims_acquired_heard() -> bool:
+    """Whether a ``claim_acquired`` receiver is connected: the acquire that sends it must then be
+    durable first (its commit waits for the WAL flush; docs/decisions/0015)."""
+    return bool(signals.claim_acquired.has_listeners(_models()[1]))
+
+
 def _claim_kwargs(engine_id: str, workflow_id: str, epoch: int) -> Callable[[], dict[str, Any]]:
     return lambda: {"engine_id": engine_id, "workflow_id": workflow_id, "epoch": epoch}
 

@@ -40,6 +40,7 @@ from .models import (
     Timer,
     Workflow,
     WorkflowAttribute,
+    WorkflowClaim,
 )
 from .status import (
     ACTIVE_STATUSES,
@@ -48,6 +49,7 @@ from .status import (
     WorkflowStatus,
 )
 from .store import claims, mailbox, notify, runs
+from .store.backend import backend
 
 # moved to weft_django.store.claims (issue 15): re-export until callers move
 from .store.claims import active_descendants, rotate_epoch, write_claim  # noqa: F401
@@ -445,6 +447,7 @@ def purge(
     *,
     using: str | None = None,
     batch_size: int = PURGE_BATCH_SIZE,
+    wait: bool = True,
 ) -> int:
     """Delete terminal workflows and every row they own; return how many were deleted.
 
@@ -452,7 +455,8 @@ def purge(
     filter). Unknown ids are ignored. If any selected workflow is not terminal, WorkflowStateError is
     raised before anything is deleted. Idempotency keys of purged runs are kept and marked purged, so
     a reused key says so. Each batch of ``batch_size`` is its own transaction (unless the call runs
-    inside the caller's).
+    inside the caller's). ``wait=False`` (the engine's retention sweep, on its loop): a run whose claim
+    or row another transaction holds is left as it is (a later pass purges it), never waited for.
     """
     alias = _alias(using)
     if isinstance(workflows, QuerySet):
@@ -473,7 +477,9 @@ def purge(
             def matching(ids: list[str]) -> set[str]:
                 return set(queryset.filter(pk__in=ids).values_list("pk", flat=True))
 
-            purged += run_in_transaction(alias, functools.partial(_purge_batch, batch, alias, matching=matching))
+            purged += run_in_transaction(
+                alias, functools.partial(_purge_batch, batch, alias, matching=matching, wait=wait)
+            )
     ids = sorted({workflows} if isinstance(workflows, str) else set(workflows))
     batches = [ids[start : start + batch_size] for start in range(0, len(ids), batch_size)]
     active: list[str] = []
@@ -487,7 +493,7 @@ def purge(
         if len(active) >= 10:
             break
     _refuse_active(active)
-    return sum(run_in_transaction(alias, functools.partial(_purge_batch, batch, alias)) for batch in batches)
+    return sum(run_in_transaction(alias, functools.partial(_purge_batch, batch, alias, wait=wait)) for batch in batches)
 
 
 def purge_terminal(
@@ -516,13 +522,18 @@ def _refuse_active(active_ids: Iterable[str]) -> None:
         )
 
 
-def _purge_batch(ids: list[str], using: str, *, matching: Callable[[list[str]], set[str]] | None = None) -> int:
-    claims.lock_ids(sorted(ids), using)
+def _purge_batch(
+    ids: list[str], using: str, *, matching: Callable[[list[str]], set[str]] | None = None, wait: bool = True
+) -> int:
+    locked = claims.lock_ids(sorted(ids), using, wait=wait)
+    if not wait:  # those whose claim another transaction holds are left (a run with no claim row is not)
+        having = set(WorkflowClaim.objects.using(using).filter(pk__in=ids).values_list("pk", flat=True))
+        ids = sorted(locked | (set(ids) - having))
     if matching is not None:
         ids = sorted(matching(ids))
     rows = list(
         Workflow.objects.using(using)
-        .select_for_update()
+        .select_for_update(skip_locked=not wait and backend(using).skips_locked)
         .filter(pk__in=ids, status__in=TERMINAL_STATUSES)
         .order_by("pk")
         .values_list("pk", "idempotency_key")

@@ -75,10 +75,17 @@ def claims_of_a_previous_process(engine: Any, settings: WeftSettings) -> None:
 
 
 def acquire_and_load(
-    engine_id: str, *, limit: int, ttl: timedelta, using: str, served: list[str] | None = None
+    engine_id: str,
+    *,
+    limit: int,
+    ttl: timedelta,
+    using: str,
+    served: list[str] | None = None,
+    flush: bool = False,
 ) -> tuple[dict[str, tuple[int, str | None]], Loaded | None] | None:
     """``acquire`` of unheld workflows with their load in the same round trip where the database
     allows it (``store/claims/taking.py``); None where it does not (acquire, then load, as before).
+    ``flush``: its commit waits for the WAL flush (the claims are acknowledged once it returns).
 
     Returns:
         ({workflow_id: (new epoch, previous holder)}, what was read for them, or None if a row could
@@ -86,7 +93,7 @@ def acquire_and_load(
     """
     if not taking.available(using):
         return None
-    return taking.acquire_and_load(engine_id, limit=limit, ttl=ttl, using=using, served=served)
+    return taking.acquire_and_load(engine_id, limit=limit, ttl=ttl, using=using, served=served, flush=flush)
 
 
 def renew(engine_id: str, owned: dict[str, int], ttl: timedelta, using: str) -> set[str]:

@@ -61,5 +61,7 @@ def purge_expired(
             continue
         budget -= len(ids)
         # The status and age are re-checked by the queryset, and the terminal status under lock by purge.
-        purged += transitions.purge(expired.filter(pk__in=ids), using=using, batch_size=batch_size)
+        # On the engine's loop: a run whose claim or row a user's open transaction holds is left for a
+        # later pass, never waited for (it would stall every workflow of the engine for lock_timeout).
+        purged += transitions.purge(expired.filter(pk__in=ids), using=using, batch_size=batch_size, wait=False)
     return purged, budget <= 0

@@ -160,9 +160,8 @@ def _move_late(rows: Any, state: str, waiting: str, key: str, current: Any, usin
     found = dict(late.filter(**{state: waiting}).values_list("pk", "workflow_id")[:1000])
     if not found:
         return set(), 0
-    moved = (
-        rows.model.objects.using(using)
-        .filter(Exists(current), pk__in=list(found), **{state: waiting})  # still active at the write
-        .update(run_id=Subquery(current.values("run_id")[:1]))
-    )
+    # still active at the write; a row another transaction holds (a cancel() in a user's open
+    # transaction closes every run's mail of the workflow) is left for a later pass, never waited for
+    still = rows.model.objects.using(using).filter(Exists(current), pk__in=list(found), **{state: waiting})
+    moved = mailbox.write_unlocked(still, {"run_id": Subquery(current.values("run_id")[:1])}, using)
     return set(found.values()), moved

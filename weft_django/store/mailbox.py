@@ -417,7 +417,7 @@ def _close_late(model: Any, found: list[tuple[Any, str]], select: Any, fields: d
             existing = set(Workflow.objects.using(using).filter(pk__in=ids).values_list("pk", flat=True))
             ids = [*held, *(wid for wid in ids if wid not in existing)]
         rows = model.objects.using(using).filter(pk__in=[pk for pk, _ in found], workflow_id__in=ids)
-        return int(select(rows, using).update(**fields))
+        return write_unlocked(select(rows, using), fields, using)  # (a savepoint: the locks stay to the end)
 
 
 def drop_late_signals(using: str) -> int:
@@ -470,9 +470,8 @@ def cleanup(now: datetime, cutoff: datetime, grace: timedelta, using: str) -> in
         ]
     )
     if abandoned:  # their callers stopped waiting and died: nobody will expire them otherwise
-        done += updates.filter(pk__in=abandoned, status=UpdateStatus.ADMITTED).update(
-            status=UpdateStatus.EXPIRED, completed_at=now
-        )
+        fields = {"status": UpdateStatus.EXPIRED, "completed_at": now}
+        done += write_unlocked(updates.filter(pk__in=abandoned, status=UpdateStatus.ADMITTED), fields, using)
     orphaned = list(
         _orphaned_updates(updates.filter(created_at__lt=now - grace), using).values_list("pk", "workflow_id")[
             :CLEANUP_BATCH
@@ -490,7 +489,7 @@ def cleanup(now: datetime, cutoff: datetime, grace: timedelta, using: str) -> in
         .values_list("pk", flat=True)[:CLEANUP_BATCH]
     )
     if old_updates:
-        done += PendingUpdate.objects.using(using).filter(pk__in=old_updates).delete()[0]
+        done += write_unlocked(PendingUpdate.objects.using(using).filter(pk__in=old_updates), None, using)
     old_queries = list(
         QueryRequest.objects.using(using)
         .filter(status__in=[QueryStatus.ANSWERED, QueryStatus.FAILED, QueryStatus.EXPIRED], created_at__lt=cutoff)
@@ -502,8 +501,20 @@ def cleanup(now: datetime, cutoff: datetime, grace: timedelta, using: str) -> in
         .values_list("pk", flat=True)[:CLEANUP_BATCH]
     )
     if old_queries:
-        done += QueryRequest.objects.using(using).filter(pk__in=old_queries).delete()[0]
+        done += write_unlocked(QueryRequest.objects.using(using).filter(pk__in=old_queries), None, using)
     return done
+
+
+def write_unlocked(rows: Any, fields: dict[str, Any] | None, using: str) -> int:
+    """Update ``rows`` with ``fields`` (None: delete them), leaving out those another transaction holds
+    (a user's open transaction around ``cancel()`` or ``purge()``): locked first with SKIP LOCKED, in one
+    transaction, so the cleanup on the engine's loop never waits for a row (the next pass takes them).
+    Where the database has one writer (SQLite) its transaction holds them all. Returns the rows changed."""
+    with transaction.atomic(using=using):
+        if backend(using).skips_locked:
+            free = list(rows.select_for_update(skip_locked=True).order_by("pk").values_list("pk", flat=True))
+            rows = rows.model.objects.using(using).filter(pk__in=free)
+        return int(rows.update(**fields) if fields is not None else rows.delete()[0])
 
 
 def held_with_mail(engine_id: str, using: str) -> dict[str, tuple[tuple[str, int, str], ...]]:

@@ -12,6 +12,8 @@ LOCKED), the same fresh epochs from the sequence, the same rows read as a separa
 This one transaction commits without waiting for its WAL flush (``synchronous_commit`` off for it
 only): it writes nothing but claims, and every durable write the engine makes under them is a fenced
 commit whose own flush covers it. Why that is safe: docs/decisions/0015-acquire-without-waiting-for-the-flush.md.
+Not when the caller acknowledges the claims as soon as this returns (``flush``: a ``claim_acquired``
+receiver is connected): that commit waits for its flush, as every other claim's.
 """
 
 from __future__ import annotations
@@ -55,18 +57,21 @@ _PLAN_IN_ORDER = "SET LOCAL enable_sort = off"
 _PLAN_FOR_FEW_IDS = ("SET LOCAL enable_sort TO DEFAULT", *prepared.KEYED_PLAN)
 # docs/decisions/0015: a claim lost with an unflushed acquire (a database crash) is as if never taken.
 _NO_FLUSH_WAIT = "SET LOCAL synchronous_commit = off"
+# ... unless what the caller does next acknowledges the claims (a ``claim_acquired`` receiver): the
+# session's own setting then (a flushed commit, as every other claim's), in the same place of the string.
+_FLUSH_WAIT = "SET LOCAL synchronous_commit TO DEFAULT"
 _LOADS = load_statements(_TAKEN_IDS)  # the last one (admitted updates) takes ADMITTED_PARAM
 _CLAIM_ALL = _claim_and_note(False)
 _CLAIM_SERVED = _claim_and_note(True)
 
 
-def _statements(claim_sql: str, claim_params: list[Any]) -> list[tuple[str, list[Any] | None]]:
+def _statements(claim_sql: str, claim_params: list[Any], flush: bool) -> list[tuple[str, list[Any] | None]]:
     """The batch, each statement with its parameters (None: a SET, never prepared). The claim and the
     six reads are prepared once per connection (prepared.execute_statements): planning them cost
     about as much as running them (0.8 ms of the 1.7 ms of a one-workflow batch, EXPLAIN ANALYZE)."""
     loads: list[tuple[str, list[Any] | None]] = [(sql, []) for sql in _LOADS[:-1]]
     return [
-        (_NO_FLUSH_WAIT, None),
+        (_FLUSH_WAIT if flush else _NO_FLUSH_WAIT, None),
         (_PLAN_IN_ORDER, None),
         (claim_sql, claim_params),
         *((setting, None) for setting in _PLAN_FOR_FEW_IDS),
@@ -88,7 +93,13 @@ def available(using: str) -> bool:
 
 
 def acquire_and_load(
-    engine_id: str, *, limit: int, ttl: timedelta, using: str, served: list[str] | None = None
+    engine_id: str,
+    *,
+    limit: int,
+    ttl: timedelta,
+    using: str,
+    served: list[str] | None = None,
+    flush: bool = False,
 ) -> tuple[dict[str, tuple[int, str | None]], Loaded | None]:
     """Claim up to ``limit`` unheld runnable workflows (as ``holding.acquire`` without a grace) and
     read what the engine needs to drive them, in one round trip. Call only when ``available(using)``.
@@ -99,6 +110,8 @@ def acquire_and_load(
         ttl: the claims' time to live.
         using: the connection alias.
         served: the queues this engine serves (None: all): unheld runs of other queues are not claimed.
+        flush: wait for the commit's WAL flush (the caller acknowledges the claims once this returns:
+            a ``claim_acquired`` receiver); otherwise it commits without waiting (ADR 0015).
 
     Returns:
         ({workflow_id: (new epoch, previous holder)}, what was read for them). The second is None if a
@@ -115,7 +128,7 @@ def acquire_and_load(
     connection = connections[using]
     with connection.cursor() as cursor:
         prepared.execute_statements(
-            cursor, connection, _statements(_CLAIM_SERVED if served is not None else _CLAIM_ALL, params)
+            cursor, connection, _statements(_CLAIM_SERVED if served is not None else _CLAIM_ALL, params, flush)
         )
         if not (cursor.nextset() and cursor.nextset()):  # past the two SETs: the claim statement's rows
             raise DatabaseError("the acquire-and-load batch returned no claims")
