@@ -4,6 +4,7 @@ every typed refusal with ``message_user``. Engine-owned rows are never written h
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -250,7 +251,7 @@ def purge_confirmation(
         Workflow.objects.using(modeladmin.weft_alias)
         .filter(pk__in=ids)
         .order_by("pk")
-        .values("id", "workflow_type", "status", "finished_at")
+        .values("id", "run_id", "workflow_type", "status", "finished_at")
     )
     context = {
         **modeladmin.admin_site.each_context(request),
@@ -265,16 +266,19 @@ def purge_confirmation(
     return TemplateResponse(request, "admin/weft_django/workflow/purge.html", context)
 
 
-def purge_ids(modeladmin: WeftModelAdmin, request: HttpRequest, ids: list[str]) -> int:
-    """Purge the terminal ones among ``ids``; active ones are left alone and reported."""
-    statuses = dict(Workflow.objects.using(modeladmin.weft_alias).filter(pk__in=ids).values_list("pk", "status"))
+def purge_ids(modeladmin: WeftModelAdmin, request: HttpRequest, ids: list[str], *, run_id: str | None = None) -> int:
+    """Purge the terminal ones among ``ids``; active ones are left alone and reported, and so is one
+    that became active (started again) after the statuses were read: each is checked under its
+    claim's lock (``transitions.purge_terminal``), the others are purged all the same.
+
+    ``run_id`` (a workflow's page: the run its confirmation showed) purges only while that run is
+    current: a run started over it meanwhile, never seen, is left and reported as an error."""
+    alias = modeladmin.weft_alias
+    statuses = dict(Workflow.objects.using(alias).filter(pk__in=ids).values_list("pk", "status"))
     terminal = [i for i in ids if statuses.get(i) in TERMINAL_STATUSES]
-    active = [i for i in ids if i in statuses and i not in terminal]
-    try:
-        purged = transitions.purge(terminal, using=modeladmin.weft_alias) if terminal else 0
-    except WorkflowStateError as exc:  # one of them was started again meanwhile: nothing was deleted
-        modeladmin.message_user(request, f"Nothing was purged: {exc}", messages.ERROR)
-        return 0
+    purged = transitions.purge_terminal(terminal, using=alias, matching=_of_run(alias, run_id)) if terminal else 0
+    left = dict(Workflow.objects.using(alias).filter(pk__in=terminal).values_list("pk", "status"))
+    active = [i for i in ids if (i in statuses and i not in terminal) or left.get(i) not in (None, *TERMINAL_STATUSES)]
     if purged:
         text = ngettext("Purged %(count)d terminal workflow.", "Purged %(count)d terminal workflows.", purged)
         modeladmin.message_user(request, text % {"count": purged}, messages.SUCCESS)
@@ -285,11 +289,33 @@ def purge_ids(modeladmin: WeftModelAdmin, request: HttpRequest, ids: list[str]) 
             len(active),
         )
         modeladmin.message_user(request, text % {"count": len(active), "ids": _ids(active)}, messages.WARNING)
-    if not purged and not active:
+    other_run = [i for i in terminal if left.get(i) in TERMINAL_STATUSES]
+    if other_run:  # only with run_id: another finished run is current now
+        modeladmin.message_user(
+            request,
+            f"Nothing was purged: run {run_id}, the one this page showed, is no longer the current run of "
+            f"{_ids(other_run)} (it was started again meanwhile). Look at the current run first, then purge "
+            f"again if it still applies.",
+            messages.ERROR,
+        )
+    if not purged and not active and not other_run:
         modeladmin.message_user(
             request, "Nothing was purged: the selected workflows no longer exist.", messages.WARNING
         )
     return purged
+
+
+def _of_run(alias: str, run_id: str | None) -> Callable[[list[str]], set[str]] | None:
+    """The purge's check under the lock: those of the ids whose current run is ``run_id`` (None: all)."""
+    if run_id is None:
+        return None
+    try:
+        wanted = uuid.UUID(run_id)
+    except ValueError:  # not a run id at all: no run is that one
+        return lambda locked: set()
+    return lambda locked: set(
+        Workflow.objects.using(alias).filter(pk__in=locked, run_id=wanted).values_list("pk", flat=True)
+    )
 
 
 @admin.action(permissions=["purge"], description="Purge selected terminal workflows…")

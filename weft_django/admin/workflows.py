@@ -426,7 +426,9 @@ class WorkflowAdmin(WeftModelAdmin):
             return actions.signal_form_response(self, request, form, [workflow_id], action_field=False)
         if action == "purge":
             if request.method == "POST":
-                purged = actions.purge_ids(self, request, [workflow_id])
+                # the run the confirmation listed: one started over it meanwhile is not purged unseen
+                run_id = request.POST.get("run_id", "").strip() or None
+                purged = actions.purge_ids(self, request, [workflow_id], run_id=run_id)
                 target = "changelist" if purged else "change"
                 args = [] if purged else [quote(workflow_id)]
                 return HttpResponseRedirect(reverse(f"{self.admin_site.name}:weft_django_workflow_{target}", args=args))
