@@ -72,6 +72,8 @@ class RetryPolicy:
         cap = cap if cap is not None else DEFAULT_MAX_BACKOFF
         multiplier = self.backoff_multiplier if self.backoff_multiplier is not None else DEFAULT_BACKOFF_MULTIPLIER
         cap = min(cap, MAX_DURATION)
+        if not initial:  # 0 * multiplier**(k-1) is 0 for every k (an overflowing power is no reason to cap it)
+            return timedelta(0)
         try:  # a float power: an int one of a large max_attempts would take minutes, then not fit a timedelta
             seconds = initial.total_seconds() * float(multiplier) ** max(failed_attempt - 1, 0)
         except OverflowError:

@@ -27,7 +27,7 @@ from django.db import close_old_connections, transaction
 from .. import events, tracing
 from ..activity_runtime import ActivityInfo, AttemptControl, bind, propagates
 from ..codec import decode, encode_payload
-from ..exceptions import ActivityTimeoutError
+from ..exceptions import ActivityTimeoutError, CorruptPayloadError
 from ..registry import ActivityDefinition
 from ..store import runs
 from ..store.claims import lock_claims
@@ -237,9 +237,12 @@ class ThreadExecutor:
 
     def _attempt(self, task: AttemptTask) -> AttemptOutcome:
         if task.definition.atomic:
-            payload = decode(task.args_text) or {}
             try:
-                return self._attempt_atomic(task, payload.get("args", []), payload.get("kwargs", {}))
+                args, kwargs = arguments(task)
+            except CorruptPayloadError as exc:
+                return _undecodable(task, exc)
+            try:
+                return self._attempt_atomic(task, args, kwargs)
             except FenceRefused:
                 return AttemptOutcome(task, ok=False, refused=True)
             except BaseException as exc:  # SystemExit too: a failed attempt, retried by its policy
@@ -300,14 +303,30 @@ def _failed(task: AttemptTask, exc: BaseException) -> AttemptOutcome:
     return AttemptOutcome(task, ok=False, error=describe_exception(exc), retryable=definition.retry.is_retryable(exc))
 
 
+def arguments(task: AttemptTask) -> tuple[list[Any], dict[str, Any]]:
+    """The attempt's (args, kwargs). Raises CorruptPayloadError when its text does not decode."""
+    payload = decode(task.args_text) or {}
+    return payload.get("args", []), payload.get("kwargs", {})
+
+
+def _undecodable(task: AttemptTask, exc: CorruptPayloadError) -> AttemptOutcome:
+    """The failed outcome of an attempt whose arguments do not decode: not retryable (every attempt
+    reads the same text). Raised instead, it left the thread and its workflow waited for ever."""
+    logger.warning("activity arguments undecodable workflow=%s seq=%s error=%s", task.workflow_id, task.seq, exc)
+    return AttemptOutcome(task, ok=False, error=describe_exception(exc), retryable=False)
+
+
 def plain_attempt(task: AttemptTask) -> AttemptOutcome:
     """Run a (non-atomic) attempt's function on this thread: its outcome. The function's exception is
     the outcome, any BaseException but those that ``activity_runtime.propagates`` (a SystemExit from
     user code is a failed attempt, as Django's task backends treat it; left to propagate, the engine
-    would wait for an outcome that never comes); only undecodable arguments (a bad row) raise."""
-    payload = decode(task.args_text) or {}
+    would wait for an outcome that never comes); undecodable arguments fail it, not retryable."""
     try:
-        value = task.definition.fn(*payload.get("args", []), **payload.get("kwargs", {}))
+        args, kwargs = arguments(task)
+    except CorruptPayloadError as exc:
+        return _undecodable(task, exc)
+    try:
+        value = task.definition.fn(*args, **kwargs)
         return AttemptOutcome(task, ok=True, result=encode_payload(value, path="activity result"))
     except BaseException as exc:
         if propagates(exc):  # Ctrl+C (an engine runs no worker framework: theirs fail the attempt)

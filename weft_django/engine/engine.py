@@ -245,9 +245,9 @@ class Engine:
         logger.info("engine stopped engine=%s", self.engine_id)
 
     def _drain(self) -> None:
-        """Let running activities finish for at most drain_timeout and commit their results."""
+        """Let running activities not given up on finish for at most drain_timeout; commit their results."""
         deadline = time.monotonic() + self.drain_timeout
-        while (self.executor.running or self._carried) and time.monotonic() < deadline:
+        while (self.executor.awaited or self._carried) and time.monotonic() < deadline:
             self.tick(claim=False)
             self._wait(0.05)
         self.tick(claim=False)

@@ -140,6 +140,13 @@ class ActivityExecutors:
         return self.threads.waiting >= self.threads.concurrency
 
     @property
+    def awaited(self) -> bool:
+        """Whether a running attempt's outcome may still be recorded: one not asked to stop. An attempt
+        asked to stop (timed out, its workflow ended or left this engine) is dropped whatever it
+        returns, so the drain at shutdown does not wait for it."""
+        return any(task.control.stop_reason is None for task in self.running)
+
+    @property
     def running(self) -> list[AttemptTask]:
         """Attempts handed to an executor and not finished (not those waiting for a slot)."""
         remote = self._celery.running if self._celery is not None else []
