@@ -20,9 +20,9 @@ Choices, documented because they lose something:
   base type: TextChoices, StrEnum and IntEnum members decode as plain str/int, OrderedDict and
   defaultdict as dict, a namedtuple as tuple, freezegun's FakeDatetime as datetime. Values compare
   equal. Other Enum members are refused (pass ``.value``).
-- A tzinfo other than a keyed ZoneInfo (``datetime.timezone``, pytz, dateutil) is normalised to
-  its fixed UTC offset; the instant is kept, the zone name and DST rules are not. ``fold`` is kept
-  only as far as the offset implies it.
+- A tzinfo other than a ZoneInfo whose key loads here (``datetime.timezone``, pytz, dateutil, a
+  ``ZoneInfo.from_file`` under an unknown key) is normalised to its fixed UTC offset; the instant
+  is kept, the zone name and DST rules are not. ``fold`` is kept only as far as the offset implies it.
 - Shared references decode as separate copies; cycles are refused.
 - Refused: NaN and infinities (float and Decimal), str with lone surrogates (not valid UTF-8),
   ints beyond ``sys.get_int_max_str_digits()``, nesting deeper than MAX_DEPTH containers, and
@@ -32,6 +32,7 @@ Choices, documented because they lose something:
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -40,7 +41,7 @@ from decimal import Decimal
 from enum import Enum
 from typing import Any
 from uuid import UUID
-from zoneinfo import ZoneInfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.conf import settings
 
@@ -75,11 +76,24 @@ def _short(value: object) -> str:
 def _clock_text(value: datetime | time) -> str:
     text = value.isoformat()
     zone = value.tzinfo
-    if type(zone) is ZoneInfo and zone.key:
+    if type(zone) is ZoneInfo and zone.key and _known_zone(zone.key):
         return f"{text}[{zone.key}]"
     if zone is not None and value.utcoffset() is None:
         raise _Refused(f"{type(value).__name__} has a tzinfo ({zone!r}) without a UTC offset")
     return text
+
+
+@functools.lru_cache(maxsize=256)
+def _known_zone(key: str) -> bool:
+    """Whether ``ZoneInfo(key)`` loads here: decoding re-creates the zone from its key. A ZoneInfo made
+    by ``ZoneInfo.from_file(..., key=...)`` under a key no time zone database has was encoded with it
+    and then refused when decoded (an activity's arguments, a result: never readable again); it is
+    normalised to its fixed UTC offset instead, as any other tzinfo is."""
+    try:
+        ZoneInfo(key)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        return False
+    return True
 
 
 def _decimal_text(value: Decimal) -> str:

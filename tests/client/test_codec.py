@@ -176,6 +176,19 @@ def test_zoneinfo_datetimes_keep_zone_and_fold(fold: int) -> None:
     assert round_trip(in_gap).fold == fold
 
 
+def test_a_zoneinfo_under_a_key_no_database_has_decodes_at_its_fixed_offset() -> None:
+    """ZoneInfo.from_file(..., key=...) under an unknown key: encoded with its key, it could not be
+    decoded ("one codec: payloads round-trip exactly"); it is normalised to its UTC offset instead."""
+    with open("/usr/share/zoneinfo/Europe/Paris", "rb") as source:
+        nowhere = ZoneInfo.from_file(source, key="Nowhere/Land")
+    value = datetime(2024, 7, 1, 12, 0, tzinfo=nowhere)
+    text = encode(value)
+    assert "Nowhere" not in text
+    decoded = decode(text)
+    assert decoded == value and decoded.utcoffset() == timedelta(hours=2)
+    assert decoded.tzinfo == timezone(timedelta(hours=2))
+
+
 def test_times_keep_their_tzinfo() -> None:
     round_trip(time(23, 59, 59, 999999, tzinfo=timezone(timedelta(hours=-9, minutes=-30))))
     assert round_trip(time(5, tzinfo=ZoneInfo("Europe/Paris"))).tzinfo is ZoneInfo("Europe/Paris")
