@@ -1,6 +1,7 @@
 """What every benchmark scenario shares: the results folder, database counters, the engine subprocess
-(``EngineProcess``), percentiles and the report table. Imported by run.py and scale.py (one way:
-neither imports the other)."""
+(``EngineProcess``), percentiles and the report table. Imported by run.py and the modules of its
+scenarios and report (throughput.py, takeover.py, run_report.py, scale.py), one way: harness.py
+imports none of them."""
 
 from __future__ import annotations
 
