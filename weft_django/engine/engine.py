@@ -58,6 +58,7 @@ logger = logging.getLogger(__name__)
 MAINTENANCE_DEFER = 3  # poll intervals a stream of wake-ups may hold back the maintenance scans
 CLOCK_REUSE = 0.5  # seconds a database clock reading serves the passes that follow (PostgreSQL)
 CARRY_RETRY = 0.05  # seconds before a commit deferred by a locked row is tried again (when nothing else wakes us)
+_STOPPED_DRIVING = "stopped driving workflow=%s engine=%s epoch=%s reason=%s"  # testing.py parses it
 
 
 def _delegate(part: str, name: str) -> Any:
@@ -548,11 +549,10 @@ class Engine:
         if owned is None:
             return
         if reason:
-            logger.warning(
-                "stopped driving workflow=%s engine=%s epoch=%s reason=%s", wid, self.engine_id, owned.epoch, reason
-            )
+            logger.warning(_STOPPED_DRIVING, wid, self.engine_id, owned.epoch, reason)
         events.claim_lost(self, owned, reason)
-        for task in owned.inflight.values():
+        # A reload (reason None) lets atomic attempts go on, fenced (stopped, one past SQLite's busy timeout re-ran)
+        for task in [t for t in owned.inflight.values() if reason or not t.definition.atomic]:
             task.control.request_stop(reason or "the engine reloads the workflow")
         owned.run.close()
         self._publish_epochs()
