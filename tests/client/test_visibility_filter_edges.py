@@ -11,7 +11,9 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 import weft_django as weft
-from weft_django.exceptions import InvalidFilterError
+from weft_django.exceptions import InvalidFilterError, InvalidSearchAttributeError
+from weft_django.models import Workflow, WorkflowAttribute
+from weft_django.testing import run_until_idle
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -68,3 +70,16 @@ def test_values_inside_the_edges_still_filter():
     assert weft.count_workflows(created_before=datetime(9999, 12, 31, 23, 59, tzinfo=UTC)) == 1
     page = weft.list_workflows(limit=1)
     assert weft.list_workflows(cursor=cursor_of(page.workflows[0].created_at.isoformat(), "e-1")).workflows == []
+
+
+def test_a_float_attribute_beyond_a_float8_is_an_invalid_attribute_not_an_overflow():
+    before = Workflow.objects.count()
+    with pytest.raises(InvalidSearchAttributeError, match="finite"):  # was OverflowError
+        weft.start("visibility.order", args=["a", 1.0], attributes={"amount": 10**400})
+    assert Workflow.objects.count() == before
+    handle = weft.start("visibility.bad_attribute", args=["amount", 10**400])
+    run_until_idle()
+    row = Workflow.objects.get(pk=handle.id)
+    assert row.status == "failed"
+    assert row.error["type"] == "InvalidSearchAttributeError", row.error["type"]
+    assert not WorkflowAttribute.objects.filter(workflow_id=handle.id).exists()
