@@ -83,3 +83,25 @@ def test_a_float_attribute_beyond_a_float8_is_an_invalid_attribute_not_an_overfl
     assert row.status == "failed"
     assert row.error["type"] == "InvalidSearchAttributeError", row.error["type"]
     assert not WorkflowAttribute.objects.filter(workflow_id=handle.id).exists()
+
+
+@weft.workflow(name="edges.region_text", attributes={"region": str})
+def region_text(ctx):
+    yield ctx.sleep(0)
+
+
+@weft.workflow(name="edges.region_number", attributes={"region": int})
+def region_number(ctx):
+    yield ctx.sleep(0)
+
+
+def test_exists_finds_an_attribute_of_every_kind_its_name_is_declared_with():
+    """Two workflows declare "region" with different types: __exists asks whether the name is set,
+    whichever column holds its value."""
+    weft.start(region_text, id="r-text", attributes={"region": "eu"})
+    weft.start(region_number, id="r-number", attributes={"region": 7})
+    weft.start(region_text, id="r-unset")
+    found = {s.id for s in weft.list_workflows(attributes={"region__exists": True})}
+    assert found == {"r-text", "r-number"}, found
+    assert {s.id for s in weft.list_workflows(attributes={"region__exists": False})} == {"r-unset"}
+    assert weft.count_workflows(attributes={"region__exists": True}) == 2
