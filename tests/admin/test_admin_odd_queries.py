@@ -9,6 +9,7 @@ import pytest
 
 import weft_django as weft
 from tests.admin.test_admin import ADMIN
+from weft_django.models import BufferedSignal
 
 pytestmark = pytest.mark.django_db
 
@@ -75,3 +76,13 @@ def test_a_search_attribute_value_the_database_cannot_take_is_reported(admin_cli
     assert response.status_code == 200
     assert {row.pk for row in response.context["cl"].result_list} == {"o-1"}  # reported, not applied
     assert any("ignored" in str(m) for m in response.context["messages"])
+
+
+@pytest.mark.parametrize("depth", [1_000, 100_000])
+def test_a_signal_payload_nested_too_deep_is_a_form_error(admin_client, order, depth):
+    """JSON nested deeper than the parser's recursion (the codec refuses more than 100 levels anyway)."""
+    payload = "[" * depth + "]" * depth
+    response = admin_client.post(f"{WORKFLOWS}o-1/act/signal/", {"name": "go", "payload": payload})
+    assert response.status_code == 200
+    assert "payload" in response.context["form"].errors
+    assert not BufferedSignal.objects.exists()
