@@ -272,7 +272,7 @@ def parse_where(where: list[str]) -> dict[str, Any]:
     VALUE JSON when it parses as JSON, else text (an ISO 8601 time with a zone is a datetime).
 
     Raises:
-        InvalidFilterError: a text without "=".
+        InvalidFilterError: a text without "=", or a VALUE nested too deep for the JSON parser.
     """
     out: dict[str, Any] = {}
     attributes: dict[str, Any] = {}
@@ -298,6 +298,8 @@ def _where_value(text: str) -> Any:
         value = json.loads(text)
     except ValueError:
         value = text
+    except RecursionError:  # no filter value nests deeper than a list of values
+        raise InvalidFilterError(f'A filter value is nested too deep to be JSON (got "{text:.60}").') from None
     if isinstance(value, str):
         try:
             moment = datetime.fromisoformat(value.replace("Z", "+00:00"))

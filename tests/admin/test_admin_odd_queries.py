@@ -69,6 +69,8 @@ def test_an_id_holding_nul_is_no_such_object_not_an_error(admin_client, order, m
         {"attribute": "items=" + "9" * 400},
         {"q": "items__gte=" + "9" * 400},
         {"attribute": "placed_at__gte=9999-12-31T23:00:00-05:00"},
+        {"attribute": "tags__in=" + "[" * 5_000},  # JSON deeper than the parser recurses
+        {"q": "tags__in=" + "[" * 5_000 + "]" * 5_000},
     ],
 )
 def test_a_search_attribute_value_the_database_cannot_take_is_reported(admin_client, order, query):

@@ -14,6 +14,7 @@ import weft_django as weft
 from weft_django.exceptions import InvalidFilterError, InvalidSearchAttributeError
 from weft_django.models import Workflow, WorkflowAttribute
 from weft_django.testing import run_until_idle
+from weft_django.visibility import parse_where
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -105,3 +106,8 @@ def test_exists_finds_an_attribute_of_every_kind_its_name_is_declared_with():
     assert found == {"r-text", "r-number"}, found
     assert {s.id for s in weft.list_workflows(attributes={"region__exists": False})} == {"r-unset"}
     assert weft.count_workflows(attributes={"region__exists": True}) == 2
+
+
+def test_a_where_value_nested_too_deep_is_a_bad_filter():
+    with pytest.raises(InvalidFilterError, match="nested"):
+        parse_where(["tags__in=" + "[" * 5_000 + "]" * 5_000])
