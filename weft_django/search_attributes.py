@@ -154,9 +154,13 @@ def check_value(kind: str, value: Any, what: str) -> Any:
         if abs(value) > MAX_EXACT_INT:
             raise InvalidSearchAttributeError(f"{what}: an int attribute holds at most +/-2**53 (got {value}).")
         return value
-    if not math.isfinite(value):
-        raise InvalidSearchAttributeError(f"{what} is a float: pass a finite number (got {value!r}).")
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond a float8's range
+        number = math.inf
+    if not math.isfinite(number):
+        raise InvalidSearchAttributeError(f"{what} is a float: pass a finite number (got {value!r:.60}).")
+    return number
 
 
 def _text(value: Any, what: str) -> str:

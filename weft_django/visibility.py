@@ -15,7 +15,7 @@ import dataclasses
 import json
 import math
 from collections.abc import Iterator, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -148,9 +148,33 @@ def _types(value: Any) -> tuple[str, ...]:
 def _text(value: Any, name: str) -> Any:
     if value is None:
         return None
-    if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH or "\x00" in value:
-        raise InvalidFilterError(f"{name} must be a non-empty string of at most {MAX_ID_LENGTH} characters.")
+    if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH or not _storable(value):
+        raise InvalidFilterError(
+            f"{name} must be a non-empty string of at most {MAX_ID_LENGTH} characters, without NUL or a lone surrogate."
+        )
     return value
+
+
+def _storable(text: str) -> bool:
+    """Whether the database can take ``text`` as a parameter: no NUL (PostgreSQL refuses it), no lone
+    surrogate (not encodable as UTF-8)."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _in_range(value: datetime) -> bool:
+    """Whether an aware datetime's UTC instant is inside years 1-9999 (SQLite's adapter converts it to
+    UTC; outside, that conversion overflows)."""
+    try:
+        value.astimezone(UTC)
+    except OverflowError:
+        return False
+    return True
 
 
 def _moment(value: Any, name: str) -> datetime | None:
@@ -158,6 +182,8 @@ def _moment(value: Any, name: str) -> datetime | None:
         return None
     if not isinstance(value, datetime) or value.utcoffset() is None:
         raise InvalidFilterError(f"{name} must be an aware datetime, e.g. timezone.now() (got {value!r:.60}).")
+    if not _in_range(value):
+        raise InvalidFilterError(f"{name} is {value.isoformat()}, outside years 1-9999 in UTC.")
     return value
 
 
@@ -210,14 +236,22 @@ def _value(key: str, kinds: set[str], value: Any, operator: str) -> tuple[str, A
     if isinstance(value, bool):
         kind = "bool"
     elif isinstance(value, int | float):
+        try:
+            value = float(value)  # the float8 column's type; an int beyond a float8 overflows here
+        except OverflowError:
+            value = math.inf
         if not math.isfinite(value):
-            raise InvalidFilterError(f'attribute filter "{key}" needs a finite number.')
+            raise InvalidFilterError(f'attribute filter "{key}" needs a finite number (within a float8\'s range).')
         kind = "int" if "int" in kinds else "float"
     elif isinstance(value, str):
+        if not _storable(value):
+            raise InvalidFilterError(f'attribute filter "{key}": text holds no NUL and no lone surrogate.')
         kind = "str" if "str" in kinds else "keywords"
     elif isinstance(value, datetime):
         if value.utcoffset() is None:
             raise InvalidFilterError(f'attribute filter "{key}" needs an aware datetime.')
+        if not _in_range(value):
+            raise InvalidFilterError(f'attribute filter "{key}": {value.isoformat()} is outside years 1-9999 in UTC.')
         kind = "datetime"
     else:
         raise InvalidFilterError(
@@ -229,7 +263,7 @@ def _value(key: str, kinds: set[str], value: Any, operator: str) -> tuple[str, A
         )
     if kind == "bool" and operator in _RANGE_OPERATORS:
         raise InvalidFilterError(f'attribute filter "{key}": a bool attribute takes equality, "in" or "exists".')
-    return COLUMN_OF_KIND[kind], float(value) if kind in ("int", "float") else value
+    return COLUMN_OF_KIND[kind], value
 
 
 def parse_where(where: list[str]) -> dict[str, Any]:
@@ -238,7 +272,7 @@ def parse_where(where: list[str]) -> dict[str, Any]:
     VALUE JSON when it parses as JSON, else text (an ISO 8601 time with a zone is a datetime).
 
     Raises:
-        InvalidFilterError: a text without "=".
+        InvalidFilterError: a text without "=", or a VALUE nested too deep for the JSON parser.
     """
     out: dict[str, Any] = {}
     attributes: dict[str, Any] = {}
@@ -264,6 +298,8 @@ def _where_value(text: str) -> Any:
         value = json.loads(text)
     except ValueError:
         value = text
+    except RecursionError:  # no filter value nests deeper than a list of values
+        raise InvalidFilterError(f'A filter value is nested too deep to be JSON (got "{text:.60}").') from None
     if isinstance(value, str):
         try:
             moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
@@ -288,7 +324,9 @@ def decode_cursor(cursor: Any) -> tuple[datetime, str]:
         packed = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         created, workflow_id = json.loads(packed)
         moment = datetime.fromisoformat(created)
-        if not isinstance(workflow_id, str) or moment.utcoffset() is None:
+        if not isinstance(workflow_id, str) or not _storable(workflow_id) or moment.utcoffset() is None:
+            raise ValueError
+        if not _in_range(moment):
             raise ValueError
         return moment, workflow_id
     except (TypeError, ValueError, binascii.Error, UnicodeDecodeError):

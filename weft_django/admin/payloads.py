@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..codec import decode, encode_payload
+from ..codec import MAX_DEPTH, decode, encode_payload
 from ..exceptions import CorruptPayloadError, PayloadNotSerializableError, PayloadSizeExceededError
 
 
@@ -23,6 +23,8 @@ def parse_payload(text: str | None, what: str = "payload") -> Any:
         json.loads(text)
     except ValueError as exc:
         raise PayloadInputError(f"{what} is not valid JSON: {exc}.") from None
+    except RecursionError:  # nested deeper than the parser recurses (the codec allows MAX_DEPTH)
+        raise PayloadInputError(f"{what} is nested more than {MAX_DEPTH} containers deep.") from None
     try:
         value = decode(text)
     except CorruptPayloadError as exc:

@@ -18,6 +18,7 @@ from django.utils.safestring import SafeString
 from ..conf import database_alias
 from ..models import BufferedSignal, Engine, PendingUpdate, Timer, WorkflowClaim
 from ..store.claims import holder_heartbeat, holder_silent
+from .base import GuardedChangelist
 from .clocks import claim_now, claim_ttl, workflow_now
 from .filters import ClaimStateFilter
 from .formatting import (
@@ -33,7 +34,7 @@ from .formatting import (
 from .health import engine_state
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+class ReadOnlyAdmin(GuardedChangelist):
     """View permission only: no add, change or delete, for anyone."""
 
     list_per_page = 100

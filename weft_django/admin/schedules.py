@@ -30,6 +30,7 @@ from ..conf import database_alias
 from ..exceptions import ScheduleNotFoundError, UnusableScheduleError, WorkflowNotRegisteredError
 from ..models import Schedule
 from ..store.clock import db_now
+from .base import GuardedChangelist
 from .clocks import workflow_now
 from .formatting import format_duration, moment, pretty_payload, relative, state_badge
 from .readonly import moment_column
@@ -57,7 +58,7 @@ def _who(request: HttpRequest) -> str:
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(admin.ModelAdmin):
+class ScheduleAdmin(GuardedChangelist):
     form = ScheduleForm
     list_display = (
         "id",
@@ -222,7 +223,7 @@ class ScheduleAdmin(admin.ModelAdmin):
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
         extra = dict(extra_context or {})
-        if object_id is not None:
+        if object_id is not None and "\x00" not in object_id:  # NUL: no such schedule (get_object says so)
             extra["object_actions"] = self._object_actions(request, unquote(object_id))
         try:
             return super().changeform_view(request, object_id, form_url, extra)
@@ -348,6 +349,8 @@ class ScheduleAdmin(admin.ModelAdmin):
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         schedule_id = unquote(object_id)
+        if "\x00" in schedule_id:  # PostgreSQL refuses it as a parameter; no schedule has it
+            raise Http404("No schedule has this id.")
         calls[action](request, [schedule_id])
         if not Schedule.objects.using(self.weft_alias).filter(pk=schedule_id).exists():
             return HttpResponseRedirect(reverse(f"{self.admin_site.name}:weft_django_schedule_changelist"))

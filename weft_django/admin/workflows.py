@@ -23,7 +23,7 @@ from ..models import BufferedSignal, PendingUpdate, Step, Timer, Workflow
 from ..status import ACTIVE_STATUSES, TERMINAL_STATUSES, WorkflowStatus
 from ..store.claims import holder_silent
 from ..store.visibility import read as search_attributes_of
-from ..validation import validate_reason
+from ..validation import validate_reason, validate_workflow_id
 from . import actions, health, views, visibility
 from .base import WeftModelAdmin
 from .clocks import claim_now, claim_ttl, workflow_now
@@ -417,6 +417,10 @@ class WorkflowAdmin(WeftModelAdmin):
         if not self._has_weft_permission(request, action):
             raise PermissionDenied
         workflow_id = unquote(object_id)
+        try:
+            validate_workflow_id(workflow_id)  # a NUL or control character: no such workflow, no query
+        except InvalidArgumentError:
+            raise Http404("No workflow has this id.") from None
         change_url = reverse(f"{self.admin_site.name}:weft_django_workflow_change", args=[quote(workflow_id)])
         if action == "signal":
             form = actions.SignalForm(request.POST if request.method == "POST" else None)

@@ -147,7 +147,8 @@ def condition_q(condition: Condition, using: str) -> Any:
     rows = WorkflowAttribute.objects.using(using).filter(workflow_id=OuterRef("pk"), name=condition.name)
     column = condition.column
     if condition.operator == "exists":
-        rows = rows.filter(**{f"{column}__isnull": False})
+        # A row is written only for a value (None deletes the name's rows): any row of the name is
+        # "set", whichever typed column holds it (two workflows may declare the name with two types).
         return Exists(rows) if condition.value else ~Exists(rows)
     lookup = column if condition.operator == "eq" else f"{column}__{condition.operator}"
     return Exists(rows.filter(**{lookup: condition.value}))
