@@ -22,6 +22,7 @@ from asgiref.sync import sync_to_async
 
 from .client.common import _status
 from .client.handles import WorkflowHandle
+from .codec import is_storable
 from .conf import database_alias
 from .exceptions import InvalidFilterError
 from .registry import WorkflowDefinition, declared_attributes
@@ -148,23 +149,11 @@ def _types(value: Any) -> tuple[str, ...]:
 def _text(value: Any, name: str) -> Any:
     if value is None:
         return None
-    if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH or not _storable(value):
+    if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH or not is_storable(value):
         raise InvalidFilterError(
             f"{name} must be a non-empty string of at most {MAX_ID_LENGTH} characters, without NUL or a lone surrogate."
         )
     return value
-
-
-def _storable(text: str) -> bool:
-    """Whether the database can take ``text`` as a parameter: no NUL (PostgreSQL refuses it), no lone
-    surrogate (not encodable as UTF-8)."""
-    if "\x00" in text:
-        return False
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _in_range(value: datetime) -> bool:
@@ -244,7 +233,7 @@ def _value(key: str, kinds: set[str], value: Any, operator: str) -> tuple[str, A
             raise InvalidFilterError(f'attribute filter "{key}" needs a finite number (within a float8\'s range).')
         kind = "int" if "int" in kinds else "float"
     elif isinstance(value, str):
-        if not _storable(value):
+        if not is_storable(value):
             raise InvalidFilterError(f'attribute filter "{key}": text holds no NUL and no lone surrogate.')
         kind = "str" if "str" in kinds else "keywords"
     elif isinstance(value, datetime):
@@ -324,7 +313,7 @@ def decode_cursor(cursor: Any) -> tuple[datetime, str]:
         packed = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         created, workflow_id = json.loads(packed)
         moment = datetime.fromisoformat(created)
-        if not isinstance(workflow_id, str) or not _storable(workflow_id) or moment.utcoffset() is None:
+        if not isinstance(workflow_id, str) or not is_storable(workflow_id) or moment.utcoffset() is None:
             raise ValueError
         if not _in_range(moment):
             raise ValueError
