@@ -747,3 +747,27 @@ def parent_races_child(ctx):
     """Ends while its child (waiting for a signal) still runs: the engine closes it at the run's end."""
     index, _ = yield ctx.race([ctx.start_child("tests.signals", id=f"{ctx.workflow_id}-kid"), ctx.run(add, 1, 2)])
     return index
+
+
+@weft.activity
+def fork_and_terminate(seconds: float) -> int | None:
+    """Fork a process as multiprocessing's "fork" start method does (Linux's default before Python
+    3.14), then terminate it (SIGTERM): its exit code, None if it ignored the signal."""
+    import multiprocessing
+
+    child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(seconds,))
+    child.start()
+    time.sleep(0.2)
+    child.terminate()
+    child.join(5)
+    code = child.exitcode
+    if code is None:
+        child.kill()
+        child.join()
+    return code
+
+
+@weft.workflow(name="tests.fork_and_terminate")
+def fork_and_terminate_workflow(ctx, seconds: float):
+    code = yield ctx.run(fork_and_terminate, seconds)
+    return code

@@ -293,12 +293,21 @@ def on_signals(callback: Callable[[int], None]) -> None:
     ever. So the handlers installed here do nothing; the C-level handler writes each signal's number to a
     pipe (``signal.set_wakeup_fd``), read by the thread, which also acts while the main thread is stuck
     in a call that does not return. Call from the main thread.
+
+    A process forked from this one without exec (an activity's ``multiprocessing`` pool or process:
+    the "fork" start method, Linux's default before Python 3.14) inherits that handler and that pipe:
+    its SIGTERM (``Process.terminate()``, ``Pool.__exit__``) was read here as the engine's own (it
+    drained; two forced its exit) and the child ignored it. A forked child gets Python's default
+    handling back (``_forget_in_child``).
     """
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _on_main_thread)
     signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    if _wakeup_fd[0] is None:
+        os.register_at_fork(after_in_child=_forget_in_child)
+    _wakeup_fd[0] = write_end
 
     def follow() -> None:
         with os.fdopen(read_end, "rb", buffering=0) as pipe:
@@ -312,6 +321,22 @@ def on_signals(callback: Callable[[int], None]) -> None:
 
 def _on_main_thread(signum: int, frame: FrameType | None) -> None:
     """SIGTERM's and SIGINT's Python handler: nothing (``on_signals``' thread acts on them)."""
+
+
+_wakeup_fd: list[int | None] = [None]  # the one on_signals set in this process (None: not called)
+
+
+def _forget_in_child() -> None:
+    """In a child forked (without exec) from an engine process: no wakeup fd into the engine's pipe, and
+    Python's default SIGTERM and SIGINT handling (not the engine's or its supervisor's handlers, which
+    do nothing in such a child), so a signal to the child is the child's own."""
+    current = signal.set_wakeup_fd(-1)
+    if current != _wakeup_fd[0]:  # set by someone else since: theirs
+        signal.set_wakeup_fd(current)
+    if signal.getsignal(signal.SIGTERM) is _on_main_thread:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if signal.getsignal(signal.SIGINT) is _on_main_thread:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def banner(engine: Any, metrics_url: str | None) -> str:
