@@ -509,11 +509,13 @@ def write_unlocked(rows: Any, fields: dict[str, Any] | None, using: str) -> int:
     """Update ``rows`` with ``fields`` (None: delete them), leaving out those another transaction holds
     (a user's open transaction around ``cancel()`` or ``purge()``): locked first with SKIP LOCKED, in one
     transaction, so the cleanup on the engine's loop never waits for a row (the next pass takes them).
+    The write keeps ``rows``' conditions: those on other rows (a workflow still active) may have changed
+    since the lock (``continuation._move_late``: a run that ended meanwhile made its ``run_id`` NULL).
     Where the database has one writer (SQLite) its transaction holds them all. Returns the rows changed."""
     with transaction.atomic(using=using):
         if backend(using).skips_locked:
             free = list(rows.select_for_update(skip_locked=True).order_by("pk").values_list("pk", flat=True))
-            rows = rows.model.objects.using(using).filter(pk__in=free)
+            rows = rows.filter(pk__in=free)
         return int(rows.update(**fields) if fields is not None else rows.delete()[0])
 
 
