@@ -102,15 +102,17 @@ def check_values(declared: Mapping[str, str], values: Mapping[str, Any], where: 
             (the message names both and what to pass).
     """
     if not isinstance(values, Mapping):
-        raise InvalidSearchAttributeError(f"{where}: attributes must be a dict of name -> value (got {values!r:.60}).")
+        raise InvalidSearchAttributeError(
+            f"{where}: attributes must be a dict of name -> value (got {_shown(values)})."
+        )
     checked: dict[str, Checked] = {}
     for name, value in values.items():
         kind = declared.get(name) if isinstance(name, str) else None
         if kind is None:
             known = ", ".join(sorted(declared)) or "none"
             raise InvalidSearchAttributeError(
-                f"{where}: search attribute {name!r} is not declared on this workflow (declared: {known}). Add it "
-                f"to @weft.workflow(attributes={{...}})."
+                f"{where}: search attribute {_shown(name)} is not declared on this workflow (declared: {known}). "
+                f"Add it to @weft.workflow(attributes={{...}})."
             )
         checked[name] = None if value is None else (kind, check_value(kind, value, f"{where}: attribute {name!r}"))
     return checked
@@ -126,18 +128,20 @@ def check_value(kind: str, value: Any, what: str) -> Any:
         return _text(value, what)
     if kind == "keywords":
         if isinstance(value, str) or not isinstance(value, list | tuple):
-            raise InvalidSearchAttributeError(f"{what} is a keyword list: pass a list of strings (got {value!r:.60}).")
+            raise InvalidSearchAttributeError(
+                f"{what} is a keyword list: pass a list of strings (got {_shown(value)})."
+            )
         if len(value) > MAX_KEYWORDS:
             raise InvalidSearchAttributeError(f"{what} has {len(value)} keywords; at most {MAX_KEYWORDS}.")
         return tuple(dict.fromkeys(_text(item, f"{what}[{i}]") for i, item in enumerate(value)))
     if kind == "bool":
         if not isinstance(value, bool):
-            raise InvalidSearchAttributeError(f"{what} is a bool: pass True or False (got {value!r:.60}).")
+            raise InvalidSearchAttributeError(f"{what} is a bool: pass True or False (got {_shown(value)}).")
         return value
     if kind == "datetime":
         if not isinstance(value, datetime) or value.utcoffset() is None:
             raise InvalidSearchAttributeError(
-                f"{what} is a datetime: pass an aware datetime, e.g. django.utils.timezone.now() (got {value!r:.60})."
+                f"{what} is a datetime: pass an aware datetime, e.g. django.utils.timezone.now() (got {_shown(value)})."
             )
         try:
             value.astimezone(UTC)
@@ -147,25 +151,36 @@ def check_value(kind: str, value: Any, what: str) -> Any:
             ) from None
         return value
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidSearchAttributeError(f"{what} is {'an int' if kind == 'int' else 'a float'} (got {value!r:.60}).")
+        raise InvalidSearchAttributeError(
+            f"{what} is {'an int' if kind == 'int' else 'a float'} (got {_shown(value)})."
+        )
     if kind == "int":
         if not isinstance(value, int):
-            raise InvalidSearchAttributeError(f"{what} is an int: pass a whole number (got {value!r}).")
+            raise InvalidSearchAttributeError(f"{what} is an int: pass a whole number (got {_shown(value)}).")
         if abs(value) > MAX_EXACT_INT:
-            raise InvalidSearchAttributeError(f"{what}: an int attribute holds at most +/-2**53 (got {value}).")
+            raise InvalidSearchAttributeError(f"{what}: an int attribute holds at most +/-2**53 (got {_shown(value)}).")
         return value
     try:
         number = float(value)
     except OverflowError:  # an int beyond a float8's range
         number = math.inf
     if not math.isfinite(number):
-        raise InvalidSearchAttributeError(f"{what} is a float: pass a finite number (got {value!r:.60}).")
+        raise InvalidSearchAttributeError(f"{what} is a float: pass a finite number (got {_shown(value)}).")
     return number
+
+
+def _shown(value: Any) -> str:
+    """``value`` for a message: its repr, cut to 60 characters. An int with more digits than
+    ``sys.get_int_max_str_digits()`` has no repr (ValueError): such a value is named by its type."""
+    try:
+        return f"{value!r:.60}"
+    except ValueError:
+        return f"<{type(value).__name__} too large to show>"
 
 
 def _text(value: Any, what: str) -> str:
     if not isinstance(value, str):
-        raise InvalidSearchAttributeError(f"{what} is text: pass a str (got {value!r:.60}).")
+        raise InvalidSearchAttributeError(f"{what} is text: pass a str (got {_shown(value)}).")
     if len(value) > MAX_TEXT_LENGTH or "\x00" in value:
         raise InvalidSearchAttributeError(
             f"{what}: text attributes hold at most {MAX_TEXT_LENGTH} characters and no NUL "

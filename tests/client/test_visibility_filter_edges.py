@@ -86,6 +86,19 @@ def test_a_float_attribute_beyond_a_float8_is_an_invalid_attribute_not_an_overfl
     assert not WorkflowAttribute.objects.filter(workflow_id=handle.id).exists()
 
 
+@pytest.mark.parametrize(
+    "attributes",
+    [{"amount": 10**5000}, {"items": 10**5000}, {"customer": 10**5000}, {"tags": 10**5000}, {10**5000: 1}],
+    ids=["float", "int", "str", "keywords", "name"],
+)
+def test_an_int_too_long_for_str_is_an_invalid_attribute(attributes):
+    # More digits than sys.get_int_max_str_digits() (4300): the message's repr of it raised ValueError.
+    before = Workflow.objects.count()
+    with pytest.raises(InvalidSearchAttributeError, match="too large to show"):
+        weft.start("visibility.order", args=["a", 1.0], attributes=attributes)
+    assert Workflow.objects.count() == before
+
+
 @weft.workflow(name="edges.region_text", attributes={"region": str})
 def region_text(ctx):
     yield ctx.sleep(0)
