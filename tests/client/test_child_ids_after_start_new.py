@@ -14,22 +14,24 @@ from weft_django.store.histories import load_runs
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_start_new_run_starts_its_own_default_id_children(weft_run_until_idle):
-    first = weft.start("tests.parent", args=["one", 2], id="again")
+# An id holding what a LIKE pattern reads as its own characters: a backslash (PostgreSQL's escape), % and _.
+@pytest.mark.parametrize("wid", ["again", "back\\slash", "50%_off"])
+def test_start_new_run_starts_its_own_default_id_children(weft_run_until_idle, wid):
+    first = weft.start("tests.parent", args=["one", 2], id=wid)
     weft_run_until_idle()
     assert first.result(timeout=5) == ["one-0", "one-1"]
-    assert not load_runs(["again"], database_alias())["again"].continued  # a first run: ids again/<seq>
-    second = weft.start("tests.parent", args=["two", 2], id="again", on_conflict="start_new")
+    assert not load_runs([wid], database_alias())[wid].continued  # a first run: ids <id>/<seq>
+    second = weft.start("tests.parent", args=["two", 2], id=wid, on_conflict="start_new")
     weft_run_until_idle()
     assert second.result(timeout=5) == ["two-0", "two-1"]
-    run_id = str(Workflow.objects.get(id="again").run_id)
-    kids = set(Workflow.objects.filter(parent_id="again").values_list("id", flat=True))
+    run_id = str(Workflow.objects.get(id=wid).run_id)
+    kids = set(Workflow.objects.filter(parent_id=wid).values_list("id", flat=True))
     # the first run's two children are kept; the second run's have run-qualified ids
-    assert kids == {"again/1", "again/2", f"again/{run_id}/1", f"again/{run_id}/2"}
+    assert kids == {f"{wid}/1", f"{wid}/2", f"{wid}/{run_id}/1", f"{wid}/{run_id}/2"}
     # Once the first run's children are purged, the second run still names its children as it did (a
     # retried child step finds its own child again).
-    transitions.purge(["again/1", "again/2"])
-    assert load_runs(["again"], database_alias())["again"].continued
+    transitions.purge([f"{wid}/1", f"{wid}/2"])
+    assert load_runs([wid], database_alias())[wid].continued
 
 
 def test_an_id_started_again_after_its_purge_starts_its_own_children(weft_run_until_idle):

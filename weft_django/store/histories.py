@@ -135,12 +135,17 @@ _RUN_COLUMNS = ", ".join(RunRow._fields[:-1])
 # index), or a stored workflow is a child of this id started by another run (a run started over a
 # finished one with on_conflict="start_new": the old run's children keep their ids <id>/<seq>, so
 # this run's would collide with them) or is already a run-qualified child of this run (it stays so
-# once an earlier run's children are purged: a retried child step finds its own child again).
+# once an earlier run's children are purged: a retried child step finds its own child again). That
+# last test, <id>/<anything>/<seq>, compares prefix and suffix: a LIKE pattern made of the id read the
+# id's own % _ and (PostgreSQL) backslash as pattern characters.
 _W = Workflow._meta.db_table
+_SEQ = "('/' || k.parent_seq)"
 _CONTINUED_SQL = (
     f"(EXISTS (SELECT 1 FROM {ContinuedRun._meta.db_table} c WHERE c.next_run_id = {_W}.run_id) "
     f"OR EXISTS (SELECT 1 FROM {_W} k WHERE k.parent_id = {_W}.id AND (k.parent_run_id <> {_W}.run_id "
-    f"OR k.id LIKE {_W}.id || '/%%/' || k.parent_seq)))"
+    f"OR (substr(k.id, 1, length({_W}.id) + 1) = {_W}.id || '/' "
+    f"AND length(k.id) >= length({_W}.id) + 1 + length{_SEQ} "
+    f"AND substr(k.id, length(k.id) - length{_SEQ} + 1) = {_SEQ}))))"
 )
 _STEP_COLUMNS = "run_id, seq, kind, name, status, result, error, attempts, started_at, completed_at"
 _APPLIED_COLUMNS = "run_id, seq, n, name, payload, result, error, update_id"
