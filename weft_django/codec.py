@@ -20,9 +20,10 @@ Choices, documented because they lose something:
   base type: TextChoices, StrEnum and IntEnum members decode as plain str/int, OrderedDict and
   defaultdict as dict, a namedtuple as tuple, freezegun's FakeDatetime as datetime. Values compare
   equal. Other Enum members are refused (pass ``.value``).
-- A tzinfo other than a ZoneInfo whose key loads here (``datetime.timezone``, pytz, dateutil, a
-  ``ZoneInfo.from_file`` under an unknown key) is normalised to its fixed UTC offset; the instant
-  is kept, the zone name and DST rules are not. ``fold`` is kept only as far as the offset implies it.
+- A tzinfo other than a ZoneInfo whose key loads here with the same offset (``datetime.timezone``,
+  pytz, dateutil, a ``ZoneInfo.from_file`` under an unknown key or under a known key with other
+  rules) is normalised to its fixed UTC offset; the instant is kept, the zone name and DST rules are
+  not. ``fold`` is kept only as far as the offset implies it.
 - Shared references decode as separate copies; cycles are refused.
 - Refused: NaN and infinities (float and Decimal), str with lone surrogates (not valid UTF-8),
   ints beyond ``sys.get_int_max_str_digits()``, nesting deeper than MAX_DEPTH containers, and
@@ -76,7 +77,7 @@ def _short(value: object) -> str:
 def _clock_text(value: datetime | time) -> str:
     text = value.isoformat()
     zone = value.tzinfo
-    if type(zone) is ZoneInfo and zone.key and _known_zone(zone.key):
+    if type(zone) is ZoneInfo and zone.key and _known_zone(zone.key) and _keyed_offset(value, zone.key):
         return f"{text}[{zone.key}]"
     if zone is not None and value.utcoffset() is None:
         raise _Refused(f"{type(value).__name__} has a tzinfo ({zone!r}) without a UTC offset")
@@ -94,6 +95,14 @@ def _known_zone(key: str) -> bool:
     except (ZoneInfoNotFoundError, ValueError, OSError):
         return False
     return True
+
+
+def _keyed_offset(value: datetime | time, key: str) -> bool:
+    """Whether the zone the database has under ``key`` gives ``value`` its UTC offset. A
+    ``ZoneInfo.from_file`` under a known key with other rules (another zone's file) decoded under the
+    database's rules, which moved the instant; it is normalised to its fixed UTC offset instead."""
+    known = ZoneInfo(key)
+    return value.tzinfo is known or value.replace(tzinfo=known).utcoffset() == value.utcoffset()
 
 
 def _decimal_text(value: Decimal) -> str:

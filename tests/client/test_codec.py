@@ -189,6 +189,18 @@ def test_a_zoneinfo_under_a_key_no_database_has_decodes_at_its_fixed_offset() ->
     assert decoded.tzinfo == timezone(timedelta(hours=2))
 
 
+def test_a_zoneinfo_under_a_known_key_with_other_rules_keeps_its_instant() -> None:
+    """ZoneInfo.from_file(..., key=...) under a key the database has, with another zone's rules: encoded
+    with the key, it decoded under the database's rules for that key, moving the instant (here by 7
+    hours, silently). It is normalised to its UTC offset, as one under an unknown key."""
+    with open("/usr/share/zoneinfo/Europe/Paris", "rb") as source:
+        paris_as_tokyo = ZoneInfo.from_file(source, key="Asia/Tokyo")
+    value = datetime(2024, 7, 1, 12, 0, tzinfo=paris_as_tokyo)
+    decoded = decode(encode(value))
+    assert (decoded - value, decoded.utcoffset()) == (timedelta(0), timedelta(hours=2))
+    assert round_trip(datetime(2024, 7, 1, 12, 0, tzinfo=ZoneInfo("Asia/Tokyo"))).tzinfo is ZoneInfo("Asia/Tokyo")
+
+
 def test_times_keep_their_tzinfo() -> None:
     round_trip(time(23, 59, 59, 999999, tzinfo=timezone(timedelta(hours=-9, minutes=-30))))
     assert round_trip(time(5, tzinfo=ZoneInfo("Europe/Paris"))).tzinfo is ZoneInfo("Europe/Paris")
