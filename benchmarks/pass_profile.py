@@ -35,6 +35,7 @@ def main() -> None:
     parser.add_argument(
         "--cprofile", type=int, default=0, metavar="N", help="profile the drain; print the N top functions by own time"
     )
+    parser.add_argument("--cprofile-out", metavar="FILE", help="with --cprofile: also write the stats to FILE")
     parser.add_argument(
         "--no-freeze", action="store_true", help="leave start-up objects to the collector (weft_engine freezes them)"
     )
@@ -135,6 +136,8 @@ def main() -> None:
     if profiler is not None:
         print("\nthe drain under cProfile (its overhead included; the ranking is what matters):")
         pstats.Stats(profiler).sort_stats("tottime").print_stats(options.cprofile)
+        if options.cprofile_out:
+            profiler.dump_stats(options.cprofile_out)
 
 
 if __name__ == "__main__":
