@@ -68,28 +68,45 @@ class StoreLease:
     def wait(self, stopping: threading.Event) -> bool:
         """Block until this engine holds the lease (True) or ``stopping`` is set (False), heartbeating
         the engine row meanwhile: the renewal thread, its heartbeat's writer, starts only once the lease
-        is held, and a standby waiting longer than the claim TTL is alive, not dead (admin, doctor).
+        is held, and a standby waiting longer than the claim TTL is alive, not dead (admin, doctor). A
+        database error (a connection cut, a failover) is logged and the wait goes on over a new
+        connection, as the holder's loop goes on after a failed pass: it let the standby exit.
 
         Raises:
             EngineLeaseAcquisitionTimeoutError: not acquired within LEASE_WAIT_TIMEOUT (the engine
-                row is marked stopped first).
+                row is marked stopped first, if the database can be written).
         """
         deadline = time.monotonic() + self.settings.lease_wait_timeout.total_seconds()
         while True:
-            if self.acquire():
-                return True
+            try:
+                if self.acquire():
+                    return True
+            except DatabaseError as exc:
+                self._failed("store lease wait failed", exc)
             if stopping.is_set():
                 return False
             if time.monotonic() >= deadline:
-                engines.stop_engine(self.engine_id, self.using)
+                try:
+                    engines.stop_engine(self.engine_id, self.using)
+                except DatabaseError as exc:
+                    self._failed("could not mark the engine stopped", exc)
                 raise EngineLeaseAcquisitionTimeoutError(
                     f"Engine {self.engine_id!r} could not acquire the store-wide lease within "
                     f"{self.settings.lease_wait_timeout} (OWNERSHIP='lease' allows one engine at a time; another "
                     f"engine holds it). Stop the other engine, raise LEASE_WAIT_TIMEOUT, or use "
                     f"OWNERSHIP='workflow-lease' to run several engines."
                 )
-            engines.heartbeat_engine(self.engine_id, self.using)
+            try:
+                engines.heartbeat_engine(self.engine_id, self.using)
+            except DatabaseError as exc:
+                self._failed("standby heartbeat failed", exc)
             time.sleep(min(self.settings.lease_renew_interval.total_seconds(), 1.0))
+
+    def _failed(self, what: str, exc: DatabaseError) -> None:
+        """A statement of the wait failed: logged, and this thread's connection closed (the next
+        statement reconnects)."""
+        logger.warning("%s engine=%s error=%s; trying again", what, self.engine_id, exc)
+        connections[self.using].close()
 
     def hold(self, depose_all: Callable[[], object]) -> tuple[bool, bool]:
         """The loop's check on each pass: if renewal found the lease lost, ``depose_all`` (stop driving
