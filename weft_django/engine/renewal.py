@@ -136,9 +136,14 @@ class StoreLease:
         return False
 
     def release(self) -> None:
-        """Give the lease up (shutdown)."""
-        if self.epoch is not None:
-            engines.release_store_lease(self.engine_id, self.epoch, self.using)
+        """Give the lease up (shutdown); a lease row another transaction holds is left to expire."""
+        if self.epoch is not None and not engines.release_store_lease(self.engine_id, self.epoch, self.using):
+            logger.warning(
+                "store lease left held at shutdown engine=%s epoch=%s: its row is locked by another transaction; "
+                "it expires after LEASE_TTL",
+                self.engine_id,
+                self.epoch,
+            )
 
 
 class Renewal:

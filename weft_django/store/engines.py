@@ -6,7 +6,7 @@ import os
 import socket
 from datetime import datetime, timedelta
 
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import Q
 from django.utils.dateparse import parse_datetime
 
@@ -14,6 +14,7 @@ from ..models import Engine, OwnershipMarker, StoreLease
 from .backend import backend
 from .clock import _python_now, db_clock
 from .epochs import next_epoch, next_epoch_sql
+from .sessions import COMMIT_LOCK_WAIT_SQL, lock_wait_ended
 
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
 
@@ -189,11 +190,31 @@ def renew_store_lease(engine_id: str, epoch: int, *, ttl: timedelta, using: str)
         return cursor.fetchone() == (engine_id, epoch)
 
 
-def release_store_lease(engine_id: str, epoch: int, using: str) -> None:
-    """Give the lease up if we still hold it at ``epoch``."""
-    with backend(using).connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {LEASE_TABLE} SET engine_id = NULL, expires_at = NULL WHERE id = 1 AND engine_id = %s "
-            f"AND epoch = %s",
-            [engine_id, epoch],
-        )
+def release_store_lease(engine_id: str, epoch: int, using: str) -> bool:
+    """Give the lease up if we still hold it at ``epoch``. A lease row another transaction holds (a
+    user's open transaction) is waited for COMMIT_LOCK_WAIT_MS at most, then left held, to expire:
+    waiting out the session's lock_timeout (half the TTL) kept a stopping engine past its drain, and
+    the failure skipped the rest of its shutdown (its engine row was not marked stopped).
+
+    Returns:
+        False when the row was left held (locked elsewhere), else True.
+    """
+    found = backend(using)
+    sql = f"UPDATE {LEASE_TABLE} SET engine_id = NULL, expires_at = NULL WHERE id = 1 AND engine_id = %s AND epoch = %s"
+    with found.connection.cursor() as cursor:
+        if not found.skips_locked:  # one writer: nothing to wait for
+            cursor.execute(sql, [engine_id, epoch])
+            return True
+        cursor.execute("SELECT current_setting('lock_timeout')")
+        (session_wait,) = cursor.fetchone()
+        released = True
+        try:
+            with transaction.atomic(using=using):
+                cursor.execute(f"{COMMIT_LOCK_WAIT_SQL};\n{sql}", [engine_id, epoch])
+        except DatabaseError as exc:
+            if not lock_wait_ended(exc):
+                raise
+            released = False
+        # inside a caller's transaction the bound would outlive the savepoint
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [session_wait])
+    return released
