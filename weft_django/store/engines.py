@@ -6,7 +6,7 @@ import os
 import socket
 from datetime import datetime, timedelta
 
-from django.db import DatabaseError, IntegrityError, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils.dateparse import parse_datetime
 
@@ -14,7 +14,7 @@ from ..models import Engine, OwnershipMarker, StoreLease
 from .backend import backend
 from .clock import _python_now, db_clock
 from .epochs import next_epoch, next_epoch_sql
-from .sessions import COMMIT_LOCK_WAIT_SQL, lock_wait_ended
+from .sessions import write_within_lock_wait
 
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
 
@@ -205,16 +205,4 @@ def release_store_lease(engine_id: str, epoch: int, using: str) -> bool:
         if not found.skips_locked:  # one writer: nothing to wait for
             cursor.execute(sql, [engine_id, epoch])
             return True
-        cursor.execute("SELECT current_setting('lock_timeout')")
-        (session_wait,) = cursor.fetchone()
-        released = True
-        try:
-            with transaction.atomic(using=using):
-                cursor.execute(f"{COMMIT_LOCK_WAIT_SQL};\n{sql}", [engine_id, epoch])
-        except DatabaseError as exc:
-            if not lock_wait_ended(exc):
-                raise
-            released = False
-        # inside a caller's transaction the bound would outlive the savepoint
-        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [session_wait])
-    return released
+        return write_within_lock_wait(cursor, sql, [engine_id, epoch], using)

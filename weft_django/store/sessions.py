@@ -14,6 +14,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar
 
+from django.db import DatabaseError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 from django.dispatch import receiver
@@ -48,6 +49,35 @@ def lock_wait_ended(exc: BaseException) -> bool:
     """
     cause = exc.__cause__
     return LOCK_NOT_AVAILABLE in (getattr(cause, "sqlstate", None), getattr(cause, "pgcode", None))
+
+
+def write_within_lock_wait(cursor: Any, sql: str, params: Any, using: str) -> bool:
+    """Run ``sql`` in a transaction of its own (a savepoint inside the caller's) whose row-lock waits
+    end after COMMIT_LOCK_WAIT_MS, then put the session's lock_timeout back (inside a caller's
+    transaction the bound would outlive the savepoint). PostgreSQL only (``Backend.skips_locked``).
+
+    Args:
+        cursor: a cursor of ``using``'s connection; ``sql``/``params``: one write statement.
+        using: the connection alias.
+
+    Returns:
+        False when a row lock another transaction holds ended the wait (nothing written), else True.
+
+    Raises:
+        DatabaseError: any other failure of the statement.
+    """
+    cursor.execute("SELECT current_setting('lock_timeout')")
+    (session_wait,) = cursor.fetchone()
+    written = True
+    try:
+        with transaction.atomic(using=using):
+            cursor.execute(f"{COMMIT_LOCK_WAIT_SQL};\n{sql}", params)
+    except DatabaseError as exc:
+        if not lock_wait_ended(exc):
+            raise
+        written = False
+    cursor.execute("SELECT set_config('lock_timeout', %s, true)", [session_wait])
+    return written
 
 
 def bound_commit_lock_wait(using: str) -> None:

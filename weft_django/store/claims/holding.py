@@ -14,7 +14,7 @@ from ...status import TimerKind, WorkflowStatus
 from ..backend import backend
 from ..clock import _python_now, offset, workflow_now_sql
 from ..epochs import next_epoch, next_epoch_sql
-from ..sessions import COMMIT_LOCK_WAIT_SQL, lock_wait_ended
+from ..sessions import COMMIT_LOCK_WAIT_SQL, write_within_lock_wait
 
 # -- engine side (ownership, the fenced commit, messages, chores) ----------------------------
 #
@@ -277,16 +277,8 @@ def release_claims(engine_id: str, epochs: dict[str, int], using: str) -> None:
                 )
                 continue
             params = [chunk, [epochs[wid] for wid in chunk], engine_id]
-            cursor.execute("SELECT current_setting('lock_timeout')")
-            (session_wait,) = cursor.fetchone()
-            try:
-                with transaction.atomic(using=using):
-                    cursor.execute(f"{COMMIT_LOCK_WAIT_SQL};\n{_RELEASE_PG.format(skip='')}", params)
-            except DatabaseError as exc:
-                if not lock_wait_ended(exc):
-                    raise
+            if not write_within_lock_wait(cursor, _RELEASE_PG.format(skip=""), params, using):
                 cursor.execute(_RELEASE_PG.format(skip=" SKIP LOCKED"), params)
-            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [session_wait])
 
 
 def release_locked_claims(engine_id: str, workflow_ids: list[str], using: str, *, ended: list[str]) -> None:
