@@ -115,8 +115,15 @@ def start_children(
 
 def _report_own_child(child: ChildStart, now: datetime, using: str) -> bool:
     """Whether the id taken is this very child of this parent's step (the parent was retried from that
-    step): then its end, if it ended, is reported again; a child still running reports its own."""
-    own = {"parent_id": child.parent_id, "parent_run_id": child.parent_run_id, "parent_seq": child.parent_seq}
+    step): then its end, if it ended, is reported again; a child still running reports its own. Only a
+    child of the workflow type asked for is: a parent retried under code that starts another workflow
+    at that step did not start the old one, so its id is taken, as by any other workflow."""
+    own = {
+        "parent_id": child.parent_id,
+        "parent_run_id": child.parent_run_id,
+        "parent_seq": child.parent_seq,
+        "workflow_type": child.workflow_type,
+    }
     found = Workflow.objects.using(using).filter(id=child.child_id, **own).values("status", "result", "error").first()
     if found is None:
         return False
