@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -70,8 +71,9 @@ class WorkflowContext:
         self.is_replaying = False
         self.detached = False
         self.cancelled = False  # set before the on_cancel handlers run
-        # What runs now that must change nothing ("a query handler", "an update validator"), or None.
-        self.read_only: str | None = None
+        # What runs now on each thread that must change nothing ("a query handler", "an update
+        # validator"), by thread id; None until a reader first runs (see ``read_only``).
+        self._readers: dict[int, str] | None = None
         self.query_handlers: dict[str, Callable[..., Any]] = {}
         self.exposed: dict[str, Callable[[], Any]] = {}
         self.update_handlers: dict[str, tuple[Callable[[Any], Any], Any]] = {}
@@ -317,15 +319,32 @@ class WorkflowContext:
         self.cancel_handlers.append(handler)
 
     # -- search attributes --------------------------------------------------------------------
+    @property
+    def read_only(self) -> str | None:
+        """What runs now on this thread that must change nothing ("a query handler", "an update
+        validator"), or None. Per thread, not per context: a handler run on another thread (a test
+        calling ``Engine.answer_query`` beside the engine's loop) makes neither the workflow's own turn
+        read-only nor lets its own writes through when another reader leaves first."""
+        readers = self._readers
+        return readers.get(threading.get_ident()) if readers else None
+
     @contextmanager
     def reading(self, what: str) -> Iterator[None]:
-        """While ``what`` runs (a query handler, an update validator: neither is recorded nor replayed),
-        the calls that change the run durably raise WorkflowDefinitionError (``set_attributes``)."""
-        previous, self.read_only = self.read_only, what
+        """While ``what`` runs on this thread (a query handler, an update validator: neither is recorded
+        nor replayed), the calls that change the run durably raise WorkflowDefinitionError
+        (``set_attributes``, a wait_for_update's ``respond()``)."""
+        if self._readers is None:
+            self._readers = {}
+        readers, thread = self._readers, threading.get_ident()
+        previous = readers.get(thread)
+        readers[thread] = what
         try:
             yield
         finally:
-            self.read_only = previous
+            if previous is None:
+                readers.pop(thread, None)
+            else:
+                readers[thread] = previous
 
     def set_attributes(self, values: Mapping[str, Any] | None = None, /, **named: Any) -> None:
         """Set search attributes of this run: ``ctx.set_attributes(customer="acme", amount=12.5)``
