@@ -288,13 +288,17 @@ class WorkflowContext:
 
     # -- handlers ---------------------------------------------------------------------------
     def expose(self, **accessors: Callable[[], Any]) -> None:
-        """Read-only accessors answered by ``handle.query(name)``."""
+        """Accessors answered by ``handle.query(name)``; they must only read (as ``on_query`` handlers)."""
         for name, accessor in accessors.items():
             if not callable(accessor):
                 raise WorkflowDefinitionError(f"ctx.expose({name}=...) needs a callable.")
             self.exposed[name] = accessor
 
     def on_query(self, name: str, handler: Callable[..., Any]) -> None:
+        """Answer ``handle.query(name, arg)`` with ``handler()`` (or ``handler(arg)``) on the live context.
+        It must change nothing: it is not recorded and replay does not run it, so state it changed is
+        gone after a replay (set_attributes and respond() raise here; plain variables cannot be guarded).
+        Change state with ``on_update``."""
         _check_name("query", name)
         if name == "activity_progress":
             raise WorkflowDefinitionError('"activity_progress" is a built-in query; choose another name.')
