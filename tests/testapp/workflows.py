@@ -771,3 +771,6 @@ def fork_and_terminate(seconds: float) -> int | None:
 def fork_and_terminate_workflow(ctx, seconds: float):
     code = yield ctx.run(fork_and_terminate, seconds)
     return code
+
+
+from . import handler_workflows  # noqa: E402,F401  update order after a takeover, local steps of a cancelled run
