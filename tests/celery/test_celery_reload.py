@@ -26,8 +26,10 @@ import weft_django as weft
 from tests.celery import test_celery as kit
 from tests.engine.ticking import tick_until
 from weft_django.codec import decode
+from weft_django.engine import celery_executor
 from weft_django.engine.engine import Engine
 from weft_django.models import RemoteAttempt, Step, Workflow, WorkflowClaim
+from weft_django.testing import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.subprocess]
 calls = kit.calls
@@ -132,3 +134,57 @@ def test_an_attempt_timed_out_just_before_a_same_epoch_reload_is_retried_at_once
     ran = [c for c in calls("celery_gated_first") if c.startswith("x@1/")]
     assert len(ran) == 1, ran  # a message sent again for attempt 1 is skipped by the worker, never run
     gate.touch()
+
+
+def test_an_attempt_reloaded_long_after_its_deadline_is_timed_out_not_sent_again(
+    celery_worker, engine, tmp_path, monkeypatch
+):
+    """The workflow is dropped for a reload while attempt 1 hangs on its worker, and loaded again only
+    after the attempt's deadline and SENT_KEPT_FOR have passed (its loads kept failing: a database
+    outage; the executor's poll, first in every pass, ran meanwhile). The executor had forgotten the
+    send: the reloaded context sent attempt 1 again, a second delivery that passes every check a worker
+    makes, so the activity ran twice under one attempt number and its timeout restarted. It must time
+    out as it would have with a context waiting, and be retried as attempt 2."""
+    monkeypatch.setattr(celery_executor, "SENT_KEPT_FOR", 0.5)  # 60 s: shortened so the test is quick
+    celery_worker("reload-late", concurrency=3)
+    gate = tmp_path / "gate"  # never opened: attempt 1 hangs on its worker past its 4 s timeout
+    handle = weft.start("tests.celery_gated_first", args=["late", str(gate)], id="celery-reload-late")
+    tick_until(engine, lambda: calls("celery_gated_first"), "attempt 1 to run on the worker", timeout=90)
+    old = engine.owned[handle.id].inflight[0]
+    assert old.deadline is not None
+    epoch = engine.owned[handle.id].epoch
+    engine.reload_all()  # dropped at its epoch; loaded again by the next tick, which waits
+    time.sleep(max(0.0, old.deadline + celery_executor.SENT_KEPT_FOR - time.monotonic()) + 1.0)
+    engine.executor.poll(set())  # the passes that failed to load it still polled the executor
+    tick_until(engine, lambda: Workflow.objects.get(pk=handle.id).status != "running", "the run to end")
+    _spin(engine, 2)  # a second message for attempt 1 would reach an idle worker thread meanwhile
+    assert [c for c in calls("celery_gated_first") if c.startswith("late@1/")] == [f"late@1/{epoch}"]
+    assert handle.result(timeout=5)["attempt"] == 2
+    step = Step.objects.get(workflow_id=handle.id, seq=0)
+    assert (step.status, step.attempts) == ("completed", 2)
+    gate.touch()  # let the worker's hung attempt end (its result is refused: it timed out)
+
+
+def test_a_result_committed_while_no_context_waits_is_taken_by_a_late_reload(
+    celery_worker, engine, tmp_path, monkeypatch
+):
+    """The worker commits attempt 1's result while its workflow is dropped for a reload; the reload
+    comes after the attempt's deadline and SENT_KEPT_FOR. The result is the step's: the reloaded
+    context takes it, nothing is sent or run again, and the timeout does not override it."""
+    monkeypatch.setattr(celery_executor, "SENT_KEPT_FOR", 0.5)  # 60 s: shortened so the test is quick
+    celery_worker("reload-result", concurrency=3)
+    gate = tmp_path / "gate"
+    handle = weft.start("tests.celery_gated_first", args=["res", str(gate)], id="celery-reload-result")
+    tick_until(engine, lambda: calls("celery_gated_first"), "attempt 1 to run on the worker", timeout=90)
+    old = engine.owned[handle.id].inflight[0]
+    assert old.deadline is not None
+    epoch = engine.owned[handle.id].epoch
+    engine.reload_all()  # dropped at its epoch; loaded again by the next tick, which waits
+    gate.touch()
+    wait_for(lambda: Step.objects.get(workflow_id=handle.id, seq=0).status == "completed", 30, message="the result")
+    time.sleep(max(0.0, old.deadline + celery_executor.SENT_KEPT_FOR - time.monotonic()) + 1.0)
+    engine.executor.poll(set())  # the passes that failed to load it still polled the executor
+    tick_until(engine, lambda: Workflow.objects.get(pk=handle.id).status != "running", "the run to end")
+    assert handle.result(timeout=5)["attempt"] == 1
+    _spin(engine, 1)
+    assert calls("celery_gated_first") == [f"res@1/{epoch}"]

@@ -11,11 +11,13 @@ import logging
 import queue
 import threading
 import time
+from dataclasses import dataclass
 
 from celery import Celery, current_app
 from django.db import DatabaseError, connections
 
 from ..exceptions import ConfigurationError
+from ..store import histories
 from . import remote
 from .activities import AttemptOutcome, AttemptTask
 
@@ -24,9 +26,11 @@ logger = logging.getLogger("weft_django.contrib.celery")
 RUN_ACTIVITY = "weft_django.run_activity"
 SEND_BATCH = 500
 RESEND_DELAY = 1.0  # seconds before a send that failed (broker unreachable) is tried again
-# How long past its deadline a sent attempt no context waits for any more (its workflow reloaded,
-# finished or lost) is remembered as sent: a reload at the same epoch that comes later sends it again.
+# How long a sent attempt no context waits for any more (its workflow reloaded, finished or lost) is
+# remembered once it is timed out (or its outcome is in): a reload at the same epoch within it takes
+# the outcome from the database at once; a later one sends the attempt again, and the worker skips it.
 SENT_KEPT_FOR = 60.0
+PRUNE_BATCH = 500  # sends past their deadline looked at per poll (one claim query for them all)
 _settings_app: Celery | None = None
 _settings_app_lock = threading.Lock()
 
@@ -61,6 +65,17 @@ def _from_settings() -> Celery:
         return _settings_app
 
 
+@dataclass
+class _Sent:
+    """An attempt this executor sent: its deadline (``time.monotonic``), its key and activity, and whether
+    its fate is in the database already (timed out, or its outcome committed) while no context waited."""
+
+    deadline: float | None
+    key: remote.AttemptKey
+    activity: str
+    settled: bool = False
+
+
 class CeleryExecutor:
     """The engine's side: send attempts, read back the outcomes workers committed, time attempts out.
 
@@ -72,7 +87,9 @@ class CeleryExecutor:
     again under the same claim) submits the attempt it waits for again, with the same key. Its message
     is already with a worker, whose result the new context will take: the attempt is not sent again
     (a second delivery passes every check a worker makes, so it would run the activity twice), and its
-    timeout keeps counting from the first send."""
+    timeout keeps counting from the first send. An attempt no context waits for is timed out at its
+    deadline all the same (fenced, as for a waiting context): a reload that comes later finds it timed
+    out, whatever it waited for meanwhile."""
 
     def __init__(
         self,
@@ -89,7 +106,7 @@ class CeleryExecutor:
         self._poll_interval = poll_interval
         self._running: dict[tuple[str, int, int, int], AttemptTask] = {}
         # The deadline of every attempt this executor sent whose outcome it has not settled or expired yet.
-        self._sent: dict[tuple[str, int, int, int], float | None] = {}
+        self._sent: dict[tuple[str, int, int, int], _Sent] = {}
         self._lock = threading.Lock()
         self._outbox: queue.SimpleQueue[AttemptTask | None] = queue.SimpleQueue()
         self._stop = threading.Event()
@@ -146,7 +163,7 @@ class CeleryExecutor:
         epoch): then it is in flight, with that send's deadline. Called under the lock."""
         if task.key not in self._sent:
             return False
-        task.deadline = self._sent[task.key]
+        task.deadline = self._sent[task.key].deadline
         assert isinstance(task.control, remote.RemoteControl)
         task.control.sent = True
         return True
@@ -186,7 +203,8 @@ class CeleryExecutor:
                 continue
             timeout = task.definition.timeout
             with self._lock:
-                self._sent[task.key] = time.monotonic() + timeout.total_seconds() if timeout is not None else None
+                deadline = time.monotonic() + timeout.total_seconds() if timeout is not None else None
+                self._sent[task.key] = _Sent(deadline, _key(task), task.definition.name)
                 self._adopt(task)
                 current = self._running.get(task.key)  # a newer context may wait for it by now: it takes this send
                 if current is not None:
@@ -255,10 +273,38 @@ class CeleryExecutor:
                 self._sent.pop(key.ident, None)
 
     def _prune_sent(self, clock: float) -> None:
-        """Forget the sends no context waited for since SENT_KEPT_FOR past their deadline."""
+        """Time out the sends no context waits for once past their deadline, as a waiting context's
+        (remote.expire, fenced), and forget them SENT_KEPT_FOR later; forget at once those whose claim
+        this engine no longer holds at their epoch (no reload at that epoch can come). Forgotten at the
+        deadline without it, a reload at the same epoch that came later (its loads failing all along: a
+        database outage) sent the attempt again with a new deadline: a second delivery that passes every
+        check a worker makes, so the activity ran twice under one attempt number, past its timeout."""
         with self._lock:
-            for ident, deadline in list(self._sent.items()):
-                if ident not in self._running and (deadline is None or clock > deadline + SENT_KEPT_FOR):
+            due = [
+                (ident, sent)
+                for ident, sent in self._sent.items()
+                if ident not in self._running and (sent.deadline is None or _due(sent, clock))
+            ][:PRUNE_BATCH]
+        unsettled = {sent.key.workflow_id for _, sent in due if sent.deadline is not None and not sent.settled}
+        holders = histories.claim_holders(sorted(unsettled), self._using) if unsettled else {}
+        for ident, sent in due:
+            held = holders.get(sent.key.workflow_id) == (sent.key.epoch, self._engine_id)
+            if sent.deadline is not None and not sent.settled and held:
+                expiry, _ = remote.expire(self._engine_id, sent.key, sent.activity, self._using)
+                if expiry is remote.Expiry.BUSY:
+                    continue  # its claim row is held elsewhere: a later poll tries again
+                if expiry is remote.Expiry.EXPIRED:
+                    logger.info(
+                        "activity timed out while its workflow was not loaded workflow=%s seq=%s attempt=%s",
+                        sent.key.workflow_id,
+                        sent.key.seq,
+                        sent.key.attempt,
+                    )
+                if expiry is not remote.Expiry.NOT_HELD:
+                    sent.settled = True
+                    continue
+            with self._lock:
+                if self._sent.get(ident) is sent and ident not in self._running:
                     del self._sent[ident]
 
     @property
@@ -272,6 +318,13 @@ class CeleryExecutor:
         self._outbox.put(None)
         if self._sender is not None:
             self._sender.join(timeout=max(wait_seconds, 1.0))
+
+
+def _due(sent: _Sent, clock: float) -> bool:
+    """Whether a send no context waits for has work in ``_prune_sent``: past its deadline and not yet
+    timed out, or timed out (its fate in the database) and SENT_KEPT_FOR past its deadline."""
+    assert sent.deadline is not None
+    return clock > sent.deadline + SENT_KEPT_FOR if sent.settled else clock >= sent.deadline
 
 
 def _key(task: AttemptTask) -> remote.AttemptKey:
