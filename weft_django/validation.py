@@ -7,12 +7,15 @@ Text must be a ``str`` within its length bound, with no NUL character (PostgreSQ
 a raw ``DataError`` used to escape) and no lone surrogate (it cannot be encoded as UTF-8: a raw
 ``UnicodeEncodeError`` used to escape). Ids also refuse every other control character. Durations
 are bounded by ``durations.MAX_DURATION``; a ``start_at`` moment by the same bound from now, so a
-deadline computed from it is always a valid date.
+deadline computed from it is always a valid date. Time zone keys that schedules take and the codec
+keeps by name must be IANA names, the same zone on every machine (``portable_zone``).
 """
 
 from __future__ import annotations
 
+import functools
 import unicodedata
+import zoneinfo
 from datetime import UTC, datetime, timedelta
 
 from .durations import MAX_DURATION, MAX_DURATION_TEXT, InvalidDuration, to_nonnegative_timedelta
@@ -23,6 +26,11 @@ MAX_KEY_LENGTH = 320  # signal ids and idempotency keys; an activity_info().idem
 MAX_NAME_LENGTH = 255
 MAX_REASON_LENGTH = 1000  # cancel reasons (stored with the run, shown in the admin and `weft describe`)
 MAX_NOTE_LENGTH = 1000  # a schedule's pause note
+# Keys a time zone database answers with the machine's own settings, not a zone of the IANA database:
+# Debian and others link "localtime" to /etc/localtime (the machine's zone; Python 3.11 to 3.13 list it
+# among available_timezones() there, CPython issue 137976), and "posixrules" is the zone an installation
+# chose for POSIX TZ strings.
+MACHINE_ZONES = frozenset({"localtime", "posixrules"})
 
 
 def check_text(
@@ -67,6 +75,28 @@ def check_text(
             f"a broken UTF-16 pair). Decode the bytes properly or remove it."
         ) from None
     return value
+
+
+@functools.lru_cache(maxsize=512)
+def portable_zone(key: str) -> bool:
+    """Whether ``key`` names a zone of the IANA time zone database, the same rules on every machine that
+    has it, and loads here: listed by ``zoneinfo.available_timezones()`` (not "posixrules", the
+    "posix/" and "right/" copies some machines lack, nor a case variant a case-insensitive file system
+    loads), and not "localtime" (the machine's own zone). Schedules refuse other keys, and the codec
+    keeps only their UTC offset: another machine reads them as another zone, or not at all."""
+    if key in MACHINE_ZONES or key not in _zone_names():
+        return False
+    try:
+        zoneinfo.ZoneInfo(key)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+        return False
+    return True
+
+
+@functools.cache
+def _zone_names() -> frozenset[str]:
+    """``zoneinfo.available_timezones()``, read once (it walks the time zone directories)."""
+    return frozenset(zoneinfo.available_timezones())
 
 
 def validate_workflow_id(value: object, name: str = "id") -> str:
@@ -162,6 +192,7 @@ def start_moment(value: object, name: str = "start_at") -> datetime:
 
 __all__ = [
     "CHILD_MAILBOX_PREFIX",
+    "MACHINE_ZONES",
     "MAX_ID_LENGTH",
     "MAX_KEY_LENGTH",
     "MAX_NAME_LENGTH",
@@ -169,6 +200,7 @@ __all__ = [
     "MAX_REASON_LENGTH",
     "check_text",
     "duration",
+    "portable_zone",
     "start_moment",
     "validate_key",
     "validate_name",

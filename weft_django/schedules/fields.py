@@ -16,17 +16,17 @@ from ..durations import InvalidDuration, to_ms
 from ..exceptions import CorruptPayloadError, InvalidScheduleError
 from ..models import Schedule
 from ..registry import resolve_workflow
-from ..validation import check_text
+from ..validation import MACHINE_ZONES, check_text
 from .timing import (
     CRON_ALIASES,
     MAX_CRON_LENGTH,
     MAX_EVERY_SECONDS,
     MAX_JITTER_MS,
     MAX_SCHEDULE_ID_LENGTH,
-    MAX_TIMEZONE_LENGTH,
     OVERLAP_POLICIES,
     Timing,
     unusable,
+    zone_problem,
 )
 
 
@@ -89,15 +89,17 @@ def _every(value: object) -> int:
 def _timezone(value: object) -> str:
     if isinstance(value, zoneinfo.ZoneInfo):
         value = value.key
-    if isinstance(value, str) and value and len(value) <= MAX_TIMEZONE_LENGTH:
-        try:
-            zoneinfo.ZoneInfo(value)
-            return value
-        except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
-            pass
-    close = difflib.get_close_matches(str(value), zoneinfo.available_timezones(), n=1) if isinstance(value, str) else []
+    problem = zone_problem(value)
+    if problem is None:
+        assert isinstance(value, str)
+        return value
+    names = [name for name in zoneinfo.available_timezones() if name not in MACHINE_ZONES]
+    close = difflib.get_close_matches(str(value), names, n=1) if isinstance(value, str) else []
     hint = f' Did you mean "{close[0]}"?' if close else ""
-    raise _invalid(f'timezone {value!r} is not an IANA time zone name; use one such as "UTC" or "Europe/Berlin".{hint}')
+    raise _invalid(
+        f'timezone {value!r} is {problem}; use the IANA name of the zone you mean, such as "UTC" or '
+        f'"Europe/Berlin", which every engine reads alike.{hint}'
+    )
 
 
 def _overlap(value: object) -> str:

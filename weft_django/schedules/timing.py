@@ -22,6 +22,7 @@ from croniter import CroniterBadDateError, CroniterError, croniter
 from ..exceptions import UnusableScheduleError
 from ..models import Schedule
 from ..status import OverlapPolicy
+from ..validation import MACHINE_ZONES, portable_zone
 
 MAX_SCHEDULE_ID_LENGTH = 200  # the run ids add 21 characters and must fit the 255 of a workflow id
 MAX_EVERY_SECONDS = 2**31 - 1
@@ -70,6 +71,23 @@ def unusable(schedule_id: str, column: str, problem: str) -> UnusableScheduleErr
         schedule_id,
         column,
     )
+
+
+def zone_problem(value: object) -> str | None:
+    """Why ``value`` cannot be a schedule's time zone, or None: it must be an IANA name
+    (``validation.portable_zone``), so that every engine reads the cron in the same zone. A key whose
+    zone the machine decides ("localtime": the machine's own zone) fired at other times on an engine
+    set otherwise, or (the "posix/" and "right/" copies) could not fire where they are missing."""
+    if not isinstance(value, str):
+        return "not an IANA time zone name"
+    if 0 < len(value) <= MAX_TIMEZONE_LENGTH and portable_zone(value):
+        return None
+    if value in MACHINE_ZONES or value.split("/")[0] in ("posix", "right"):
+        return (
+            "not an IANA time zone name but one this machine's time zone files decide (another engine's "
+            "machine may read it as another zone, or not at all)"
+        )
+    return "not an IANA time zone name"
 
 
 def occurrence_id(schedule_id: str, nominal: datetime) -> str:
@@ -127,10 +145,9 @@ class Timing:
             return "every", f"{self.every!r} is invalid: not a whole number of seconds from 1 to {MAX_EVERY_SECONDS}"
         if not isinstance(self.jitter_ms, int) or not 0 <= self.jitter_ms <= MAX_JITTER_MS:
             return "jitter_ms", f"{self.jitter_ms!r} is invalid: not between 0 and {MAX_JITTER_MS}"
-        try:
-            zoneinfo.ZoneInfo(self.timezone)
-        except (zoneinfo.ZoneInfoNotFoundError, ValueError, TypeError, OSError):
-            return "timezone", f"{self.timezone!r} is invalid: not an IANA time zone name"
+        problem = zone_problem(self.timezone)
+        if problem is not None:
+            return "timezone", f"{self.timezone!r} is invalid: {problem}"
         if self.cron is not None:
             try:
                 if len(self.expression.split()) != 5:
