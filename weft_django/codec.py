@@ -20,10 +20,13 @@ Choices, documented because they lose something:
   base type: TextChoices, StrEnum and IntEnum members decode as plain str/int, OrderedDict and
   defaultdict as dict, a namedtuple as tuple, freezegun's FakeDatetime as datetime. Values compare
   equal. Other Enum members are refused (pass ``.value``).
-- A tzinfo other than a ZoneInfo whose key loads here with the same offset (``datetime.timezone``,
-  pytz, dateutil, a ``ZoneInfo.from_file`` under an unknown key or under a known key with other
-  rules) is normalised to its fixed UTC offset; the instant is kept, the zone name and DST rules are
-  not. ``fold`` is kept only as far as the offset implies it.
+- A tzinfo other than a ZoneInfo whose key is an IANA name that loads here with the same offset
+  (``datetime.timezone``, pytz, dateutil, a ``ZoneInfo.from_file`` under an unknown key or under a
+  known key with other rules, a ZoneInfo whose zone the machine decides: "localtime", "posixrules",
+  the "posix/" and "right/" copies; ``validation.portable_zone``) is normalised to its fixed UTC
+  offset; the instant is kept, the zone name and DST rules are not. ``fold`` is kept only as far as
+  the offset implies it. Text keyed with such a zone that loads here ("[localtime]", written before
+  this rule) decodes at its stored offset.
 - Shared references decode as separate copies; cycles are refused.
 - Refused: NaN and infinities (float and Decimal), str with lone surrogates (not valid UTF-8),
   ints beyond ``sys.get_int_max_str_digits()``, nesting deeper than MAX_DEPTH containers, and
@@ -33,7 +36,6 @@ Choices, documented because they lose something:
 from __future__ import annotations
 
 import base64
-import functools
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -42,11 +44,12 @@ from decimal import Decimal
 from enum import Enum
 from typing import Any
 from uuid import UUID
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
 from django.conf import settings
 
 from weft_django.exceptions import PayloadNotSerializableError, PayloadSizeExceededError
+from weft_django.validation import portable_zone
 
 TAG = "$weft"
 MAX_DEPTH = 100  # containers; keeps the walk and the C json recursion far from the interpreter's limit
@@ -75,26 +78,16 @@ def _short(value: object) -> str:
 
 
 def _clock_text(value: datetime | time) -> str:
+    """isoformat(), with the zone's key when decoding re-creates the same zone from it on any machine:
+    a key no database has was refused when decoded (never readable again), and "localtime" decoded
+    under the decoding machine's own zone (the instant moved); both keep their UTC offset only."""
     text = value.isoformat()
     zone = value.tzinfo
-    if type(zone) is ZoneInfo and zone.key and _known_zone(zone.key) and _keyed_offset(value, zone.key):
+    if type(zone) is ZoneInfo and zone.key and portable_zone(zone.key) and _keyed_offset(value, zone.key):
         return f"{text}[{zone.key}]"
     if zone is not None and value.utcoffset() is None:
         raise _Refused(f"{type(value).__name__} has a tzinfo ({zone!r}) without a UTC offset")
     return text
-
-
-@functools.lru_cache(maxsize=256)
-def _known_zone(key: str) -> bool:
-    """Whether ``ZoneInfo(key)`` loads here: decoding re-creates the zone from its key. A ZoneInfo made
-    by ``ZoneInfo.from_file(..., key=...)`` under a key no time zone database has was encoded with it
-    and then refused when decoded (an activity's arguments, a result: never readable again); it is
-    normalised to its fixed UTC offset instead, as any other tzinfo is."""
-    try:
-        ZoneInfo(key)
-    except (ZoneInfoNotFoundError, ValueError, OSError):
-        return False
-    return True
 
 
 def _keyed_offset(value: datetime | time, key: str) -> bool:
@@ -374,6 +367,8 @@ def _decode_clock(kind: type[datetime] | type[time]) -> Callable[[Any], Any]:
         zone = ZoneInfo(key[:-1])
         if value.tzinfo is None:
             return value.replace(tzinfo=zone)
+        if not portable_zone(zone.key):  # "[localtime]", written before such keys were normalised:
+            return value  # the stored offset keeps the instant on every machine, whatever zone it has
         wall = value.replace(tzinfo=zone)
         # The stored offset says which side of a DST fold (or gap) the wall time was on.
         return wall if wall.utcoffset() == value.utcoffset() else wall.replace(fold=1)

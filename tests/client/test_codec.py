@@ -19,8 +19,10 @@ from django.test import override_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.machine_zones import machine_zones
 from weft_django.codec import MAX_DEPTH, CorruptPayloadError, decode, encode, encode_payload
 from weft_django.exceptions import PayloadNotSerializableError, PayloadSizeExceededError, WeftError
+from weft_django.validation import portable_zone
 
 NEW_YORK = ZoneInfo("America/New_York")
 
@@ -66,7 +68,10 @@ fixed_offsets = st.builds(
     timezone,
     st.timedeltas(min_value=timedelta(hours=-23, minutes=-59), max_value=timedelta(hours=23, minutes=59)),
 )
-zones = st.none() | st.just(UTC) | fixed_offsets | st.timezones()
+# IANA zones only: a key whose zone the machine decides ("localtime", "posixrules", the "posix/" and
+# "right/" copies, which st.timezones() draws) keeps only its offset (tested below).
+iana_zones = st.timezone_keys(allow_prefix=False).filter(portable_zone).map(ZoneInfo)
+zones = st.none() | st.just(UTC) | fixed_offsets | iana_zones
 hashable_leaves = (
     st.none()
     | st.booleans()
@@ -199,6 +204,36 @@ def test_a_zoneinfo_under_a_known_key_with_other_rules_keeps_its_instant() -> No
     decoded = decode(encode(value))
     assert (decoded - value, decoded.utcoffset()) == (timedelta(0), timedelta(hours=2))
     assert round_trip(datetime(2024, 7, 1, 12, 0, tzinfo=ZoneInfo("Asia/Tokyo"))).tzinfo is ZoneInfo("Asia/Tokyo")
+
+
+# Keys whose zone depends on the machine: "localtime" is its own zone (Debian links it to /etc/localtime),
+# "posixrules" is chosen per installation, and the "posix/" and "right/" copies are missing from some
+# (the tzdata package has neither). Each is a copy of Berlin's file on the machine that encodes.
+MACHINE_KEYS = ["localtime", "posixrules", "posix/Europe/Berlin", "right/Europe/Berlin"]
+
+
+@pytest.mark.parametrize("key", MACHINE_KEYS)
+def test_a_datetime_in_a_zone_the_machine_decides_keeps_its_instant_on_another_machine(key, tmp_path) -> None:
+    """Encoded with its key, a datetime in such a zone decoded on another machine under that machine's
+    zone ("localtime" set to Tokyo there: the instant moved by 7 hours) or not at all (no posix/ or
+    right/ files there: never readable again). It is normalised to its UTC offset, as a zone under an
+    unknown key is."""
+    with machine_zones(tmp_path / "here", dict.fromkeys(MACHINE_KEYS, "Europe/Berlin")):
+        value = datetime(2024, 7, 1, 12, 0, tzinfo=ZoneInfo(key))
+        text = encode(value)
+    there = {"localtime": "Asia/Tokyo", "posixrules": "Asia/Tokyo", "Europe/Berlin": "Europe/Berlin"}
+    with machine_zones(tmp_path / "there", there, only=True, forget=(key,)):
+        decoded = decode(text)
+    assert (decoded - value, decoded.utcoffset(), key in text) == (timedelta(0), timedelta(hours=2), False)
+
+
+def test_a_stored_datetime_keyed_localtime_keeps_its_stored_offset(tmp_path) -> None:
+    """Text written before the fix ("...[localtime]") decodes at the offset stored with it, the same on
+    every machine, not at this machine's zone (which moved the instant when the machines differed)."""
+    text = '{"$weft":"datetime","v":"2024-07-01T12:00:00+02:00[localtime]"}'
+    with machine_zones(tmp_path, {"localtime": "Asia/Tokyo"}):
+        decoded = decode(text)
+    assert (decoded, decoded.utcoffset()) == (datetime(2024, 7, 1, 10, 0, tzinfo=UTC), timedelta(hours=2))
 
 
 def test_times_keep_their_tzinfo() -> None:
