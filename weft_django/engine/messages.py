@@ -15,11 +15,12 @@ WHERE status = 'admitted'``. The owner settles admitted updates in a fenced tran
 (store.commit.fenced_messages, through store.commit.fenced): it locks its claims, then takes the
 admitted rows ``FOR UPDATE SKIP LOCKED`` (on SQLite the IMMEDIATE transaction holds the write lock),
 and only then runs validators and handlers and writes each outcome (conditioned on the row still
-being admitted) plus the AppliedUpdate row, in the same transaction. A row the caller expired first
-is not seen; a caller that times out meanwhile waits on the row lock and then finds the outcome. So
-a handler runs only where its outcome commits, and if the transaction fails anyway (a lost
-connection, or the belt-and-braces admitted check fails) the workflow is dropped and replayed from
-the durable log, which does not contain the update: in-memory state never keeps an update that did
+being admitted) plus the AppliedUpdate row, in the same transaction. A claim or update row another
+transaction holds is skipped and its workflow looked at again on the next pass. A row the caller
+expired first is not seen; a caller that times out meanwhile waits on the row lock and then finds the
+outcome. So a handler runs only where its outcome commits, and if the transaction fails anyway (a
+lost connection, or the belt-and-braces admitted check fails) the workflow is dropped and replayed
+from the durable log, which does not contain the update: in-memory state never keeps an update that did
 not commit.
 
 An admitted update is settled when its name has an ``on_update`` handler registered on the live
@@ -288,10 +289,17 @@ def deliver_updates(
         if not ids:
             return []
         batch: dict[str, WorkflowWrites] = {}
+        taken: set[str] = set()
         for pk, wid, name, payload, sent in mailbox.lock_admitted(ids, using):
+            taken.add(str(pk))
             attributes = {"weft.update": name, "weft.update_id": str(pk)}
             with delivery_span("weft.update.deliver", live[wid], sent, attributes):
                 deliver(pk, wid, name, payload, batch)
+        for wid in held:
+            if any(pk not in taken for pk in ready.get(wid, [])):
+                # Its row was skipped (another transaction holds it, SKIP LOCKED) or is no longer
+                # admitted: look again next pass, not only at the next wake-up or mailbox sweep.
+                _look_again(engine, wid)
         for wid, w in batch.items():
             # What the code recorded after a wait_for_update returned (a respond(), a memo) commits with
             # it: a later step must never be durable while an earlier respond() is not (replay would
