@@ -116,7 +116,8 @@ def fenced(
             only those still held by ``engine_id`` at ``epochs[workflow_id]``; ``(None, epochs)``
             those still at ``epochs`` while some engine holds them (a Celery worker, which holds none).
         family: also lock the claims of the workflows' active descendants (a run that ends closes
-            them), re-reading them until none appears unlocked (a child started concurrently).
+            them), re-reading them until none appears unlocked (a child started concurrently); where
+            the lock waits, a round whose family grew lets its locks go and the next takes them all.
         wait: False skips claim rows another transaction holds (never wait on the engine's loop);
             they are then missing from ``held``, and ``store.claims.classify_unheld`` says why.
 
@@ -146,9 +147,15 @@ def _take(
     wanted: set[str] = set(ids) | {child for group in active_descendants(runs, using).values() for child in group}
     locked: set[str] = set()
     held: set[str] = set()
-    for _ in range(FAMILY_LOCK_ROUNDS):
+    # A lock that waits (a transition) takes each round from nothing held: its locks of a round whose
+    # family grew are let go (the round's savepoint rolled back) and the next round takes them all again
+    # in one sorted statement. Kept and added to, a descendant that sorts below a member already held was
+    # locked out of order, and a cancel of that member (locking the descendant first) deadlocked with it.
+    retake = wait and backend(using).skips_locked and (holder is None or holder[0] is None)
+    for round_left in reversed(range(FAMILY_LOCK_ROUNDS)):
         # A child started between the read and the lock (its parent's commit, before ours got the
         # parent's claim) is found by the next read; once the parent's claim is ours, none can appear.
+        mark = transaction.savepoint(using) if retake and round_left else None
         if holder is not None and holder[0] is not None:
             mine, others = claims.lock_batch_and_family(
                 holder[0], {wid: holder[1][wid] for wid in ids}, wanted - set(ids), using
@@ -161,8 +168,13 @@ def _take(
             locked |= got
         descendants = {child for group in active_descendants(runs, using).values() for child in group}
         if descendants <= locked:
+            if mark is not None:
+                transaction.savepoint_commit(mark, using)
             break
         wanted = locked | descendants
+        if mark is not None:
+            transaction.savepoint_rollback(mark, using)  # the row locks of this round go with it
+            held, locked = set(), set()
     return Fence(held, locked - set(ids))
 
 
