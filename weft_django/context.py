@@ -85,6 +85,8 @@ class WorkflowContext:
         self.attributes: dict[str, Any] = {}
         self.pending_attributes: list[dict[str, Any]] = []
         self.history: deterministic.RunHistory | None = None  # set by the driver that replays this run
+        # A fork's values below its fork point are its source's (weft.fork); set by the driver's start.
+        self.lineage = deterministic.Lineage()
         self._random: tuple[int, random.Random] | None = None
 
     # -- safe deploys and deterministic values (weft_django/deterministic.py) -------------------
@@ -130,10 +132,11 @@ class WorkflowContext:
 
     def random(self) -> random.Random:
         """A ``random.Random`` seeded from the run id and the current step position: replay draws the
-        same numbers. Not for secrets."""
+        same numbers (a fork, below its fork point, its source's). Not for secrets."""
         position = self._history("ctx.random").position
         if self._random is None or self._random[0] != position:
-            self._random = (position, deterministic.seeded_random(self.run_id, position))
+            seed = self.lineage.seed(self.run_id, position)
+            self._random = (position, deterministic.seeded_random(seed, position))
         return self._random[1]
 
     def uuid4(self) -> uuid.UUID:

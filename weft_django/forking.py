@@ -11,7 +11,8 @@ from asgiref.sync import sync_to_async
 from . import events, transitions
 from .client.handles import WorkflowHandle
 from .conf import database_alias
-from .exceptions import InvalidForkError, WorkflowAlreadyExistsError, WorkflowNotFoundError
+from .deterministic import Lineage
+from .exceptions import CorruptPayloadError, InvalidForkError, WorkflowAlreadyExistsError, WorkflowNotFoundError
 from .queueing import queue_options
 from .registry import registry
 from .status import StepStatus
@@ -25,7 +26,9 @@ def fork(workflow_id: str, *, from_step: int, new_id: str | None = None) -> Work
     """Start a new run (a new workflow id) of the workflow ``workflow_id`` runs, with the same input,
     whose first ``from_step`` recorded steps (seq 0 .. from_step - 1) are copied from it: replay
     returns their recorded results and the code runs on from there with the version registered now.
-    The source is not changed. The new run is top-level (no parent, no schedule) and starts with the
+    Below the fork point the new run's ``ctx.random()``, ``ctx.uuid4()`` and ``ctx.now()`` give the
+    source's values (its seeds and start time); from it on, its own. The source is not changed. The new
+    run is top-level (no parent, no schedule) and starts with the
     source's search attributes (replay sets them again as the code does) and its ``execution_timeout``
     (counted from the fork's start, as a start's). A workflow declared with ``@weft.workflow(queue=)``
     forks into its queue: the new run waits ``pending`` until admitted. The source's claim (then its
@@ -41,7 +44,8 @@ def fork(workflow_id: str, *, from_step: int, new_id: str | None = None) -> Work
     Raises:
         WorkflowNotFoundError: no workflow ``workflow_id``.
         InvalidForkError: ``from_step`` is not a whole number >= 0, is beyond the recorded steps, or
-            keeps a step that has not settled (a running attempt, a wait).
+            keeps a step that has not settled (a running attempt, a wait); or the source's own fork
+            origin is damaged (a hand edit).
         WorkflowAlreadyExistsError: ``new_id`` is taken.
         WorkflowNotRegisteredError: the workflow's type is not registered in this process.
         UnknownQueueError: the workflow's queue is not in WEFT["QUEUES"] (nothing is written).
@@ -61,6 +65,12 @@ def fork(workflow_id: str, *, from_step: int, new_id: str | None = None) -> Work
         if row is None:
             raise WorkflowNotFoundError(f'No workflow "{workflow_id}" exists (never started, or purged). Check the id.')
         _check_steps(workflow_id, forks.recorded_steps(row["run_id"], using), from_step)
+        # Below the fork point the kept steps replay as the source's did: its ctx.random() seeds and
+        # ctx.now() start (deterministic.Lineage; a fork of a fork keeps the earlier sources' too).
+        try:
+            lineage = Lineage.from_json(row["fork_origin"], str(row["run_id"]))
+        except CorruptPayloadError as exc:
+            raise InvalidForkError(f'Workflow "{workflow_id}" cannot be forked: {exc}.') from None
         definition = registry.workflow(row["workflow_type"])
         target = new_id if new_id is not None else str(uuid.uuid4())
         new_run = uuid.uuid4()
@@ -81,6 +91,9 @@ def fork(workflow_id: str, *, from_step: int, new_id: str | None = None) -> Work
         if created is None:
             raise WorkflowAlreadyExistsError(f'Workflow "{target}" already exists; pass another new_id (or none).')
         forks.copy_history(workflow_id, row["run_id"], target, new_run, from_step, using)
+        forks.set_origin(
+            target, lineage.forked(str(row["run_id"]), row["started_at"], from_step).to_json(str(new_run)), using
+        )
         events.workflow_started(created, using)
         return target
 

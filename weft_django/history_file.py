@@ -9,10 +9,12 @@ Format ``weft-history/1``::
      "steps": [{"seq", "kind", "name", "status", "result", "error", "attempts", "started_at",
                 "completed_at"}, ...],
      "applied": [{"seq", "n", "name", "payload", "result", "error", "update_id"}, ...],
-     "timer_seqs": [seq, ...], "timer_kinds": {"<seq>": kind, ...}}
+     "timer_seqs": [seq, ...], "timer_kinds": {"<seq>": kind, ...}, "fork_origin": {...} | null}
 
 ``timer_kinds`` (what armed each timer: a sleep, a signal or wait_until timeout, an activity retry) is
 optional: a history exported without it replays without checking the operation at a timer's position.
+``fork_origin`` (a run ``weft.fork`` made: its source's seeds and start time below the fork point,
+``deterministic.Lineage``) is optional too: without it a fork replays with its own values.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from .deterministic import Lineage
 from .exceptions import InvalidArgumentError
 from .store.histories import AppliedRecord, StepRecord
 from .store.replay import StoredHistory
@@ -75,6 +78,7 @@ def to_json(history: StoredHistory) -> dict[str, Any]:
         ],
         "timer_seqs": sorted(history.timer_seqs),
         "timer_kinds": {str(seq): kind for seq, kind in sorted(history.timer_kinds.items())},
+        "fork_origin": history.fork_origin,
     }
 
 
@@ -131,7 +135,7 @@ def load(source: StoredHistory | dict[str, Any] | str | Path) -> StoredHistory:
             )
             for a in data.get("applied", [])
         ]
-        return StoredHistory(
+        history = StoredHistory(
             workflow_id=str(data["workflow_id"]),
             run_id=str(data["run_id"]),
             workflow_type=str(data["workflow_type"]),
@@ -146,7 +150,10 @@ def load(source: StoredHistory | dict[str, Any] | str | Path) -> StoredHistory:
             applied=applied,
             timer_seqs={int(seq) for seq in data.get("timer_seqs", [])},
             timer_kinds={int(seq): str(kind) for seq, kind in (data.get("timer_kinds") or {}).items()},
+            fork_origin=data.get("fork_origin"),
         )
+        Lineage.from_json(history.fork_origin, history.run_id)  # CorruptPayloadError: a ValueError
+        return history
     except (KeyError, TypeError, ValueError) as exc:
         raise InvalidArgumentError(
             f"The history is not a valid {FORMAT} object ({type(exc).__name__}: {exc})."

@@ -77,6 +77,9 @@ class Workflow(models.Model):
     # The start's execution_timeout: a queued run's execution_deadline is set from it at admission (a
     # run waiting in its queue is not timing out yet); others' deadline is set at start.
     execution_timeout = models.DurationField(null=True, blank=True)
+    # weft.fork: where the run's ctx.random() seeds and ctx.now() start come from below its fork point
+    # (deterministic.Lineage.to_json, naming the run it belongs to); null for other runs.
+    fork_origin = models.JSONField(null=True, blank=True)
 
     class Meta:
         indexes = [

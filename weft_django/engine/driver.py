@@ -13,6 +13,7 @@ from typing import Any
 
 from ..codec import decode, encode_payload, storable_text
 from ..context import WorkflowContext
+from ..deterministic import Lineage
 from ..exceptions import (
     ActivityError,
     ChildWorkflowError,
@@ -158,8 +159,10 @@ class WorkflowRun:
         input_text: str,
         steps: dict[int, StepRecord],
         applied: list[AppliedRecord] | None = None,
+        fork_origin: Any = None,
     ) -> None:
         self.definition = definition
+        self.fork_origin = fork_origin  # the run row's (weft.fork): decoded into ctx.lineage by start()
         self.ctx = ctx
         self.input_text = input_text
         self.steps = steps
@@ -181,12 +184,17 @@ class WorkflowRun:
         # Positions this run's timers hold (the loader's), with the timer's kind (None: not known): a patch
         # before them is the old branch, and the operation yielded there must be the one that armed it.
         self.occupied: dict[int, str | None] = {}
-        # Workflow time (ctx.now()): the latest durable time of a step fed to the code.
+        # Workflow time (ctx.now()): the latest durable time of a step fed to the code (from the run's
+        # start, a fork's source's below its fork point: start() sets it from ctx.lineage).
         self.clock: datetime | None = ctx.started_at
         self.in_code = False  # the generator's own code is running (ctx.patched, ctx.random)
         self.check_only = False  # a replay check: stop at a memo with no record instead of computing it
         self.continued: ContinueAsNew | None = None  # the code continued as new (yielded or returned it)
         ctx.history = markers.DriverHistory(self)
+
+    def start_at(self, position: int) -> datetime | None:
+        """The start ``ctx.now()`` counts from at ``position`` (markers.MarkedRun)."""
+        return self.ctx.lineage.start(self.ctx.started_at, position)
 
     @property
     def finished(self) -> bool:
@@ -216,6 +224,17 @@ class WorkflowRun:
                 )
             )
             return
+        try:
+            self.ctx.lineage = Lineage.from_json(self.fork_origin, self.ctx.run_id)
+        except CorruptPayloadError as exc:
+            self.failure = describe_exception(
+                CorruptPayloadError(
+                    f"Workflow {self.ctx.workflow_id!r} cannot start: {exc}. Its kept steps cannot be replayed with "
+                    "the values its source saw; fork the source again."
+                )
+            )
+            return
+        self.clock = self.ctx.lineage.start(self.ctx.started_at, 0)
         try:
             self._gen = self.definition.fn(self.ctx, *args, **kwargs)
         except Exception as exc:  # a TypeError for wrong arguments, say

@@ -59,6 +59,8 @@ class MarkedRun(Protocol):
     @property
     def clock(self) -> datetime | None: ...
 
+    def start_at(self, position: int) -> datetime | None: ...
+
     def record_marker(self, step: StepRecord) -> None: ...
 
 
@@ -77,10 +79,12 @@ class DriverHistory:
         return self._run.in_code
 
     def now(self) -> datetime:
-        clock = self._run.clock
-        if clock is None:  # a hand-made history without the run's start time
+        # The latest durable time fed to the code, and never before the start this position counts
+        # from: a fork's own start from its fork point on, its source's below it.
+        times = [when for when in (self._run.clock, self._run.start_at(self._run.next_seq)) if when is not None]
+        if not times:  # a hand-made history without the run's start time
             raise WorkflowDefinitionError("ctx.now(): this run has no recorded start time.")
-        return clock
+        return max(times)
 
     def patched(self, change_id: str, *, deprecated: bool) -> bool:
         decided = self._decided.get(change_id)

@@ -171,7 +171,7 @@ class Progress:
             epoch=epoch,
         )
         ctx.attribute_kinds = definition.attributes  # ctx.set_attributes checks against them (issue 19)
-        run = WorkflowRun(definition, ctx, row.input, history, applied)
+        run = WorkflowRun(definition, ctx, row.input, history, applied, row.fork_origin)
         owned = Owned(
             row.id,
             str(row.run_id),

@@ -118,7 +118,7 @@ def replay(history: StoredHistory, definition: WorkflowDefinition | None = None)
         started_at=history.started_at,
         epoch=0,
     )
-    run = WorkflowRun(definition, ctx, history.input, dict(history.steps), list(history.applied))
+    run = WorkflowRun(definition, ctx, history.input, dict(history.steps), list(history.applied), history.fork_origin)
     run.occupied = {seq: history.timer_kinds.get(seq) for seq in history.timer_seqs}
     run.check_only = True
     try:

@@ -10,7 +10,18 @@ from ..models import AppliedUpdate, Step, Workflow, WorkflowAttribute, WorkflowC
 
 def source(workflow_id: str, using: str) -> dict[str, Any] | None:
     """The fields a fork reads of run ``workflow_id`` (None: no such workflow)."""
-    fields = ("id", "run_id", "workflow_type", "version", "input", "status", "trace_context", "execution_timeout")
+    fields = (
+        "id",
+        "run_id",
+        "workflow_type",
+        "version",
+        "input",
+        "status",
+        "trace_context",
+        "execution_timeout",
+        "started_at",
+        "fork_origin",
+    )
     found = Workflow.objects.using(using).filter(pk=workflow_id).values(*fields).first()
     return None if found is None else dict(found)
 
@@ -18,6 +29,13 @@ def source(workflow_id: str, using: str) -> dict[str, Any] | None:
 def recorded_steps(run_id: Any, using: str) -> list[tuple[int, str]]:
     """(seq, status) of every recorded step of a run, in seq order."""
     return list(Step.objects.using(using).filter(run_id=run_id).order_by("seq").values_list("seq", "status"))
+
+
+def set_origin(workflow_id: str, origin: dict[str, Any] | None, using: str) -> None:
+    """Write the new run's ``fork_origin`` (its source's values below the fork point), in the caller's
+    transaction."""
+    if origin is not None:
+        Workflow.objects.using(using).filter(pk=workflow_id).update(fork_origin=origin)
 
 
 def copy_history(source_id: str, source_run: Any, new_id: str, new_run: Any, upto: int, using: str) -> int:
@@ -77,4 +95,4 @@ def copy_history(source_id: str, source_run: Any, new_id: str, new_run: Any, upt
     return len(steps)
 
 
-__all__ = ["copy_history", "recorded_steps", "source"]
+__all__ = ["copy_history", "recorded_steps", "set_origin", "source"]

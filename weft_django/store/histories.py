@@ -94,6 +94,7 @@ class RunRow(NamedTuple):
     parent_seq: int | None
     depth: int
     trace_context: str | None = None  # the starter's (weft_django.tracing)
+    fork_origin: Any = None  # weft.fork's deterministic.Lineage (JSON), or None
     continued: bool = False  # a later run of its workflow id (continued as new, or started over one): _CONTINUED_SQL
 
 
@@ -288,6 +289,7 @@ def _decode_runs(values: list[Any], aware: _Aware, into: dict[str, RunRow]) -> N
             started_at=aware(row.started_at),
             execution_deadline=aware(row.execution_deadline),
             stuck_error=_json_value(row.stuck_error),
+            fork_origin=_json_value(row.fork_origin),
             continued=bool(row.continued),
         )
 

@@ -38,6 +38,7 @@ class StoredHistory:
     applied: list[AppliedRecord] = dataclasses.field(default_factory=list)
     timer_seqs: set[int] = dataclasses.field(default_factory=set)
     timer_kinds: dict[int, str] = dataclasses.field(default_factory=dict)  # what armed them (older exports: none)
+    fork_origin: Any = None  # weft.fork's deterministic.Lineage as JSON (older exports: none)
 
 
 _COLUMNS = (
@@ -51,6 +52,7 @@ _COLUMNS = (
     "error",
     "started_at",
     "created_at",
+    "fork_origin",
 )
 
 
@@ -158,5 +160,9 @@ def one(workflow_id: str, using: str) -> StoredHistory | None:
 
 
 def _history(values: tuple[Any, ...]) -> StoredHistory:
-    wid, run_id, workflow_type, version, status, text, result, error, started_at, created_at = values
-    return StoredHistory(wid, str(run_id), workflow_type, version, status, text, result, error, started_at, created_at)
+    wid, run_id, workflow_type, version, status, text, result, error, started_at, created_at, origin = values
+    history = StoredHistory(
+        wid, str(run_id), workflow_type, version, status, text, result, error, started_at, created_at
+    )
+    history.fork_origin = origin
+    return history
