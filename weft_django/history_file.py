@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from .deterministic import Lineage
-from .exceptions import InvalidArgumentError
+from .exceptions import CorruptPayloadError, InvalidArgumentError
+from .status import StepStatus, WorkflowStatus
 from .store.histories import AppliedRecord, StepRecord
 from .store.replay import StoredHistory
 
@@ -86,83 +87,180 @@ def load(source: StoredHistory | dict[str, Any] | str | Path) -> StoredHistory:
     """A history from what ``weft export`` wrote: the object, its JSON text, or a file's path.
 
     Args:
-        source: a StoredHistory (returned as is), a dict, JSON text, or a path to a JSON file.
+        source: a StoredHistory (returned as is), a dict, JSON text, or a path to a JSON file (UTF-8).
 
     Raises:
-        InvalidArgumentError: the file is missing, not JSON, or not a ``weft-history/1`` object.
+        InvalidArgumentError: the file is missing or unreadable (not UTF-8: a file cut inside a
+            character), not JSON, or not a ``weft-history/1`` object; the message names the field that
+            is wrong (a hand edit: a missing key, a value of another type, a time without a zone, a
+            step seq twice, NaN or Infinity).
     """
     if isinstance(source, StoredHistory):
         return source
     data: Any = source
     if isinstance(source, Path) or (isinstance(source, str) and not source.lstrip().startswith("{")):
         try:
-            data = Path(source).read_text()
-        except OSError as exc:
-            raise InvalidArgumentError(f"Cannot read the history file {str(source)!r}: {exc}.") from None
+            data = Path(source).read_bytes().decode("utf-8")  # what export writes, whatever the locale
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in the path; UnicodeDecodeError: not UTF-8
+            raise InvalidArgumentError(f"Cannot read the history file {str(source)[:200]!r}: {exc}.") from None
     if isinstance(data, str):
         try:
-            data = json.loads(data)
-        except ValueError as exc:
+            data = json.loads(data, parse_constant=_refuse_constant)
+        except (ValueError, RecursionError) as exc:
             raise InvalidArgumentError(f"The history is not JSON ({exc}); pass what `weft export` wrote.") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise InvalidArgumentError(
             f'A history is a JSON object with "format": "{FORMAT}", as `manage.py weft export ID` writes it.'
         )
     try:
-        steps = {
-            int(s["seq"]): StepRecord(
-                int(s["seq"]),
-                str(s["kind"]),
-                str(s.get("name") or ""),
-                str(s["status"]),
-                s.get("result"),
-                s.get("error"),
-                int(s.get("attempts") or 0),
-                _parse(s.get("started_at")),
-                _parse(s.get("completed_at")),
-            )
-            for s in data.get("steps", [])
-        }
-        applied = [
-            AppliedRecord(
-                int(a["seq"]),
-                int(a["n"]),
-                str(a["name"]),
-                str(a["payload"]),
-                a.get("result"),
-                a.get("error"),
-                a.get("update_id"),
-            )
-            for a in data.get("applied", [])
-        ]
-        history = StoredHistory(
-            workflow_id=str(data["workflow_id"]),
-            run_id=str(data["run_id"]),
-            workflow_type=str(data["workflow_type"]),
-            version=str(data.get("version") or "1"),
-            status=str(data["status"]),
-            input=str(data["input"]),
-            result=data.get("result"),
-            error=data.get("error"),
-            started_at=_parse(data.get("started_at")),
-            created_at=_parse(data.get("created_at")),
-            steps=steps,
-            applied=applied,
-            timer_seqs={int(seq) for seq in data.get("timer_seqs", [])},
-            timer_kinds={int(seq): str(kind) for seq, kind in (data.get("timer_kinds") or {}).items()},
-            fork_origin=data.get("fork_origin"),
+        return _history(data)
+    except _Bad as exc:
+        raise InvalidArgumentError(f"The history is not a valid {FORMAT} object: {exc}.") from None
+
+
+class _Bad(Exception):
+    """A field of the history that is missing or not what export writes (the message names it)."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _history(data: dict[str, Any]) -> StoredHistory:
+    run_id = _text(data, "run_id", "")
+    steps: dict[int, StepRecord] = {}
+    for index, step in enumerate(_list(data, "steps", "")):
+        where = f"steps[{index}]."
+        row = _object(step, where[:-1])
+        seq = _whole(row, "seq", where)
+        if seq in steps:
+            raise _Bad(f"{where}seq: step {seq} appears twice")
+        steps[seq] = StepRecord(
+            seq,
+            _text(row, "kind", where),
+            _text(row, "name", where, optional=True) or "",
+            _status(row, "status", where, StepStatus.values),
+            _text(row, "result", where, optional=True),
+            row.get("error"),
+            _whole(row, "attempts", where, optional=True) or 0,
+            _when(row, "started_at", where),
+            _when(row, "completed_at", where),
         )
-        Lineage.from_json(history.fork_origin, history.run_id)  # CorruptPayloadError: a ValueError
-        return history
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InvalidArgumentError(
-            f"The history is not a valid {FORMAT} object ({type(exc).__name__}: {exc})."
-        ) from None
+    applied = []
+    for index, record in enumerate(_list(data, "applied", "")):
+        where = f"applied[{index}]."
+        row = _object(record, where[:-1])
+        applied.append(
+            AppliedRecord(
+                _whole(row, "seq", where),
+                _whole(row, "n", where),
+                _text(row, "name", where),
+                _text(row, "payload", where),
+                _text(row, "result", where, optional=True),
+                row.get("error"),
+                _text(row, "update_id", where, optional=True),
+            )
+        )
+    timer_seqs = {_item_whole(seq, f"timer_seqs[{i}]") for i, seq in enumerate(_list(data, "timer_seqs", ""))}
+    kinds = data.get("timer_kinds") or {}
+    if not isinstance(kinds, dict) or not all(isinstance(kind, str) for kind in kinds.values()):
+        raise _Bad(f"timer_kinds: an object of seq -> kind is expected, not {_shown(kinds)}")
+    try:
+        timer_kinds = {int(seq): kind for seq, kind in kinds.items()}
+    except ValueError:
+        raise _Bad(f"timer_kinds: its keys are step seqs, not {_shown(list(kinds))}") from None
+    try:
+        Lineage.from_json(data.get("fork_origin"), run_id)
+    except CorruptPayloadError as exc:
+        raise _Bad(f"fork_origin: {exc}") from None
+    return StoredHistory(
+        workflow_id=_text(data, "workflow_id", ""),
+        run_id=run_id,
+        workflow_type=_text(data, "workflow_type", ""),
+        version=_text(data, "version", "", optional=True) or "1",
+        status=_status(data, "status", "", WorkflowStatus.values),
+        input=_text(data, "input", ""),
+        result=_text(data, "result", "", optional=True),
+        error=data.get("error"),
+        started_at=_when(data, "started_at", ""),
+        created_at=_when(data, "created_at", ""),
+        steps=steps,
+        applied=applied,
+        timer_seqs=timer_seqs,
+        timer_kinds=timer_kinds,
+        fork_origin=data.get("fork_origin"),
+    )
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _Bad(f"{where}: an object is expected, not {_shown(value)}")
+    return value
+
+
+def _list(data: dict[str, Any], key: str, where: str) -> list[Any]:
+    value = data.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise _Bad(f"{where}{key}: a list is expected, not {_shown(value)}")
+    return value
+
+
+def _text(data: dict[str, Any], key: str, where: str, *, optional: bool = False) -> Any:
+    if key not in data and not optional:
+        raise _Bad(f"{where}{key} is missing")
+    value = data.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise _Bad(
+            f"{where}{key}: text is expected (payloads are codec text, as export writes them), not {_shown(value)}"
+        )
+    return value
+
+
+def _status(data: dict[str, Any], key: str, where: str, allowed: list[str]) -> str:
+    value = _text(data, key, where)
+    if value not in allowed:
+        raise _Bad(f"{where}{key}: {_shown(value)} is not one of {', '.join(allowed)}")
+    return str(value)
+
+
+def _whole(data: dict[str, Any], key: str, where: str, *, optional: bool = False) -> Any:
+    if key not in data and not optional:
+        raise _Bad(f"{where}{key} is missing")
+    value = data.get(key)
+    if value is None and optional:
+        return None
+    return _item_whole(value, f"{where}{key}")
+
+
+def _item_whole(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _Bad(f"{where}: a whole number >= 0 is expected, not {_shown(value)}")
+    return value
+
+
+def _when(data: dict[str, Any], key: str, where: str) -> datetime | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    try:
+        if not isinstance(value, str):
+            raise ValueError("not text")
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise _Bad(f"{where}{key}: an ISO 8601 time is expected, not {_shown(value)}") from None
+    if parsed.utcoffset() is None:
+        raise _Bad(f"{where}{key}: {_shown(value)} has no UTC offset (export writes aware times)")
+    return parsed
 
 
 def _time(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
-
-
-def _parse(value: Any) -> datetime | None:
-    return datetime.fromisoformat(value) if value else None
