@@ -178,10 +178,18 @@ def bulk_purge(*, expected_count: int, batch_size: int = DEFAULT_BATCH_SIZE, **f
 
     def apply(chosen: store.Selection, ids: list[str], result: _Tally) -> None:
         using = database_alias()
-        result.changed += transitions.purge_terminal(
-            ids, matching=lambda locked: store.still_selected(chosen, chosen.statuses, locked, using)
-        )
-        result.skipped += sorted(store.existing(ids, using))
+        selected: set[str] = set()
+
+        def matching(locked: list[str]) -> set[str]:
+            # Under the claims' lock: the runs still selected, all terminal (the selection is narrowed
+            # to the terminal statuses), are the ones the transaction purges; the others in the batch
+            # no longer qualified (purged, started again, out of the filter). Read again if retried.
+            selected.clear()
+            selected.update(store.still_selected(chosen, chosen.statuses, locked, using))
+            return selected
+
+        result.changed += transitions.purge_terminal(ids, matching=matching)
+        result.skipped += sorted(set(ids) - selected)
 
     return _run("purge", apply, expected_count, batch_size, filters)
 

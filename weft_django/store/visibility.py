@@ -269,8 +269,3 @@ __all__ = [
     "write",
     "write_batch",
 ]
-
-
-def existing(workflow_ids: list[str], using: str) -> list[str]:
-    """Which of these workflow ids still have a row."""
-    return list(Workflow.objects.using(using).filter(pk__in=workflow_ids).values_list("pk", flat=True))
