@@ -183,3 +183,21 @@ def test_a_truncated_or_unreadable_file_is_an_invalid_argument(tmp_path):
             load(path)
     with pytest.raises(CommandError, match="history file"):
         call_command("weft", "replay", "--file", str(cut), stdout=io.StringIO())
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["export", "a\x00b"],
+        ["export", "a\ud800b"],
+        ["replay", "--type", "a\x00b"],
+        ["replay", "--type", "a\ud800b"],
+        ["weft_replay", "--type", "a\x00b"],
+    ],
+)
+def test_export_and_replay_refuse_text_the_database_cannot_take(args):
+    """An id or a type with a NUL (PostgreSQL: DataError) or a lone surrogate (UnicodeEncodeError) went
+    to the database and escaped as a traceback instead of the command's error."""
+    command = ["weft", *args] if args[0] != "weft_replay" else args
+    with pytest.raises(CommandError, match=r"NUL|surrogate|control characters"):
+        call_command(*command, stdout=io.StringIO(), stderr=io.StringIO())

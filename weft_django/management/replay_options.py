@@ -7,6 +7,8 @@ import argparse
 from datetime import datetime, timedelta
 
 from ..durations import InvalidDuration, to_nonnegative_timedelta
+from ..exceptions import InvalidArgumentError
+from ..validation import check_text
 
 
 def since(value: str) -> datetime | timedelta:
@@ -26,6 +28,14 @@ def since(value: str) -> datetime | timedelta:
     return moment
 
 
+def workflow_type(value: str) -> str:
+    """``--type``: a workflow type's name (text the database can compare: no NUL, no lone surrogate)."""
+    try:
+        return check_text(value, "--type", max_length=255)
+    except InvalidArgumentError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def limit(value: str) -> int:
     """``--limit``: a whole number of at least 1."""
     try:
@@ -39,7 +49,9 @@ def limit(value: str) -> int:
 
 def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``weft replay``: filters, a limit, or exported files instead of the store."""
-    parser.add_argument("--type", dest="types", action="append", help="Only this workflow type; repeatable.")
+    parser.add_argument(
+        "--type", dest="types", action="append", type=workflow_type, help="Only this workflow type; repeatable."
+    )
     parser.add_argument("--since", type=since, help='Only runs created since: "7d", "12h" or an ISO 8601 time.')
     parser.add_argument("--limit", dest="max_runs", type=limit, help="Replay at most this many runs.")
     parser.add_argument("--open", dest="open_only", action="store_true", help="Only runs that have not ended.")

@@ -183,7 +183,9 @@ class Command(BaseCommand):
     def _export(self, options: dict[str, Any]) -> None:
         from ...history_file import to_json
         from ...store.replay import one, read_only
+        from ...validation import validate_workflow_id
 
+        validate_workflow_id(options["id"])  # the database cannot compare a NUL or a lone surrogate
         with read_only(self._using):
             history = one(options["id"], self._using)
         if history is None:
