@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 
 import pytest
 from django.core.management import call_command
+from django.db import connections
 
 import weft_django as weft
 from tests.testapp import visibility_workflows
 from weft_django.exceptions import InvalidArgumentError, InvalidForkError
-from weft_django.models import Workflow
-from weft_django.testing import replay, run_until_idle
+from weft_django.models import Step, Workflow
+from weft_django.testing import replay, run_until_idle, running_engine, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -119,3 +121,47 @@ def test_a_fork_whose_source_origin_is_damaged_is_refused_with_nothing_written()
     with pytest.raises(InvalidForkError, match="fork origin"):
         weft.fork("fb-fork", from_step=1, new_id="fb-again")
     assert not Workflow.objects.filter(pk="fb-again").exists()
+
+
+def _steps(workflow_id: str, below: int | None = None) -> dict[int, tuple]:
+    rows = Step.objects.filter(workflow_id=workflow_id)
+    if below is not None:
+        rows = rows.filter(seq__lt=below)
+    return {s.seq: (s.kind, s.name, s.status, s.result, s.completed_at) for s in rows}
+
+
+def test_forks_of_a_running_source_and_of_one_being_cancelled_copy_the_steps_it_had():
+    """Proven fine: forks taken while an engine commits the source's steps, and one taken while a
+    cancel of the source commits, each keep exactly the source's settled steps below their point
+    (or are refused, nothing written, when the point is beyond them)."""
+    weft.start("visibility.waiter", args=["fl"], id="fl-src", attributes={"batch": "fl"})
+    forks: list[tuple[str, int]] = []
+    with running_engine("fl-engine"):
+        wait_for(lambda: Step.objects.filter(workflow_id="fl-src", status="completed").count() >= 4, timeout=30)
+        for round_ in range(10):
+            recorded = Step.objects.filter(workflow_id="fl-src").count()
+            for point in (recorded - 1, recorded, recorded + 1):
+                try:
+                    forks.append((weft.fork("fl-src", from_step=point, new_id=f"fl-{round_}-{point}").id, point))
+                except InvalidForkError:
+                    assert not Workflow.objects.filter(pk=f"fl-{round_}-{point}").exists()
+        errors: list[BaseException] = []
+
+        def cancel() -> None:
+            try:
+                weft.cancel("fl-src")
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                connections.close_all()
+
+        thread = threading.Thread(target=cancel)
+        thread.start()
+        forks.append((weft.fork("fl-src", from_step=2, new_id="fl-during-cancel").id, 2))
+        thread.join(30)
+        assert not errors
+    assert Workflow.objects.get(pk="fl-src").status == "cancelled"
+    assert len(forks) >= 11
+    source = _steps("fl-src")
+    for fork_id, point in forks:
+        assert _steps(fork_id, point) == {seq: step for seq, step in source.items() if seq < point}, fork_id
