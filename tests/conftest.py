@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 import os
+import zlib
 
 import pytest
 
 
+def _in_shard(item: pytest.Item, shard: int, shards: int) -> bool:
+    """Whether ``item``'s file belongs to this shard (scripts/test runs the PostgreSQL run as shards at
+    the same time): a file's tests stay together, so its module fixtures are set up once."""
+    return zlib.crc32(item.nodeid.split("::", 1)[0].encode()) % shards == shard
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    sharding = os.environ.get("WEFT_TEST_SHARD", "")
+    if sharding:  # "k/n": keep the files of shard k (0-based) of n
+        shard, shards = (int(part) for part in sharding.split("/"))
+        kept = [item for item in items if _in_shard(item, shard, shards)]
+        config.hook.pytest_deselected(items=[item for item in items if not _in_shard(item, shard, shards)])
+        items[:] = kept
     database = os.environ.get("WEFT_TEST_DB", "postgres")
     skip_pg = pytest.mark.skip(reason="needs PostgreSQL (this is the SQLite run)")
     skip_sqlite = pytest.mark.skip(reason="SQLite-only (this is the PostgreSQL run)")
