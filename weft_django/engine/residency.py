@@ -142,11 +142,13 @@ class Residency:
         began = len(self.evicted)
         marks = {wid: hash(mark) for wid, mark in mailbox.held_with_mail(engine.engine_id, engine.using).items()}
         new = [wid for wid, mark in marks.items() if wid in self.evicted and self._seen.get(wid) != mark]
+        # Noted only once the recall went through: a recall that raised (its renewal failed) loaded
+        # nothing, and its mail must recall the workflow at the next sweep, not pass as read.
+        self.recall(engine, new)
         # The marks of the workflows recalled now; the others keep theirs (a resident one's old mark:
         # mail its context has not read yet must still recall it once evicted). Workflows with no mail
         # any more drop out, so this holds no more than the held workflows with mail.
         self._seen = {wid: self._seen[wid] for wid in marks if wid in self._seen} | {wid: marks[wid] for wid in new}
-        self.recall(engine, new)
         return len(self.evicted) < began
 
 
