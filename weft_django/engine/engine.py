@@ -360,7 +360,7 @@ class Engine:
             if deferred:
                 self._carried = {wid: writes[wid] for wid in sorted(deferred)}
                 self._carry_retry_at = time.monotonic() + CARRY_RETRY
-        if self.residency.evict(self.owned, lambda w: w in self._carried or w in self.attention.unchecked):
+        if self.residency.evict(self):
             self._publish_epochs()
         self._dispatch()
         return busy

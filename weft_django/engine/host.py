@@ -17,6 +17,7 @@ from ..conf import WeftSettings
 from ..store.commit import WorkflowWrites
 from .attention import Attention
 from .owned import Owned
+from .wake import Wake
 
 
 class ResidencyHost(Protocol):
@@ -40,6 +41,8 @@ class EngineHost(Protocol):
     engine_id: str
     owned: dict[str, Owned]
     attention: Attention
+    wake: Wake
+    _carried: dict[str, WorkflowWrites]
     _reload: dict[str, int]
     _lock: threading.Lock
     _wake: threading.Event

@@ -7,8 +7,8 @@ a query addressed to it, or the sweep finding mail for it (the safety net behind
 renew interval) recalls it: it is loaded again at the same epoch and replayed from its durable
 history, as after a refused commit. Only a workflow that has nothing but durable state is evicted:
 every leaf of its frontier waits for a signal or an update (and is armed), no attempt is running or due, it has no
-timer (sleep, signal timeout, retry) and no execution deadline, and no write of it waits for a
-commit."""
+timer (sleep, signal timeout, retry) and no execution deadline, no write of it waits for a
+commit, and no wake-up naming it waits for the next pass (that would recall it at once)."""
 
 from __future__ import annotations
 
@@ -93,10 +93,11 @@ class Residency:
             for wid in workflow_ids:
                 self.evicted.pop(wid, None)
 
-    def evict(self, owned: dict[str, Owned], busy: Callable[[str], bool]) -> list[Owned]:
-        """Evict idle parked workflows until at most ``limit`` are resident, oldest loaded first.
-        ``busy(wid)``: the workflow has writes waiting for a commit, or mail to look at. Returns the evicted ones (their
-        generators closed; the caller publishes the claims to renew)."""
+    def evict(self, engine: EngineHost) -> list[Owned]:
+        """Evict idle parked workflows until at most ``limit`` are resident, oldest loaded first (never
+        one that is ``busy``). Returns the evicted ones (their generators closed; the caller publishes
+        the claims to renew)."""
+        owned = engine.owned
         if self.limit is None or len(owned) <= self.limit:
             return []
         if self._short is not None and time.monotonic() < self._short[0] and len(owned) <= self._short[1]:
@@ -106,7 +107,7 @@ class Residency:
         for wid, held in owned.items():  # oldest loaded first; stops once it has enough (no copy of all)
             if len(out) >= excess:
                 break
-            if idle_parked(held) and not busy(wid):
+            if idle_parked(held) and not busy(engine, wid):
                 out.append(held)
         self._short = (time.monotonic() + SHORT_SCAN_RETRY, len(owned) - len(out)) if len(out) < excess else None
         for held in out:
@@ -150,6 +151,14 @@ class Residency:
         # any more drop out, so this holds no more than the held workflows with mail.
         self._seen = {wid: self._seen[wid] for wid in marks if wid in self._seen} | {wid: marks[wid] for wid in new}
         return len(self.evicted) < began
+
+
+def busy(engine: EngineHost, wid: str) -> bool:
+    """Whether the next pass has work for this held workflow that no durable state records: writes
+    waiting for a commit (carried), a mailbox not looked at yet, or a wake-up naming it (a signal, a
+    ``w:``, the look a wait armed in this pass asked for). Evicted, the wake-up would recall it at once:
+    a load and a replay for nothing."""
+    return wid in engine._carried or wid in engine.attention.unchecked or engine.wake.pending(wid)
 
 
 def idle_parked(owned: Owned) -> bool:

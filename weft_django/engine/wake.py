@@ -75,6 +75,11 @@ class Wake:
         if wake:
             self.event.set()
 
+    def pending(self, workflow_id: str) -> bool:
+        """Whether a wake-up naming this workflow waits for the next pass (a ``w:``, a look, an ``S:``)."""
+        with self.lock:
+            return workflow_id in self.notified or workflow_id in self.looks or workflow_id in self.carried
+
     def report_lost(self, lost: dict[str, int]) -> None:
         """These workflows' claims are gone at these epochs: the next pass stops driving the contexts
         still at them."""
