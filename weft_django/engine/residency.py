@@ -164,7 +164,9 @@ def busy(engine: EngineHost, wid: str) -> bool:
 def idle_parked(owned: Owned) -> bool:
     """Whether nothing but durable state would be lost by closing this workflow's generator."""
     run = owned.run
-    if owned.inflight or owned.dispatch or owned.timers or owned.has_deadline or owned.clear_stuck:
+    # Not ``owned.clear_stuck``: it stays set on a context loaded with a stuck mark, long after the commit
+    # that cleared the mark (a write not committed yet is carried: ``busy``), and kept it resident for good.
+    if owned.inflight or owned.dispatch or owned.timers or owned.has_deadline:
         return False
     if run.finished or run.frontier is None or run.new_steps or run.responses:
         return False
