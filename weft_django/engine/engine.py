@@ -46,7 +46,7 @@ from .messages import _state as mailbox_state
 from .messages import deliver_messages, mailbox_sweep_due, prefetch_admitted, unchecked_mailboxes
 from .owned import Owned, collect_recorded, commit_time, mark_stuck, note_children
 from .passclock import PassClock
-from .periodic import builtin_tasks
+from .periodic import Chores, builtin_tasks
 from .progress import Progress
 from .renewal import Renewal, StoreLease
 from .residency import Residency
@@ -98,7 +98,7 @@ class Engine:
         self.owned: dict[str, Owned] = {}
         self.timers = TimerHeap()
         self.stopping, self.refused_commits = threading.Event(), 0
-        self.periodic = builtin_tasks()
+        self.periodic, self.chores = builtin_tasks(), Chores()
         self.wake = Wake(self.engine_id)
         self.lease = StoreLease(self.engine_id, self.settings, self.using)
         self._session_limit = sessions.session_limit(self.settings)  # a frozen engine's locks end then
@@ -287,7 +287,7 @@ class Engine:
             return contain_tick_failure(self, exc)
 
     def _tick(self, claim: bool) -> bool:
-        lost_at, notified, rescan, carried, read = self.wake.take()
+        arrivals, (lost_at, notified, rescan, carried, read) = self.wake.arrivals, self.wake.take()
         self.residency.recall(self, notified, lost_at)  # an evicted workflow named by a wake-up is loaded again
         lost = {wid for wid, epoch in lost_at.items() if wid in self.owned and self.owned[wid].epoch == epoch}
         if not (lost or notified or rescan) and self._quiet(claim):
@@ -337,12 +337,9 @@ class Engine:
         if claim and not self.stopping.is_set() and self._check_store_lease():
             unknown = {wid for wid in notified if wid not in self.owned and wid not in self._reload}
             busy |= self._claim(now, writes, changed, force=bool(unknown) or rescan, scan=poll_due)
-            for task in self.periodic if poll_due else ():
-                if self.wake.event.is_set() and not overdue:
-                    break  # a wake-up arrived: serve it first, the rest stay due for the next tick
-                if task.due(self):
-                    task.last_run = time.monotonic()
-                    busy |= task.run_contained(self, now)
+            if poll_due:  # a wake-up that arrived during this pass is served first (engine/periodic.py)
+                woken = lambda: self.wake.arrivals != arrivals  # noqa: E731
+                busy |= self.chores.run_due(self, self.periodic, now, woken, 0 if overdue else poll * MAINTENANCE_DEFER)
 
         busy |= cascade.settle(self.progress, changed, now, writes)  # settle cascades: memo, wait_until, local steps
         # A wake-up for a workflow we hold may be a transition that deposed us (cancel, suspend). For

@@ -47,6 +47,45 @@ class PeriodicTask:
             return False
 
 
+class Chores:
+    """When a pass runs the chores that are due: in order, each contained, stopping for a wake-up that
+    arrived during the pass (it is served first, by the next pass), unless they have been held back for
+    ``patience`` seconds already: a stream of wake-ups must not keep the schedules, the message cleanup
+    or the evicted-mail sweep from running while every pass is busy."""
+
+    def __init__(self) -> None:
+        self.held_back_since: float | None = None  # time.monotonic() of the first pass that held them back
+
+    def run_due(
+        self,
+        engine: EngineHost,
+        tasks: list[PeriodicTask],
+        now: datetime,
+        woken: Callable[[], bool],
+        patience: float,
+    ) -> bool:
+        """Run the chores of ``tasks`` that are due. Returns whether any did anything.
+
+        Args:
+            engine: the loop; ``now``: the pass's workflow time.
+            woken: whether a wake-up arrived since the pass began.
+            patience: seconds the chores may be held back by wake-ups before they run regardless.
+        """
+        busy = False
+        for task in tasks:
+            if woken():
+                clock = time.monotonic()
+                if self.held_back_since is None:
+                    self.held_back_since = clock
+                if clock - self.held_back_since < patience:
+                    return busy  # the rest stay due for the next pass
+            if task.due(engine):
+                task.last_run = time.monotonic()
+                busy |= task.run_contained(engine, now)
+        self.held_back_since = None
+        return busy
+
+
 def builtin_tasks() -> list[PeriodicTask]:
     """The chores every engine runs. Modules add theirs here."""
     from . import messages, sweeps

@@ -29,9 +29,16 @@ class Wake:
         # may have claimed one again at a new epoch since, which such a report is no loss of.
         self.lost: dict[str, int] = {}
         self.queries_waiting = True  # a "q:<engine id>" wake-up: query requests addressed to us
+        # Wake-ups so far: a pass compares it with its own start to tell one that arrived during the pass
+        # from one it served already (``event`` stays set until the loop's next idle wait).
+        self.arrivals = 0
 
     def up(self) -> None:
         """Wake the loop."""
+        self._arrived()
+
+    def _arrived(self) -> None:
+        self.arrivals += 1
         self.event.set()
 
     def wait(self, timeout: float) -> None:
@@ -57,7 +64,7 @@ class Wake:
                 self.queries_waiting = True
             else:
                 return
-        self.event.set()
+        self._arrived()
 
     def look_at(self, workflow_id: str, *, wake: bool = True) -> None:
         """Have the next pass read this workflow's mailbox, signals and admitted updates (and wake the
@@ -65,7 +72,7 @@ class Wake:
         with self.lock:
             self.notified.add(workflow_id)
         if wake:
-            self.event.set()
+            self._arrived()
 
     def look_for_signal(self, workflow_id: str, *, wake: bool = True) -> None:
         """Have the next pass look for a buffered signal of this workflow (a wait was armed): in its
@@ -73,7 +80,7 @@ class Wake:
         with self.lock:
             self.looks.add(workflow_id)
         if wake:
-            self.event.set()
+            self._arrived()
 
     def pending(self, workflow_id: str) -> bool:
         """Whether a wake-up naming this workflow waits for the next pass (a ``w:``, a look, an ``S:``)."""
@@ -85,7 +92,7 @@ class Wake:
         still at them."""
         with self.lock:
             self.lost.update(lost)
-        self.event.set()
+        self._arrived()
 
     def take(self) -> tuple[dict[str, int], set[str], bool, dict[str, list[BufferedRow]], set[str]]:
         """What arrived since the last pass, cleared: (lost claims, every workflow named, rescan, the
