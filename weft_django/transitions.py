@@ -176,8 +176,9 @@ def _lock(workflow_id: str, using: str, run_id: str | None = None) -> dict[str, 
 
 def delete_run_rows(workflow_ids: list[str], using: str) -> None:
     """Delete the steps, timers, signals, updates and applied updates of these workflows."""
-    for model in _RUN_TABLES:
-        model.objects.using(using).filter(workflow_id__in=workflow_ids).delete()
+    for chunk in backend(using).chunks(workflow_ids):  # a purge's batch: its size is the caller's
+        for model in _RUN_TABLES:
+            model.objects.using(using).filter(workflow_id__in=chunk).delete()
 
 
 def _end_run(row: dict[str, Any], status: WorkflowStatus, using: str, *, reason: str | None = None) -> int:
@@ -475,7 +476,11 @@ def purge(
             # The queryset's conditions are checked again under the claims' lock: a run started again
             # (start_new) since the batch was read is not the run the queryset selected.
             def matching(ids: list[str]) -> set[str]:
-                return set(queryset.filter(pk__in=ids).values_list("pk", flat=True))
+                return {
+                    wid
+                    for chunk in backend(alias).chunks(ids)
+                    for wid in queryset.filter(pk__in=chunk).values_list("pk", flat=True)
+                }
 
             purged += run_in_transaction(
                 alias, functools.partial(_purge_batch, batch, alias, matching=matching, wait=wait)
@@ -483,10 +488,10 @@ def purge(
     ids = sorted({workflows} if isinstance(workflows, str) else set(workflows))
     batches = [ids[start : start + batch_size] for start in range(0, len(ids), batch_size)]
     active: list[str] = []
-    for batch in batches:
+    for chunk in backend(alias).chunks(ids):
         active += (
             Workflow.objects.using(alias)
-            .filter(pk__in=batch)
+            .filter(pk__in=chunk)
             .exclude(status__in=TERMINAL_STATUSES)
             .values_list("pk", flat=True)[: 10 - len(active)]
         )
@@ -525,29 +530,42 @@ def _refuse_active(active_ids: Iterable[str]) -> None:
 def _purge_batch(
     ids: list[str], using: str, *, matching: Callable[[list[str]], set[str]] | None = None, wait: bool = True
 ) -> int:
+    # A batch is as long as the caller's ``batch_size`` (or list): each statement over its ids goes in
+    # chunks past the database's parameter limit (``Backend.chunks``), in this one transaction.
+    found = backend(using)
     locked = claims.lock_ids(sorted(ids), using, wait=wait)
     if not wait:  # those whose claim another transaction holds are left (a run with no claim row is not)
-        having = set(WorkflowClaim.objects.using(using).filter(pk__in=ids).values_list("pk", flat=True))
+        claim_rows = WorkflowClaim.objects.using(using)
+        having = {
+            wid for chunk in found.chunks(ids) for wid in claim_rows.filter(pk__in=chunk).values_list("pk", flat=True)
+        }
         ids = sorted(locked | (set(ids) - having))
     if matching is not None:
         ids = sorted(matching(ids))
-    rows = list(
+    terminal = (
         Workflow.objects.using(using)
-        .select_for_update(skip_locked=not wait and backend(using).skips_locked)
-        .filter(pk__in=ids, status__in=TERMINAL_STATUSES)
+        .select_for_update(skip_locked=not wait and found.skips_locked)
+        .filter(status__in=TERMINAL_STATUSES)
         .order_by("pk")
-        .values_list("pk", "idempotency_key")
     )
+    rows = [
+        row for chunk in found.chunks(ids) for row in terminal.filter(pk__in=chunk).values_list("pk", "idempotency_key")
+    ]
     if not rows:
         return 0
     purged = [pk for pk, _ in rows]
-    keys = [key for _, key in rows if key]
-    if keys:
-        IdempotencyKey.objects.using(using).filter(key__in=keys, workflow_id__in=purged, purged_at__isnull=True).update(
-            purged_at=db_now(using)
-        )
+    keys = sorted({key for _, key in rows if key})
+    if keys:  # the keys of these runs that still name one of them
+        now, ours = db_now(using), set(purged)
+        unpurged = IdempotencyKey.objects.using(using).filter(purged_at__isnull=True)
+        for chunk in found.chunks(keys):
+            found_keys = unpurged.filter(key__in=chunk).values_list("key", "workflow_id")
+            named = [key for key, wid in found_keys if wid in ours]
+            if named:
+                unpurged.filter(key__in=named).update(purged_at=now)
     delete_run_rows(purged, using)
-    QueryRequest.objects.using(using).filter(workflow_id__in=purged).delete()
+    for chunk in found.chunks(purged):
+        QueryRequest.objects.using(using).filter(workflow_id__in=chunk).delete()
     claims.delete_claims(purged, using)
     runs.delete_workflows(purged, using)
     return len(purged)

@@ -90,7 +90,7 @@ def test_a_step_row_locked_by_a_user_does_not_stall_other_workflows():
 
 def test_a_pending_workflow_row_locked_by_a_user_does_not_stall_other_workflows():
     """A delayed start comes due while a user's transaction holds the pending run's workflow row:
-    start_delayed locks the workflow rows without SKIP LOCKED (store/claims/holding.py:525), waits
+    start_delayed locks the workflow rows without SKIP LOCKED (store/claims/admission.py), waits
     out lock_timeout, and the tick's DatabaseError reloads every workflow the engine holds."""
     if connection.vendor != "postgresql":
         pytest.skip("row locks are PostgreSQL's")

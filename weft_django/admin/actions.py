@@ -5,7 +5,7 @@ every typed refusal with ``message_user``. Engine-owned rows are never written h
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,7 @@ from .. import client, transitions
 from ..exceptions import InvalidArgumentError, WorkflowNotFoundError, WorkflowStateError, WorkflowTerminalError
 from ..models import Workflow
 from ..status import TERMINAL_STATUSES
+from ..store.backend import backend
 from ..validation import validate_reason
 from .base import WeftModelAdmin
 from .payloads import PayloadInputError, parse_payload
@@ -107,12 +108,19 @@ def report(
         modeladmin.message_user(request, text % values, refusal_level)
 
 
+def by_ids(alias: str, ids: Iterable[str]) -> Iterator[QuerySet[Workflow]]:
+    """The rows of ``ids``, one queryset per chunk of the database's parameter limit (``Backend.chunks``):
+    "Select all" of a long list selects every id, and Django sends a ``pk__in`` as one statement."""
+    rows = Workflow.objects.using(alias)
+    for chunk in backend(alias).chunks(ids):
+        yield rows.filter(pk__in=chunk)
+
+
 def _log(modeladmin: WeftModelAdmin, request: HttpRequest, ids: list[str], message: str) -> None:
     """Record what was done in the admin's history (LogEntry), like an edit would be."""
-    for workflow in (
-        Workflow.objects.using(modeladmin.weft_alias).filter(pk__in=ids).only("pk", "workflow_type", "status")
-    ):
-        modeladmin.log_change(request, workflow, message)
+    for rows in by_ids(modeladmin.weft_alias, ids):
+        for workflow in rows.only("pk", "workflow_type", "status"):
+            modeladmin.log_change(request, workflow, message)
 
 
 def _selected_ids(queryset: QuerySet[Workflow]) -> list[str]:
@@ -247,12 +255,11 @@ def signal_workflows(
 def purge_confirmation(
     modeladmin: WeftModelAdmin, request: HttpRequest, ids: list[str], *, action_field: bool
 ) -> TemplateResponse:
-    rows = list(
-        Workflow.objects.using(modeladmin.weft_alias)
-        .filter(pk__in=ids)
-        .order_by("pk")
-        .values("id", "run_id", "workflow_type", "status", "finished_at")
-    )
+    rows = [
+        row
+        for chunk in by_ids(modeladmin.weft_alias, ids)
+        for row in chunk.order_by("pk").values("id", "run_id", "workflow_type", "status", "finished_at")
+    ]
     context = {
         **modeladmin.admin_site.each_context(request),
         "opts": modeladmin.model._meta,
@@ -274,10 +281,10 @@ def purge_ids(modeladmin: WeftModelAdmin, request: HttpRequest, ids: list[str], 
     ``run_id`` (a workflow's page: the run its confirmation showed) purges only while that run is
     current: a run started over it meanwhile, never seen, is left and reported as an error."""
     alias = modeladmin.weft_alias
-    statuses = dict(Workflow.objects.using(alias).filter(pk__in=ids).values_list("pk", "status"))
+    statuses = {pk: status for rows in by_ids(alias, ids) for pk, status in rows.values_list("pk", "status")}
     terminal = [i for i in ids if statuses.get(i) in TERMINAL_STATUSES]
     purged = transitions.purge_terminal(terminal, using=alias, matching=_of_run(alias, run_id)) if terminal else 0
-    left = dict(Workflow.objects.using(alias).filter(pk__in=terminal).values_list("pk", "status"))
+    left = {pk: status for rows in by_ids(alias, terminal) for pk, status in rows.values_list("pk", "status")}
     active = [i for i in ids if (i in statuses and i not in terminal) or left.get(i) not in (None, *TERMINAL_STATUSES)]
     if purged:
         text = ngettext("Purged %(count)d terminal workflow.", "Purged %(count)d terminal workflows.", purged)
@@ -313,9 +320,9 @@ def _of_run(alias: str, run_id: str | None) -> Callable[[list[str]], set[str]] |
         wanted = uuid.UUID(run_id)
     except ValueError:  # not a run id at all: no run is that one
         return lambda locked: set()
-    return lambda locked: set(
-        Workflow.objects.using(alias).filter(pk__in=locked, run_id=wanted).values_list("pk", flat=True)
-    )
+    return lambda locked: {
+        pk for rows in by_ids(alias, locked) for pk in rows.filter(run_id=wanted).values_list("pk", flat=True)
+    }
 
 
 @admin.action(permissions=["purge"], description="Purge selected terminal workflows…")

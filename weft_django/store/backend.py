@@ -8,12 +8,25 @@ behaviour is a method here, with an implementation in each subclass.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections
+
+T = TypeVar("T")
+
+# The parameters a statement may bind. PostgreSQL: its protocol counts them in 16 bits (server-side
+# binding; psycopg's client-side binding has no limit of its own). SQLite: the connection's
+# SQLITE_LIMIT_VARIABLE_NUMBER (32,766 by default since SQLite 3.32.0, 250,000 in Debian's builds);
+# where the driver cannot read it (no ``getlimit``), 999, the default before 3.32.0 and what Django's
+# own batches assume.
+POSTGRESQL_MAX_PARAMS = 65535
+SQLITE_MAX_PARAMS_UNKNOWN = 999
+# What a chunked statement keeps for its other parameters (statuses, an engine id, a name): a caller
+# with more says how many (``Backend.chunks(reserved=)``).
+RESERVED_PARAMS = 100
 
 
 class Backend:
@@ -106,6 +119,31 @@ class Backend:
             namespace: a 32-bit number for the kind of name; ``name``: the queue's or activity's name.
         """
         return True
+
+    def max_params(self) -> int:
+        """The most parameters one statement may bind on this database (see ``chunks``)."""
+        return POSTGRESQL_MAX_PARAMS
+
+    def chunks(self, items: Iterable[T], *, per_item: int = 1, reserved: int = RESERVED_PARAMS) -> list[list[T]]:
+        """``items`` in order, cut into lists each small enough for one statement: the one rule for a
+        list whose length the caller's input or the load decides (ids of a ``start_many``, a purge,
+        an engine's batch), bound as ``IN (%s, ...)`` or through the ORM's ``__in`` (which Django does
+        not split). SQLite refuses a statement with more parameters than its limit ("too many SQL
+        variables"), so such a statement runs once per chunk, in the caller's transaction.
+
+        Args:
+            items: the values, in the order the statements should take them (sorted ids: the lock order).
+            per_item: the parameters each item binds (2 for ``workflow_id IN (...) AND epoch IN (...)``).
+            reserved: the statement's other parameters, at most.
+        """
+        values = list(items)
+        size = max(1, (self.max_params() - reserved) // per_item)
+        return [values[at : at + size] for at in range(0, len(values), size)]
+
+    def in_values(self, field: Any, values: list[Any]) -> Any:
+        """What ``<field>__in`` takes for ``values`` (a filter's list, one statement: no chunks): the
+        list itself. SQLite: past its parameter limit, one JSON array read by ``json_each``."""
+        return values
 
     @property
     def display_name(self) -> str:
@@ -212,6 +250,26 @@ class SQLiteBackend(Backend):
     vendor = "sqlite"
     read_only_sql = (("PRAGMA query_only = ON",), ("PRAGMA query_only = OFF",))
     read_transaction_mode = "DEFERRED"  # takes no write lock: engines go on committing (WAL) meanwhile
+
+    def max_params(self) -> int:
+        # Read from the connection each time (one C call): a build or a ``setlimit`` may lower it.
+        import sqlite3
+
+        connection = self.connection
+        connection.ensure_connection()
+        getlimit = getattr(connection.connection, "getlimit", None)  # Python 3.11+
+        return int(getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)) if getlimit else SQLITE_MAX_PARAMS_UNKNOWN
+
+    def in_values(self, field: Any, values: list[Any]) -> Any:
+        if len(values) <= self.max_params() - RESERVED_PARAMS:
+            return values
+        import json
+
+        from django.db.models.expressions import RawSQL
+
+        # Each value as the column stores it (a datetime: its UTC text), compared with the column as is.
+        stored = [field.get_db_prep_value(value, self.connection) for value in values]
+        return RawSQL("SELECT value FROM json_each(%s)", [json.dumps(stored)])
 
     # -- engine side: claims, the fenced commit, mailbox, timers, engines, epochs, sessions ------
 

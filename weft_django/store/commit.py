@@ -141,7 +141,12 @@ def _take(
             return Fence(claims.lock_claims(engine_id, epochs, using, wait=wait))
     if not family:
         return Fence(claims.lock_ids(ids, using, wait=wait))
-    runs = {wid: str(run) for wid, run in Workflow.objects.using(using).filter(pk__in=ids).values_list("pk", "run_id")}
+    rows = Workflow.objects.using(using)
+    runs = {
+        wid: str(run)
+        for chunk in backend(using).chunks(ids)
+        for wid, run in rows.filter(pk__in=chunk).values_list("pk", "run_id")
+    }
     # The family is read first and locked with the runs in ONE statement in workflow_id order (a child's
     # id may sort below its parent's: locked after it, two family transitions could deadlock).
     wanted: set[str] = set(ids) | {child for group in active_descendants(runs, using).values() for child in group}
@@ -317,8 +322,8 @@ def _write_timers_and_stuck(batch: list[WorkflowWrites], now: datetime, using: s
     if timers:
         Timer.objects.using(using).bulk_create(timers)  # their pks are needed (a later delete by pk)
     doomed = [pk for w in batch for pk in w.timers_delete]
-    if doomed:
-        Timer.objects.using(using).filter(pk__in=doomed).delete()
+    for chunk in backend(using).chunks(doomed):
+        Timer.objects.using(using).filter(pk__in=chunk).delete()
     for w in batch:
         if w.stuck is not None:
             Workflow.objects.using(using).filter(pk=w.workflow_id).update(
@@ -350,7 +355,11 @@ def _apply(
     for w in batch:
         mailbox.consume_signals(w.signals_consumed, using)
     finished = [w for w in batch if w.finish is not None]
-    if finished:  # one UPDATE for every run this commit ends
+    ended = ["status", "result", "error", "finished_at", "updated_at", "current_step"]
+    # One UPDATE for every run this commit ends, per chunk of the database's parameter limit: Django's
+    # bulk_update batches for 999 parameters, as if each run bound one per column, where it binds two
+    # (CASE WHEN id = %s THEN %s) and its id once more.
+    for chunk in backend(using).chunks(finished, per_item=2 * len(ended) + 1):
         Workflow.objects.using(using).bulk_update(
             [
                 Workflow(
@@ -362,10 +371,10 @@ def _apply(
                     updated_at=now,
                     current_step="",
                 )
-                for w in finished
+                for w in chunk
                 if w.finish is not None
             ],
-            ["status", "result", "error", "finished_at", "updated_at", "current_step"],
+            ended,
         )
     released = [w.workflow_id for w in batch if w.finish is not None or w.stuck is not None]
     if finished:
@@ -454,25 +463,30 @@ def settled_elsewhere(batch: list[WorkflowWrites], using: str) -> set[str]:
     wanted = {(w.run_id, seq): (w.workflow_id, attempt) for w in batch for seq, attempt in w.guards.items()}
     if not wanted:
         return set()
-    where = Q()
-    for run, seq in wanted:
-        where |= Q(run_id=run, seq=seq)
-    rows = Step.objects.using(using).filter(where).values_list("run_id", "seq", "status", "attempts")
-    return {
-        wanted[(str(run), seq)][0]
-        for run, seq, status, attempts in rows
-        if (status, attempts) != (StepStatus.RUNNING, wanted[(str(run), seq)][1])
-    }
+    settled: set[str] = set()
+    for chunk in backend(using).chunks(sorted(wanted), per_item=2):
+        where = Q()
+        for run, seq in chunk:
+            where |= Q(run_id=run, seq=seq)
+        rows = Step.objects.using(using).filter(where).values_list("run_id", "seq", "status", "attempts")
+        settled.update(
+            wanted[(str(run), seq)][0]
+            for run, seq, status, attempts in rows
+            if (status, attempts) != (StepStatus.RUNNING, wanted[(str(run), seq)][1])
+        )
+    return settled
 
 
 def _with_active_children(workflow_ids: list[str], using: str) -> set[str]:
-    """Which of these runs have active children (one query for the whole batch)."""
-    parents = (
-        Workflow.objects.using(using)
-        .filter(parent_id__in=workflow_ids, status__in=list(ACTIVE_STATUSES))
-        .values_list("parent_id", flat=True)
-    )
-    return {parent for parent in parents if parent is not None}
+    """Which of these runs have active children (one query for the whole batch, one per chunk past the
+    database's parameter limit)."""
+    runs = Workflow.objects.using(using).filter(status__in=list(ACTIVE_STATUSES))
+    return {
+        parent
+        for chunk in backend(using).chunks(workflow_ids)
+        for parent in runs.filter(parent_id__in=chunk).values_list("parent_id", flat=True)
+        if parent is not None
+    }
 
 
 # -- messages -------------------------------------------------------------------------------------

@@ -211,14 +211,17 @@ def buffered_signals(workflow_ids: list[str], using: str) -> tuple[list[Buffered
         workflow_ids: the workflows to read the mailbox of.
         using: the connection alias.
     """
-    if not backend(using).prepares_statements:
-        rows = (
-            BufferedSignal.objects.using(using)
-            .filter(workflow_id__in=workflow_ids, state=SignalState.BUFFERED)
-            .order_by("id")
-            .values_list("id", "workflow_id", "run_id", "name", "payload", "trace_context")
-        )
-        return list(rows), None
+    found = backend(using)
+    if not found.prepares_statements:
+        signals = BufferedSignal.objects.using(using).filter(state=SignalState.BUFFERED).order_by("id")
+        rows = [
+            row
+            for chunk in found.chunks(workflow_ids)
+            for row in signals.filter(workflow_id__in=chunk).values_list(
+                "id", "workflow_id", "run_id", "name", "payload", "trace_context"
+            )
+        ]
+        return sorted(rows, key=lambda row: row[0]), None
     connection = connections[using]
     with connection.cursor() as cursor:
         prepared.execute(cursor, connection, _BUFFERED_SQL, [workflow_ids])
@@ -237,12 +240,13 @@ def buffered_names(workflow_ids: list[str], names: set[str], using: str) -> list
         names: the signal names (mailbox names) of interest.
         using: the connection alias.
     """
-    rows = (
-        BufferedSignal.objects.using(using)
-        .filter(workflow_id__in=workflow_ids, state=SignalState.BUFFERED, name__in=names)
-        .values_list("workflow_id", "run_id", "name")
-    )
-    return [(wid, _uuid_text(run_id), name) for wid, run_id, name in rows]
+    found = backend(using)
+    signals = BufferedSignal.objects.using(using).filter(state=SignalState.BUFFERED, name__in=names)
+    return [
+        (wid, _uuid_text(run_id), name)
+        for chunk in found.chunks(workflow_ids, reserved=len(names) + 10)
+        for wid, run_id, name in signals.filter(workflow_id__in=chunk).values_list("workflow_id", "run_id", "name")
+    ]
 
 
 def claim_holders(workflow_ids: list[str], using: str) -> dict[str, tuple[int, str | None]]:
@@ -253,12 +257,12 @@ def claim_holders(workflow_ids: list[str], using: str) -> dict[str, tuple[int, s
         workflow_ids: the workflows whose claims to read.
         using: the connection alias.
     """
-    rows = (
-        WorkflowClaim.objects.using(using)
-        .filter(workflow_id__in=workflow_ids)
-        .values_list("workflow_id", "epoch", "engine_id")
-    )
-    return {wid: (epoch, holder) for wid, epoch, holder in rows}
+    claims = WorkflowClaim.objects.using(using)
+    return {
+        wid: (epoch, holder)
+        for chunk in backend(using).chunks(workflow_ids)
+        for wid, epoch, holder in claims.filter(workflow_id__in=chunk).values_list("workflow_id", "epoch", "engine_id")
+    }
 
 
 def _uuid_text(value: Any) -> str:

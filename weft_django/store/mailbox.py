@@ -53,15 +53,16 @@ def close_mailboxes(
         taken_error: the error of updates a ``wait_for_update`` took but never answered (default
             ``TAKEN_ERROR``; it carries ``"accepted": True`` so the caller hears the update was consumed).
     """
-    BufferedSignal.objects.using(using).filter(workflow_id__in=workflow_ids, state=SignalState.BUFFERED).update(
-        state=SignalState.DROPPED
-    )
-    PendingUpdate.objects.using(using).filter(workflow_id__in=workflow_ids, status=UpdateStatus.ACCEPTED).update(
-        status=UpdateStatus.FAILED, error=dict(taken_error or TAKEN_ERROR), completed_at=now
-    )
-    PendingUpdate.objects.using(using).filter(workflow_id__in=workflow_ids, status=UpdateStatus.ADMITTED).update(
-        status=UpdateStatus.FAILED, error=dict(error or ENDED_BEFORE_APPLIED), completed_at=now
-    )
+    for chunk in backend(using).chunks(workflow_ids):  # past the database's parameter limit: in chunks
+        BufferedSignal.objects.using(using).filter(workflow_id__in=chunk, state=SignalState.BUFFERED).update(
+            state=SignalState.DROPPED
+        )
+        PendingUpdate.objects.using(using).filter(workflow_id__in=chunk, status=UpdateStatus.ACCEPTED).update(
+            status=UpdateStatus.FAILED, error=dict(taken_error or TAKEN_ERROR), completed_at=now
+        )
+        PendingUpdate.objects.using(using).filter(workflow_id__in=chunk, status=UpdateStatus.ADMITTED).update(
+            status=UpdateStatus.FAILED, error=dict(error or ENDED_BEFORE_APPLIED), completed_at=now
+        )
 
 
 def buffer_signal(
@@ -299,7 +300,8 @@ def consume_signals(consumed: Iterable[tuple[int, int]], using: str) -> None:
 def close_ended(workflow_ids: list[str], now: datetime, using: str) -> None:
     """The terminal commit: the mailbox closes (``close_mailboxes`` with the terminal error), timers go."""
     close_mailboxes(workflow_ids, now, using, error=TERMINAL_ERROR)
-    Timer.objects.using(using).filter(workflow_id__in=workflow_ids).delete()
+    for chunk in backend(using).chunks(workflow_ids):
+        Timer.objects.using(using).filter(workflow_id__in=chunk).delete()
 
 
 def settle_update(update_id: str, run_id: str, fields: dict[str, Any], using: str) -> bool:
@@ -326,22 +328,33 @@ def answer_accepted(update_id: str, run_id: Any, text: str, now: datetime, using
 
 def admitted_updates(workflow_ids: list[str], using: str) -> list[tuple[Any, str, Any, str]]:
     """The admitted updates of these workflows, in (created_at, id) order: (id, workflow id, run id, name)."""
-    return list(
-        PendingUpdate.objects.using(using)
-        .filter(workflow_id__in=workflow_ids, status=UpdateStatus.ADMITTED)
-        .order_by("created_at", "id")
-        .values_list("id", "workflow_id", "run_id", "name")
-    )
+    rows = PendingUpdate.objects.using(using).filter(status=UpdateStatus.ADMITTED).order_by("created_at", "id")
+    found = [
+        row
+        for chunk in backend(using).chunks(workflow_ids)
+        for row in rows.filter(workflow_id__in=chunk).values_list("id", "workflow_id", "run_id", "name", "created_at")
+    ]
+    found.sort(key=lambda row: (row[4], str(row[0])))  # the order of one query, across chunks
+    return [row[:4] for row in found]
 
 
 def lock_admitted(update_ids: list[str], using: str) -> list[tuple[Any, str, str, str, str | None]]:
     """Inside the settling transaction: lock these updates while still admitted (SKIP LOCKED where
     rows are locked; SQLite's one-writer transaction holds them already), in (created_at, id) order.
     Returns (id, workflow id, name, payload, trace context) rows."""
-    rows = PendingUpdate.objects.using(using).filter(pk__in=update_ids, status=UpdateStatus.ADMITTED)
-    if backend(using).skips_locked:
+    found = backend(using)
+    rows = PendingUpdate.objects.using(using).filter(status=UpdateStatus.ADMITTED)
+    if found.skips_locked:
         rows = rows.select_for_update(skip_locked=True)
-    return list(rows.order_by("created_at", "id").values_list("id", "workflow_id", "name", "payload", "trace_context"))
+    locked = [
+        row
+        for chunk in found.chunks(update_ids)
+        for row in rows.filter(pk__in=chunk)
+        .order_by("created_at", "id")
+        .values_list("id", "workflow_id", "name", "payload", "trace_context", "created_at")
+    ]
+    locked.sort(key=lambda row: (row[5], str(row[0])))  # the order of one query, across chunks
+    return [row[:5] for row in locked]
 
 
 def queries_waiting(engine_id: str, limit: int, using: str) -> set[str]:

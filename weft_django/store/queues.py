@@ -95,17 +95,21 @@ def admit(
         # The one entry point of workflow-scoped writes: the claims locked first, in one statement in
         # workflow_id order, skipping rows another transaction holds (nested: a savepoint of this one).
         with fenced(chosen, using, wait=False) as fence:
-            timeouts = dict(
-                Workflow.objects.using(using)
-                .filter(id__in=fence.held, status=WorkflowStatus.PENDING, admitted_at__isnull=True, queue=queue.name)
-                .values_list("id", "execution_timeout")
-            )
+            # ``limit`` is CLAIM_BATCH_SIZE: its ids go in chunks past the database's parameter limit.
+            runs, chunks = Workflow.objects.using(using), backend(using).chunks
+            unadmitted = runs.filter(status=WorkflowStatus.PENDING, admitted_at__isnull=True, queue=queue.name)
+            timeouts = {
+                wid: timeout
+                for chunk in chunks(sorted(fence.held))
+                for wid, timeout in unadmitted.filter(id__in=chunk).values_list("id", "execution_timeout")
+            }
             waiting = sorted(timeouts)
             if not waiting:
                 return {}
-            Workflow.objects.using(using).filter(id__in=waiting).update(
-                status=WorkflowStatus.RUNNING, admitted_at=now, started_at=now, updated_at=now
-            )
+            for chunk in chunks(waiting):
+                runs.filter(id__in=chunk).update(
+                    status=WorkflowStatus.RUNNING, admitted_at=now, started_at=now, updated_at=now
+                )
             _set_deadlines(timeouts, now, using)
             held = claims.hold_admitted(engine_id, waiting, ttl, using)
             if len(held) < len(waiting):  # a claim held elsewhere (never expected): admit none of it
@@ -124,7 +128,8 @@ def _set_deadlines(timeouts: dict[str, timedelta | None], now: datetime, using: 
         if timeout is not None:
             by_timeout.setdefault(max(timedelta(0), min(timeout, MAX_DURATION)), []).append(wid)
     for timeout, ids in by_timeout.items():
-        Workflow.objects.using(using).filter(id__in=ids).update(execution_deadline=now + timeout)
+        for chunk in backend(using).chunks(ids):
+            Workflow.objects.using(using).filter(id__in=chunk).update(execution_deadline=now + timeout)
 
 
 def enter_queue(workflow_id: str, queue: str, priority: int, concurrency_key: str | None, using: str) -> bool:

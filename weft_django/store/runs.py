@@ -426,11 +426,13 @@ def read_end_on(reader: Any, workflow_id: str) -> dict[str, Any] | None:
 
 
 def delete_workflows(workflow_ids: list[str], using: str) -> None:
-    """Delete these run rows, their other rows already deleted (purge): one statement, where the
-    ORM's delete() would load every row to cascade to tables already emptied."""
-    placeholders = ", ".join(["%s"] * len(workflow_ids))
+    """Delete these run rows, their other rows already deleted (purge): one statement (per chunk past
+    the database's parameter limit), where the ORM's delete() would load every row to cascade to
+    tables already emptied."""
     with connections[using].cursor() as cursor:
-        cursor.execute(f"DELETE FROM {Workflow._meta.db_table} WHERE id IN ({placeholders})", workflow_ids)
+        for chunk in backend(using).chunks(workflow_ids):
+            placeholders = ", ".join(["%s"] * len(chunk))
+            cursor.execute(f"DELETE FROM {Workflow._meta.db_table} WHERE id IN ({placeholders})", chunk)
 
 
 # -- engine side (ownership, the fenced commit, messages, chores) ----------------------------
@@ -462,12 +464,9 @@ def cancelled_among(workflow_ids: list[str], using: str) -> set[str]:
         workflow_ids: the workflows to look at.
         using: the connection alias.
     """
-    rows = (
-        Workflow.objects.using(using)
-        .filter(id__in=workflow_ids, status=WorkflowStatus.CANCELLED)
-        .values_list("id", flat=True)
-    )
-    return set(rows)
+    rows = Workflow.objects.using(using).filter(status=WorkflowStatus.CANCELLED)
+    chunks = backend(using).chunks(workflow_ids)
+    return {wid for chunk in chunks for wid in rows.filter(id__in=chunk).values_list("id", flat=True)}
 
 
 def run_of_unreadable(workflow_id: str, using: str) -> tuple[str, int] | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..models import Timer, Workflow
 from ..status import TERMINAL_STATUSES, TimerKind
+from .backend import backend
 
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
 
@@ -25,14 +26,15 @@ def timers_after(after: int, limit: int, using: str) -> list[tuple[int, str]]:
 
 def live_workflows(workflow_ids: set[str], using: str) -> set[str]:
     """Which of these workflows exist and are not terminal (looked up by primary key)."""
-    return set(
-        Workflow.objects.using(using)
-        .filter(pk__in=workflow_ids)
-        .exclude(status__in=list(TERMINAL_STATUSES))
-        .values_list("pk", flat=True)
-    )
+    runs = Workflow.objects.using(using).exclude(status__in=list(TERMINAL_STATUSES))
+    return {
+        wid
+        for chunk in backend(using).chunks(sorted(workflow_ids))
+        for wid in runs.filter(pk__in=chunk).values_list("pk", flat=True)
+    }
 
 
 def delete_timers(pks: list[int], using: str) -> None:
     """Delete these timers."""
-    Timer.objects.using(using).filter(pk__in=pks).delete()
+    for chunk in backend(using).chunks(pks):
+        Timer.objects.using(using).filter(pk__in=chunk).delete()

@@ -16,6 +16,7 @@ from typing import Any
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from ..models import Workflow, WorkflowAttribute
+from .backend import backend
 from .writes import WorkflowWrites
 
 COLUMN_OF_KIND = {
@@ -40,13 +41,11 @@ def _rows(workflow_id: str, name: str, kind: str, value: Any) -> list[WorkflowAt
     ]
 
 
-_DELETE_CHUNK = 900  # workflow ids per DELETE, with the names under SQLite's old limit of 999 parameters
-
-
 def write(values: Mapping[str, Mapping[str, tuple[str, Any] | None]], using: str) -> None:
     """Replace the named attributes of these workflows (workflow id -> name -> (kind, value), None
-    clears the name), in the caller's transaction: one DELETE per set of names (per 900 workflows),
-    one INSERT for all (a start_many of 10,000 runs with the same attributes: a handful of statements).
+    clears the name), in the caller's transaction: one DELETE per set of names (per chunk of workflows
+    past the database's parameter limit), one INSERT for all (a start_many of 10,000 runs with the
+    same attributes: a handful of statements).
 
     Raises:
         django.db.DatabaseError: a statement failed.
@@ -61,8 +60,7 @@ def write(values: Mapping[str, Mapping[str, tuple[str, Any] | None]], using: str
             if checked is not None:
                 fresh.extend(_rows(workflow_id, name, *checked))
     for names, workflow_ids in by_names.items():
-        for begin in range(0, len(workflow_ids), _DELETE_CHUNK):
-            chunk = workflow_ids[begin : begin + _DELETE_CHUNK]
+        for chunk in backend(using).chunks(workflow_ids, reserved=len(names) + 10):
             WorkflowAttribute.objects.using(using).filter(workflow_id__in=chunk, name__in=names).delete()
     if fresh:
         WorkflowAttribute.objects.using(using).bulk_create(fresh)
@@ -85,13 +83,16 @@ def has_attributes(batch: list[WorkflowWrites]) -> bool:
 
 
 def read(workflow_ids: Iterable[str], using: str) -> dict[str, dict[str, Any]]:
-    """The attributes of these workflows (id -> name -> value; a keyword list as a list), one query."""
+    """The attributes of these workflows (id -> name -> value; a keyword list as a list), one query
+    (per chunk past the database's parameter limit)."""
     found: dict[str, dict[str, Any]] = {}
+    attributes = WorkflowAttribute.objects.using(using).order_by("workflow_id", "name", "position")
     rows = (
-        WorkflowAttribute.objects.using(using)
-        .filter(workflow_id__in=list(workflow_ids))
-        .order_by("workflow_id", "name", "position")
-        .values_list("workflow_id", "name", "kind", "str_value", "num_value", "time_value", "bool_value")
+        row
+        for chunk in backend(using).chunks(sorted(set(workflow_ids)))
+        for row in attributes.filter(workflow_id__in=chunk).values_list(
+            "workflow_id", "name", "kind", "str_value", "num_value", "time_value", "bool_value"
+        )
     )
     for workflow_id, name, kind, text, number, moment, flag in rows:
         named = found.setdefault(workflow_id, {})
@@ -151,7 +152,15 @@ def condition_q(condition: Condition, using: str) -> Any:
         # "set", whichever typed column holds it (two workflows may declare the name with two types).
         return Exists(rows) if condition.value else ~Exists(rows)
     lookup = column if condition.operator == "eq" else f"{column}__{condition.operator}"
-    return Exists(rows.filter(**{lookup: condition.value}))
+    return Exists(rows.filter(**{lookup: _compared(condition, using)}))
+
+
+def _compared(condition: Condition, using: str) -> Any:
+    """The value a condition's lookup takes: an ``in`` list longer than one statement binds (its one
+    EXISTS cannot go in chunks) is passed as the backend says (``Backend.in_values``)."""
+    if condition.operator != "in":
+        return condition.value
+    return backend(using).in_values(WorkflowAttribute._meta.get_field(condition.column), list(condition.value))
 
 
 def select(selection: Selection, using: str) -> QuerySet[Workflow]:
@@ -192,7 +201,7 @@ def narrow(queryset: QuerySet[Workflow], selection: Selection, using: str) -> Qu
             grouped.setdefault((condition.name, condition.column), []).append(condition)
     for (name, column), group in grouped.items():
         rows = WorkflowAttribute.objects.using(using).filter(workflow_id=OuterRef("pk"), name=name)
-        lookups = {column if c.operator == "eq" else f"{column}__{c.operator}": c.value for c in group}
+        lookups = {column if c.operator == "eq" else f"{column}__{c.operator}": _compared(c, using) for c in group}
         if len(lookups) < len(group):  # the same operator twice (eq 1 and eq 2): each its own EXISTS
             for condition in group:
                 queryset = queryset.filter(condition_q(condition, using))
@@ -235,6 +244,12 @@ def count(selection: Selection, using: str) -> int:
     return select(selection, using).count()
 
 
+def _params(selection: Selection) -> int:
+    """About how many parameters the selection's conditions bind (an ``in`` list: one per value)."""
+    values = sum(len(c.value) if c.operator == "in" else 2 for c in selection.conditions)
+    return values + len(selection.statuses) + len(selection.types) + 10
+
+
 def ids_batch(selection: Selection, statuses: Iterable[str], after: str | None, limit: int, using: str) -> list[str]:
     """The next ``limit`` matching ids (in id order, after ``after``) whose status is in ``statuses``:
     a bulk operation's next batch."""
@@ -248,8 +263,9 @@ def still_selected(selection: Selection, statuses: Iterable[str], workflow_ids: 
     """Those of ``workflow_ids`` that the selection still matches with a status in ``statuses``: a bulk
     operation's check under the claims' lock (a run ended and started again since its batch was read
     no longer matches a filter on its attributes, age or run)."""
-    queryset = select(selection, using).filter(status__in=list(statuses), pk__in=list(workflow_ids))
-    return set(queryset.values_list("pk", flat=True))
+    queryset = select(selection, using).filter(status__in=list(statuses))
+    chunks = backend(using).chunks(sorted(workflow_ids), reserved=_params(selection) + 100)
+    return {wid for chunk in chunks for wid in queryset.filter(pk__in=chunk).values_list("pk", flat=True)}
 
 
 __all__ = [

@@ -3,7 +3,8 @@ checks it).
 
 - ``holding``: acquire, renew, release, take over, and the fence locks of an engine's commits;
 - ``renewal``: extending the claims an engine holds, in chunks, and the lost ones it finds;
-- ``admission``: the claims of runs a queue admitted (the admitting engine holds them);
+- ``admission``: the claims of runs a queue admitted (the admitting engine holds them), and of the
+  delayed starts an engine fires;
 - ``lapse``: when a held claim has lapsed, as the admin and the doctor show it (the takeover rule, read-only);
 - ``lifecycle``: the unheld claim of a new run (start, children, schedules), epoch rotation by the
   transitions, cancel's family lock, the test kit's claim edits.
@@ -14,7 +15,7 @@ transaction. Every statement uses the database clock.
 
 from __future__ import annotations
 
-from .admission import hold_admitted
+from .admission import hold_admitted, start_delayed
 from .holding import (
     CHUNK,
     CLAIM_TABLE,
@@ -33,7 +34,6 @@ from .holding import (
     release_claims,
     release_cte_sql,
     release_locked_claims,
-    start_delayed,
     take_over,
     why_lost,
 )

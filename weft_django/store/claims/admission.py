@@ -1,12 +1,16 @@
 """The claims of admitted runs: a queue's admission (``store/queues.py``) makes the admitting engine the
 holder of the runs it admitted, in the admission's transaction, after it locked them (in workflow_id
-order, in one statement, before any write: ``lock_ids``)."""
+order, in one statement, before any write: ``lock_ids``); and the delayed starts an engine fires
+(``start_delayed``): pending runs whose delayed_start timer is due, made running and claimed."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
-from ...models import WorkflowClaim
+from django.db import transaction
+
+from ...models import Timer, Workflow, WorkflowClaim
+from ...status import TimerKind, WorkflowStatus
 from ..backend import backend
 from ..clock import _python_now
 from ..epochs import next_epoch, next_epoch_sql
@@ -53,3 +57,67 @@ def hold_admitted(engine_id: str, workflow_ids: list[str], ttl: timedelta, using
             if cursor.rowcount == 1:
                 held[wid] = epoch
         return held
+
+
+def start_delayed(engine_id: str, *, limit: int, ttl: timedelta, now: datetime, using: str) -> dict[str, int]:
+    """Start pending workflows whose delayed_start timer is due at ``now`` (workflow time) and claim
+    them for ``engine_id``, in one transaction; SKIP LOCKED splits the work between engines. Lock order
+    as everywhere: claim, then workflow, then timers. Returns {workflow_id: epoch} of the runs started.
+
+    Args:
+        engine_id: the new holder; ``limit``: at most this many; ``ttl``: the claims' time to live.
+    """
+    found = backend(using)
+    due = list(
+        Timer.objects.using(using)
+        .filter(kind=TimerKind.DELAYED_START, fire_at__lte=now)
+        .order_by("fire_at")
+        .values_list("workflow_id", flat=True)[:limit]
+    )
+    if not due:
+        return {}
+    started: dict[str, int] = {}
+    lock = found.lock_sql(skip_locked=True)
+    # ``limit`` is CLAIM_BATCH_SIZE: its ids go in chunks past the database's parameter limit.
+    with transaction.atomic(using=using), found.connection.cursor() as cursor:
+        locked: list[str] = []
+        for chunk in found.chunks(sorted(due)):
+            marks = ", ".join(["%s"] * len(chunk))
+            cursor.execute(
+                f"SELECT workflow_id FROM {CLAIM_TABLE} WHERE workflow_id IN ({marks}) ORDER BY workflow_id{lock}",
+                chunk,
+            )
+            locked += [row[0] for row in cursor.fetchall()]
+        if not locked:
+            return {}
+        # SKIP LOCKED here too: a pending run's row held by a user's open transaction is left, with its
+        # timer, for a later pass (waiting for it stalled the pass, and its failure reloaded every workflow).
+        runs = Workflow.objects.using(using)
+        rows: dict[str, str] = {}
+        for chunk in found.chunks(locked):
+            rows.update(
+                runs.select_for_update(skip_locked=found.skips_locked).filter(id__in=chunk).values_list("id", "status")
+            )
+        pending = sorted(wid for wid, status in rows.items() if status == WorkflowStatus.PENDING)
+        for chunk in found.chunks(pending):
+            runs.filter(id__in=chunk).update(status=WorkflowStatus.RUNNING, started_at=now, updated_at=now)
+        clock = None if found.has_clock else _python_now()
+        for wid in sorted(pending):
+            epoch = next_epoch(using)
+            if clock is None:
+                cursor.execute(
+                    f"UPDATE {CLAIM_TABLE} SET epoch = %s, engine_id = %s, last_engine_id = %s, "
+                    f"claimed_at = clock_timestamp(), expires_at = clock_timestamp() + %s * interval '1 millisecond' "
+                    f"WHERE workflow_id = %s",
+                    [epoch, engine_id, engine_id, _ms(ttl), wid],
+                )
+            else:
+                cursor.execute(
+                    f"UPDATE {CLAIM_TABLE} SET epoch = %s, engine_id = %s, last_engine_id = %s, claimed_at = %s, "
+                    f"expires_at = %s WHERE workflow_id = %s",
+                    [epoch, engine_id, engine_id, clock, clock + ttl, wid],
+                )
+            started[wid] = epoch
+        for chunk in found.chunks(sorted(rows)):
+            Timer.objects.using(using).filter(workflow_id__in=chunk, kind=TimerKind.DELAYED_START).delete()
+    return started

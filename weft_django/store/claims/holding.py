@@ -9,8 +9,7 @@ from typing import Any
 from django.db import DatabaseError, transaction
 from django.db.models import Count, Max
 
-from ...models import Engine, Timer, Workflow, WorkflowClaim
-from ...status import TimerKind, WorkflowStatus
+from ...models import Engine, Workflow, WorkflowClaim
 from ..backend import backend
 from ..clock import _python_now, offset, workflow_now_sql
 from ..epochs import next_epoch, next_epoch_sql
@@ -372,7 +371,8 @@ def lock_claims(
 def lock_batch_and_family(
     engine_id: str, epochs: dict[str, int], family: set[str], using: str, *, bounded: bool = False
 ) -> tuple[set[str], set[str]]:
-    """Inside a transaction, ONE statement in workflow_id order: lock our claims at these epochs and
+    """Inside a transaction, ONE statement in workflow_id order (one per chunk past the database's
+    parameter limit, ``Backend.chunks``, still in that order): lock our claims at these epochs and
     the claims of ``family`` (the active descendants that finishing runs close, whoever holds them),
     skipping rows another transaction holds. ``bounded``: as :func:`lock_claims`'s.
 
@@ -386,22 +386,25 @@ def lock_batch_and_family(
     lock = found.lock_sql(no_key=True, skip_locked=True)
     rows: list[tuple[str, int, str | None]] = []
     with found.connection.cursor() as cursor:
-        placeholders = ", ".join(["%s"] * len(ids))
-        wait_bound = f"{COMMIT_LOCK_WAIT_SQL};\n" if bounded else ""
-        cursor.execute(
-            f"{wait_bound}SELECT workflow_id, epoch, engine_id FROM {CLAIM_TABLE} WHERE workflow_id IN "
-            f"({placeholders}) ORDER BY workflow_id{lock}",
-            ids,
-        )
-        _past_lock_wait(cursor, bounded)
-        rows = cursor.fetchall()
+        for chunk in found.chunks(ids):  # one statement unless the ids pass the database's parameter limit
+            placeholders = ", ".join(["%s"] * len(chunk))
+            wait_bound = f"{COMMIT_LOCK_WAIT_SQL};\n" if bounded else ""
+            cursor.execute(
+                f"{wait_bound}SELECT workflow_id, epoch, engine_id FROM {CLAIM_TABLE} WHERE workflow_id IN "
+                f"({placeholders}) ORDER BY workflow_id{lock}",
+                chunk,
+            )
+            _past_lock_wait(cursor, bounded)
+            bounded = False
+            rows += cursor.fetchall()
     held = {wid for wid, epoch, holder in rows if wid in epochs and (epoch, holder) == (epochs[wid], engine_id)}
     return held, {wid for wid, _, _ in rows if wid in family}
 
 
 def lock_ids(workflow_ids: list[str], using: str, *, wait: bool = True) -> set[str]:
-    """Inside a transaction, ONE statement in workflow_id order: lock these claims whoever holds
-    them (``wait=False``: skip rows another transaction holds). Returns the ids locked.
+    """Inside a transaction, ONE statement in workflow_id order (one per chunk past the database's
+    parameter limit, ``Backend.chunks``, still in that order): lock these claims whoever holds them
+    (``wait=False``: skip rows another transaction holds). Returns the ids locked.
 
     Args:
         workflow_ids: the claims to lock; ``using``: the connection alias.
@@ -411,13 +414,17 @@ def lock_ids(workflow_ids: list[str], using: str, *, wait: bool = True) -> set[s
         return set()
     found = backend(using)
     lock = found.lock_sql(no_key=True, skip_locked=not wait)
+    locked: set[str] = set()
     with found.connection.cursor() as cursor:
-        placeholders = ", ".join(["%s"] * len(ids))
-        cursor.execute(
-            f"SELECT workflow_id FROM {CLAIM_TABLE} WHERE workflow_id IN ({placeholders}) ORDER BY workflow_id{lock}",
-            ids,
-        )
-        return {row[0] for row in cursor.fetchall()}
+        for chunk in found.chunks(ids):
+            placeholders = ", ".join(["%s"] * len(chunk))
+            cursor.execute(
+                f"SELECT workflow_id FROM {CLAIM_TABLE} WHERE workflow_id IN ({placeholders}) "
+                f"ORDER BY workflow_id{lock}",
+                chunk,
+            )
+            locked.update(row[0] for row in cursor.fetchall())
+    return locked
 
 
 def lock_at_epochs(epochs: dict[str, int], using: str, *, wait: bool = True) -> set[str]:
@@ -433,17 +440,22 @@ def lock_at_epochs(epochs: dict[str, int], using: str, *, wait: bool = True) -> 
         return set()
     found = backend(using)
     lock = found.lock_sql(no_key=True, skip_locked=not wait)
-    placeholders = ", ".join(["%s"] * len(ids))
-    with found.connection.cursor() as cursor:  # ONE statement, in workflow_id order (the global lock order)
-        # Epochs come from one global sequence (ADR 0002): the two IN lists match the (workflow_id, epoch)
-        # pairs asked for, and a row locked for another pair (an epoch handed out again after a database
-        # crash lost an unflushed acquire, ADR 0015) is filtered out below.
-        cursor.execute(
-            f"SELECT workflow_id, epoch FROM {CLAIM_TABLE} WHERE workflow_id IN ({placeholders}) "
-            f"AND epoch IN ({placeholders}) AND engine_id IS NOT NULL ORDER BY workflow_id{lock}",
-            [*ids, *(epochs[wid] for wid in ids)],
-        )
-        return {wid for wid, epoch in cursor.fetchall() if epochs.get(wid) == epoch}
+    locked: set[str] = set()
+    # ONE statement in workflow_id order (the global lock order); one per chunk, in that order, past the
+    # database's parameter limit.
+    with found.connection.cursor() as cursor:
+        for chunk in found.chunks(ids, per_item=2):
+            placeholders = ", ".join(["%s"] * len(chunk))
+            # Epochs come from one global sequence (ADR 0002): the two IN lists match the (workflow_id, epoch)
+            # pairs asked for, and a row locked for another pair (an epoch handed out again after a database
+            # crash lost an unflushed acquire, ADR 0015) is filtered out below.
+            cursor.execute(
+                f"SELECT workflow_id, epoch FROM {CLAIM_TABLE} WHERE workflow_id IN ({placeholders}) "
+                f"AND epoch IN ({placeholders}) AND engine_id IS NOT NULL ORDER BY workflow_id{lock}",
+                [*chunk, *(epochs[wid] for wid in chunk)],
+            )
+            locked.update(wid for wid, epoch in cursor.fetchall() if epochs.get(wid) == epoch)
+    return locked
 
 
 def previous_holding(engine_id: str, using: str) -> tuple[int, datetime | None]:
@@ -467,13 +479,16 @@ def classify_unheld(engine_id: str, epochs: dict[str, int], using: str) -> tuple
     if not epochs:
         return {}, set()
     ids = sorted(epochs)
-    with backend(using).connection.cursor() as cursor:
-        placeholders = ", ".join(["%s"] * len(ids))
-        cursor.execute(
-            f"SELECT workflow_id, engine_id, epoch FROM {CLAIM_TABLE} WHERE workflow_id IN ({placeholders})",
-            ids,
-        )
-        rows = {wid: (holder, epoch) for wid, holder, epoch in cursor.fetchall()}
+    found = backend(using)
+    rows: dict[str, tuple[str | None, int]] = {}
+    with found.connection.cursor() as cursor:
+        for chunk in found.chunks(ids):
+            placeholders = ", ".join(["%s"] * len(chunk))
+            cursor.execute(
+                f"SELECT workflow_id, engine_id, epoch FROM {CLAIM_TABLE} WHERE workflow_id IN ({placeholders})",
+                chunk,
+            )
+            rows.update((wid, (holder, epoch)) for wid, holder, epoch in cursor.fetchall())
     lost: dict[str, str] = {}
     busy: set[str] = set()
     for wid in ids:
@@ -488,13 +503,16 @@ def classify_unheld(engine_id: str, epochs: dict[str, int], using: str) -> tuple
 
 def why_lost(engine_id: str, workflow_ids: list[str], using: str) -> dict[str, str]:
     """Why these claims are not ours: {workflow_id: "missing" | "released" | "deposed"}."""
-    with backend(using).connection.cursor() as cursor:
-        placeholders = ", ".join(["%s"] * len(workflow_ids))
-        cursor.execute(
-            f"SELECT workflow_id, engine_id FROM {CLAIM_TABLE} WHERE workflow_id IN ({placeholders})",
-            workflow_ids,
-        )
-        rows = dict(cursor.fetchall())
+    found = backend(using)
+    rows: dict[str, str | None] = {}
+    with found.connection.cursor() as cursor:
+        for chunk in found.chunks(workflow_ids):
+            placeholders = ", ".join(["%s"] * len(chunk))
+            cursor.execute(
+                f"SELECT workflow_id, engine_id FROM {CLAIM_TABLE} WHERE workflow_id IN ({placeholders})",
+                chunk,
+            )
+            rows.update(cursor.fetchall())
     return {
         wid: "missing" if wid not in rows else ("released" if rows[wid] is None else "deposed") for wid in workflow_ids
     }
@@ -502,11 +520,11 @@ def why_lost(engine_id: str, workflow_ids: list[str], using: str) -> dict[str, s
 
 def holders(workflow_ids: set[str], using: str) -> dict[str, tuple[int, str | None]]:
     """A plain read (no lock): {workflow_id: (epoch, holder)} of these claims."""
+    rows = WorkflowClaim.objects.using(using)
     return {
         wid: (epoch, holder)
-        for wid, epoch, holder in WorkflowClaim.objects.using(using)
-        .filter(workflow_id__in=workflow_ids)
-        .values_list("workflow_id", "epoch", "engine_id")
+        for chunk in backend(using).chunks(sorted(workflow_ids))
+        for wid, epoch, holder in rows.filter(workflow_id__in=chunk).values_list("workflow_id", "epoch", "engine_id")
     }
 
 
@@ -528,64 +546,3 @@ def insert_unheld(workflow_id: str, epoch: int, run_created_at: datetime, using:
     WorkflowClaim.objects.using(using).create(
         workflow_id=workflow_id, epoch=epoch, run_created_at=run_created_at, runnable=runnable
     )
-
-
-def start_delayed(engine_id: str, *, limit: int, ttl: timedelta, now: datetime, using: str) -> dict[str, int]:
-    """Start pending workflows whose delayed_start timer is due at ``now`` (workflow time) and claim
-    them for ``engine_id``, in one transaction; SKIP LOCKED splits the work between engines. Lock order
-    as everywhere: claim, then workflow, then timers. Returns {workflow_id: epoch} of the runs started.
-
-    Args:
-        engine_id: the new holder; ``limit``: at most this many; ``ttl``: the claims' time to live.
-    """
-    found = backend(using)
-    due = list(
-        Timer.objects.using(using)
-        .filter(kind=TimerKind.DELAYED_START, fire_at__lte=now)
-        .order_by("fire_at")
-        .values_list("workflow_id", flat=True)[:limit]
-    )
-    if not due:
-        return {}
-    started: dict[str, int] = {}
-    lock = found.lock_sql(skip_locked=True)
-    with transaction.atomic(using=using), found.connection.cursor() as cursor:
-        marks = ", ".join(["%s"] * len(due))
-        cursor.execute(
-            f"SELECT workflow_id FROM {CLAIM_TABLE} WHERE workflow_id IN ({marks}) ORDER BY workflow_id{lock}",
-            due,
-        )
-        locked = [row[0] for row in cursor.fetchall()]
-        if not locked:
-            return {}
-        # SKIP LOCKED here too: a pending run's row held by a user's open transaction is left, with its
-        # timer, for a later pass (waiting for it stalled the pass, and its failure reloaded every workflow).
-        rows = dict(
-            Workflow.objects.using(using)
-            .select_for_update(skip_locked=found.skips_locked)
-            .filter(id__in=locked)
-            .values_list("id", "status")
-        )
-        pending = [wid for wid, status in rows.items() if status == WorkflowStatus.PENDING]
-        Workflow.objects.using(using).filter(id__in=pending).update(
-            status=WorkflowStatus.RUNNING, started_at=now, updated_at=now
-        )
-        clock = None if found.has_clock else _python_now()
-        for wid in sorted(pending):
-            epoch = next_epoch(using)
-            if clock is None:
-                cursor.execute(
-                    f"UPDATE {CLAIM_TABLE} SET epoch = %s, engine_id = %s, last_engine_id = %s, "
-                    f"claimed_at = clock_timestamp(), expires_at = clock_timestamp() + %s * interval '1 millisecond' "
-                    f"WHERE workflow_id = %s",
-                    [epoch, engine_id, engine_id, _ms(ttl), wid],
-                )
-            else:
-                cursor.execute(
-                    f"UPDATE {CLAIM_TABLE} SET epoch = %s, engine_id = %s, last_engine_id = %s, claimed_at = %s, "
-                    f"expires_at = %s WHERE workflow_id = %s",
-                    [epoch, engine_id, engine_id, clock, clock + ttl, wid],
-                )
-            started[wid] = epoch
-        Timer.objects.using(using).filter(workflow_id__in=list(rows), kind=TimerKind.DELAYED_START).delete()
-    return started

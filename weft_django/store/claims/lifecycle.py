@@ -106,7 +106,8 @@ def lock_claim(workflow_id: str, using: str) -> None:
 
 def delete_claims(workflow_ids: list[str], using: str) -> None:
     """Delete the claim rows of these workflows (purge; lock them first)."""
-    WorkflowClaim.objects.using(using).filter(pk__in=workflow_ids).delete()
+    for chunk in backend(using).chunks(workflow_ids):
+        WorkflowClaim.objects.using(using).filter(pk__in=chunk).delete()
 
 
 def active_descendants(runs: dict[str, str], using: str) -> dict[str, set[str]]:
@@ -119,23 +120,23 @@ def active_descendants(runs: dict[str, str], using: str) -> dict[str, set[str]]:
     table = Workflow._meta.db_table
     active = sorted(str(status) for status in ACTIVE_STATUSES)
     marks = ", ".join(["%s"] * len(active))
-    roots = ", ".join(["%s"] * len(runs))
-    sql = (
-        f"WITH RECURSIVE fam(root, root_run, id, run_id) AS ("
-        f"SELECT w.parent_id, w.parent_run_id, w.id, w.run_id FROM {table} w WHERE w.parent_id IN ({roots}) "
-        f"AND w.status IN ({marks}) AND w.parent_close_policy <> %s "
-        f"UNION SELECT fam.root, fam.root_run, w.id, w.run_id FROM {table} w JOIN fam ON w.parent_id = fam.id "
-        f"AND w.parent_run_id = fam.run_id WHERE w.status IN ({marks}) AND w.parent_close_policy <> %s"
-        f") SELECT root, root_run, id FROM fam"
-    )
     abandon = str(ParentClosePolicy.ABANDON.value)
-    params = [*sorted(runs), *active, abandon, *active, abandon]
     found: dict[str, set[str]] = {}
     with connections[using].cursor() as cursor:
-        cursor.execute(sql, params)
-        for root, root_run, child in cursor.fetchall():
-            if str(root_run).replace("-", "") == str(runs[root]).replace("-", ""):
-                found.setdefault(root, set()).add(child)
+        for chunk in backend(using).chunks(sorted(runs)):  # one statement unless past the parameter limit
+            roots = ", ".join(["%s"] * len(chunk))
+            sql = (
+                f"WITH RECURSIVE fam(root, root_run, id, run_id) AS ("
+                f"SELECT w.parent_id, w.parent_run_id, w.id, w.run_id FROM {table} w WHERE w.parent_id IN ({roots}) "
+                f"AND w.status IN ({marks}) AND w.parent_close_policy <> %s "
+                f"UNION SELECT fam.root, fam.root_run, w.id, w.run_id FROM {table} w JOIN fam ON w.parent_id = fam.id "
+                f"AND w.parent_run_id = fam.run_id WHERE w.status IN ({marks}) AND w.parent_close_policy <> %s"
+                f") SELECT root, root_run, id FROM fam"
+            )
+            cursor.execute(sql, [*chunk, *active, abandon, *active, abandon])
+            for root, root_run, child in cursor.fetchall():
+                if str(root_run).replace("-", "") == str(runs[root]).replace("-", ""):
+                    found.setdefault(root, set()).add(child)
     return found
 
 
@@ -151,9 +152,11 @@ def expire_claims(engine_id: str | None, workflow_ids: list[str] | None, using: 
     rows = WorkflowClaim.objects.using(using).filter(engine_id__isnull=False)
     if engine_id is not None:
         rows = rows.filter(engine_id=engine_id)
+    past = datetime(2000, 1, 1, tzinfo=UTC)
     if workflow_ids is not None:
-        rows = rows.filter(workflow_id__in=workflow_ids)
-    return rows.update(expires_at=datetime(2000, 1, 1, tzinfo=UTC))
+        chunks = backend(using).chunks(workflow_ids)
+        return sum(rows.filter(workflow_id__in=chunk).update(expires_at=past) for chunk in chunks)
+    return rows.update(expires_at=past)
 
 
 def cap_expiry(engine_id: str, ttl: timedelta, using: str) -> int:

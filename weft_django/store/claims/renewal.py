@@ -132,9 +132,11 @@ def renew_each(
         missing = [wid for wid in ids if wid not in renewed]
         if not missing:
             return renewed, set()
-        marks = ", ".join(["%s"] * len(missing))
-        cursor.execute(
-            f"SELECT workflow_id, epoch, engine_id FROM {CLAIM_TABLE} WHERE workflow_id IN ({marks})", missing
-        )
-        current = {wid: (epoch, holder) for wid, epoch, holder in cursor.fetchall()}
+        current: dict[str, tuple[int, str | None]] = {}
+        for chunk in found.chunks(missing):  # every claim lost at once: past the database's parameter limit
+            marks = ", ".join(["%s"] * len(chunk))
+            cursor.execute(
+                f"SELECT workflow_id, epoch, engine_id FROM {CLAIM_TABLE} WHERE workflow_id IN ({marks})", chunk
+            )
+            current.update((wid, (epoch, holder)) for wid, epoch, holder in cursor.fetchall())
     return renewed, {wid for wid in missing if current.get(wid) != (owned[wid], engine_id)}
