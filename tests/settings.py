@@ -50,7 +50,8 @@ if TEST_DB == "sqlite":
             "NAME": os.environ.get("WEFT_SQLITE_PATH", "/tmp/weft-tests.sqlite3"),
             "OPTIONS": {
                 "transaction_mode": "IMMEDIATE",
-                "timeout": 20,
+                # busy timeout; an engine subprocess's own through WEFT_SQLITE_TIMEOUT (tests that outlast it)
+                "timeout": float(os.environ.get("WEFT_SQLITE_TIMEOUT", "20")),
                 "init_command": "PRAGMA journal_mode=WAL;",
             },
             # A file, not :memory:, so engine subprocesses share it.

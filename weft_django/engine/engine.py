@@ -143,17 +143,17 @@ class Engine:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
-        """Register the engine, take the store lease ("lease" mode), start renewal (and the listener).
+        """Register the engine, take the store lease ("lease" mode), start renewal (and the listener);
+        each write waits while the database refuses it for now (``ownership.retried_at_start_up``).
 
         Raises:
             EngineLeaseAcquisitionTimeoutError: "lease" mode and another engine kept the lease.
         """
         store_sessions.bind(self.using, self._session_limit)  # the loop's thread; unbound in shutdown()
-        ownership.check_mode_marker(self.engine_id, self.settings.ownership, self.using)
-        engines.register_engine(self.engine_id, self.settings.ownership, self.using, queues=self.claimer.served)
-        ownership.claims_of_a_previous_process(self, self.settings)
+        if not ownership.start_up(self, self.settings):  # its writes wait while the database refuses them
+            return  # asked to stop meanwhile: run() shuts down
         if self.mode == OwnershipMode.LEASE:
-            if self.lease.wait(self.stopping):
+            if ownership.retried_at_start_up(self, "store lease", lambda: self.lease.wait(self.stopping)):
                 self.claimer.take_over_now = True  # the lease holder takes every claim at once
         elif self.mode == OwnershipMode.NONE:
             self.claimer.take_over_now = True  # the single engine: its predecessor's claims are taken at once

@@ -13,10 +13,11 @@ or holder.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
-from django.db import transaction
+from django.db import OperationalError, connections, transaction
 
 from .. import events
 from ..conf import WeftSettings
@@ -29,6 +30,10 @@ from ..store.histories import Loaded
 from ..store.notify import send
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
+# Start-up's writes are tried again this long after the database refused them for now (seconds),
+# doubling up to the second figure.
+START_UP_RETRY = (0.5, 5.0)
 
 
 def takeover_grace(settings: WeftSettings) -> timedelta:
@@ -72,6 +77,58 @@ def claims_of_a_previous_process(engine: Any, settings: WeftSettings) -> None:
     """
     claims.cap_expiry(engine.engine_id, settings.workflow_claim_ttl, engine.using)
     events.claims_left_by_previous_process(engine, takeover_grace(settings))
+
+
+def start_up(engine: Any, settings: WeftSettings) -> bool:
+    """The engine's start-up writes: the ownership mode marker, its engine row, the claims of a previous
+    process with its id. Each is tried again while the database refuses it for now
+    (``retried_at_start_up``). Returns False when the engine was asked to stop meanwhile.
+
+    Raises:
+        OwnershipModeMismatchError: the database runs under another OWNERSHIP mode.
+    """
+    engine_id, using = engine.engine_id, engine.using
+    steps: tuple[tuple[str, Callable[[], object]], ...] = (
+        ("mode marker", lambda: check_mode_marker(engine_id, settings.ownership, using)),
+        (
+            "engine row",
+            lambda: engines.register_engine(engine_id, settings.ownership, using, queues=engine.claimer.served),
+        ),
+        ("previous claims", lambda: claims_of_a_previous_process(engine, settings)),
+    )
+    for step, call in steps:
+        retried_at_start_up(engine, step, call)
+        if engine.stopping.is_set():
+            return False
+    return True
+
+
+def retried_at_start_up(engine: Any, step: str, call: Callable[[], T]) -> T | None:
+    """``call()``, tried again after a back-off (START_UP_RETRY, a WARNING line each time) while it
+    raises ``OperationalError``: the database refuses it for now, e.g. SQLite's "database is locked"
+    once another connection held the one write lock (a user's open ``BEGIN IMMEDIATE``, another
+    engine's long commit) past the busy timeout, or a connection lost. The engine's passes wait the
+    same way; start-up used to fail and the command to exit. None once the engine is asked to stop.
+
+    Args:
+        engine: the engine starting (``engine_id``, ``using``, ``stopping``); ``step``: its name, logged.
+    """
+    delay, longest = START_UP_RETRY
+    while not engine.stopping.is_set():
+        try:
+            return call()
+        except OperationalError as exc:
+            connections[engine.using].close()  # as after a failed pass: the next attempt reconnects
+            logger.warning(
+                "engine start-up waits for the database engine=%s step=%s retry_in=%.1fs error=%s",
+                engine.engine_id,
+                step,
+                delay,
+                exc,
+            )
+            engine.stopping.wait(delay)
+            delay = min(2 * delay, longest)
+    return None
 
 
 def acquire_and_load(
