@@ -411,6 +411,8 @@ class Engine:
     ) -> bool:
         """Claim what is due (``force``: a wake-up named a workflow we do not hold; ``scan``: a maintenance
         tick) and load it, with the workflows waiting to be reloaded (kept there until the load is done)."""
+        if self._reload:  # not renewed while they waited: load those still ours (ownership.held_to_load)
+            self._reload = ownership.held_to_load(self, self._reload, "claim lost before its reload")
         claimed = self.claimer.claim(force=force, scan=scan)
         for wid in [wid for wid in claimed if wid in self.owned]:  # its claim went away unseen (a missed
             writes.pop(wid, None)  # wake-up) and came back to us: the old context and its writes are stale

@@ -8,14 +8,16 @@ they still have the exact holder and epoch that were seen: one row back means it
 renew: one statement for all of an engine's claims, skipping rows a commit holds (the commit in flight
 proves ownership; retried next tick). A claim is lost only when a plain re-read shows another epoch
 or holder.
+held_to_load: the claims of workflows loaded again without a live context (a recall, a reload) are
+renewed before their load, which goes on only for those still held at their epoch.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from django.db import OperationalError, connections, transaction
 
@@ -34,6 +36,7 @@ T = TypeVar("T")
 # Start-up's writes are tried again this long after the database refused them for now (seconds),
 # doubling up to the second figure.
 START_UP_RETRY = (0.5, 5.0)
+_engine_log = logging.getLogger("weft_django.engine.engine")  # the loop's "stopped driving" lines
 
 
 def takeover_grace(settings: WeftSettings) -> timedelta:
@@ -166,6 +169,37 @@ def renew_each(
     in neither was skipped (a transaction held its row: renewed next time). ``each_pass``: the renewal
     pass the call is part of (after a held row, its later calls skip held rows at once)."""
     return claims.renew_each(engine_id, owned, ttl, using, each_pass=each_pass)
+
+
+class ClaimHolder(Protocol):
+    """The engine as ``held_to_load`` sees it (engine.py's Engine, residency.py's EngineHost)."""
+
+    engine_id: str
+    settings: WeftSettings
+    using: str
+
+
+def held_to_load(engine: ClaimHolder, epochs: Mapping[str, int], reason: str) -> dict[str, int]:
+    """Renew the claims of workflows about to be loaded again without a live context (a recall of evicted
+    ones, a reload after a refused or failed commit) and return those still held by this engine at their
+    epoch; the others are logged (``stopped driving workflow=... reason=<reason>``) and left out, never
+    replayed and driven by a non-owner. Such a claim may have lapsed and been taken over meanwhile: the
+    renewal thread renews what the loop publishes, resident claims and evicted ones (as dormant, rarely),
+    not those waiting to be reloaded (loads that keep failing, a database error). Renewed, not only
+    read: a lapsed claim not taken yet could be taken between a read and the load, and the workflow's
+    next step (a local activity runs before the fenced commit) run on a non-owner. One statement, and a
+    re-read of those it did not renew: a claim whose row another transaction holds is kept if that read
+    shows it still ours (renewed by the next renewal).
+
+    Raises:
+        DatabaseError: the renewal failed (nothing is left out: the caller tries again later).
+    """
+    _, lost = renew_each(engine.engine_id, dict(epochs), engine.settings.workflow_claim_ttl, engine.using)
+    for wid in sorted(lost):
+        _engine_log.warning(
+            "stopped driving workflow=%s engine=%s epoch=%s reason=%s", wid, engine.engine_id, epochs[wid], reason
+        )
+    return {wid: epoch for wid, epoch in epochs.items() if wid not in lost}
 
 
 def release(engine_id: str, owned: dict[str, int], using: str) -> None:

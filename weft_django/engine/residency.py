@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 
 from ..operations import WaitForSignal, WaitForUpdate
-from ..store import histories, mailbox
+from ..store import mailbox
 from . import ownership
 from .host import EngineHost
 from .owned import Owned
@@ -60,7 +60,8 @@ class Residency:
         are forgotten, never replayed and driven by a non-owner. Renewed, not only read: a claim that had
         lapsed (its heartbeat stalled) but was not taken yet could be taken between a read and the load,
         and the workflow's next step (a local activity runs before the fenced commit) run on a non-owner.
-        A claim whose row another transaction holds is read instead (renewed by the next renewal)."""
+        A claim whose row another transaction holds is read instead (renewed by the next renewal). The
+        same rule serves the loop's reloads (``ownership.held_to_load``)."""
         for wid, gone in (lost or {}).items():
             if self.evicted.get(wid) == gone:
                 del self.evicted[wid]
@@ -69,20 +70,11 @@ class Residency:
         named = {wid: self.evicted[wid] for wid in workflow_ids if wid in self.evicted}
         if not named:
             return
-        ttl = engine.settings.workflow_claim_ttl  # resident again: renewed as a resident claim
-        renewed, _ = ownership.renew_each(engine.engine_id, named, ttl, engine.using)  # raises before any pop
-        skipped = [wid for wid in named if wid not in renewed]
-        holders = histories.claim_holders(skipped, engine.using) if skipped else {}
-        for wid, epoch in named.items():
+        # Resident again: renewed with the TTL (raises before any pop); those found lost are logged, forgotten.
+        kept = ownership.held_to_load(engine, named, "dormant claim lost before its recall")
+        for wid in named:
             del self.evicted[wid]
-            if wid not in renewed and holders.get(wid) != (epoch, engine.engine_id):
-                logger.warning(
-                    "stopped driving workflow=%s engine=%s epoch=%s reason=dormant claim lost before its recall",
-                    wid,
-                    engine.engine_id,
-                    epoch,
-                )
-                continue
+        for wid, epoch in kept.items():
             self.recalls += 1
             self.reload(wid, epoch)
 
