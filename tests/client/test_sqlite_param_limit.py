@@ -118,3 +118,22 @@ def test_an_attribute_in_filter_with_more_values_than_the_limit_finds_its_runs()
     assert {s.id for s in weft.list_workflows(attributes={"amount__in": amounts})} == {"order-1", "order-2"}
     assert weft.count_workflows(attributes={"placed_at__in": moments, "items__in": items}) == 1
     assert weft.bulk_count("cancel", attributes={"customer__in": customers, "vip__in": [True, False]}) == 3
+
+
+def test_two_attribute_in_filters_each_under_the_limit_but_over_it_together_find_their_runs():
+    weft.start_many(
+        [
+            weft.StartRequest(
+                "visibility.order",
+                args=[f"c{i}", 1.0],
+                id=f"both-{i}",
+                attributes={"customer": f"c{i}", "items": i},
+            )
+            for i in range(3)
+        ]
+    )
+    customers = [f"c{i}" for i in range(600)]  # each list alone fits one statement; the two do not
+    items = list(range(1, 601))
+    filters = {"customer__in": customers, "items__in": items}
+    assert weft.count_workflows(attributes=filters) == 2
+    assert {s.id for s in weft.list_workflows(attributes=filters)} == {"both-1", "both-2"}

@@ -140,9 +140,19 @@ class Backend:
         size = max(1, (self.max_params() - reserved) // per_item)
         return [values[at : at + size] for at in range(0, len(values), size)]
 
-    def in_values(self, field: Any, values: list[Any]) -> Any:
+    def binds_each(self, total: int) -> bool:
+        """Whether a statement may bind its filters' ``in`` lists value by value, ``total`` values in
+        all (see ``in_values``)."""
+        return True
+
+    def in_values(self, field: Any, values: list[Any], *, total: int | None = None) -> Any:
         """What ``<field>__in`` takes for ``values`` (a filter's list, one statement: no chunks): the
-        list itself. SQLite: past its parameter limit, one JSON array read by ``json_each``."""
+        list itself. SQLite: past its parameter limit, one JSON array read by ``json_each``.
+
+        Args:
+            total: the values every ``in`` list of the statement binds together (default: this
+                list's): two lists each within the limit may pass it together.
+        """
         return values
 
     @property
@@ -260,8 +270,11 @@ class SQLiteBackend(Backend):
         getlimit = getattr(connection.connection, "getlimit", None)  # Python 3.11+
         return int(getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)) if getlimit else SQLITE_MAX_PARAMS_UNKNOWN
 
-    def in_values(self, field: Any, values: list[Any]) -> Any:
-        if len(values) <= self.max_params() - RESERVED_PARAMS:
+    def binds_each(self, total: int) -> bool:
+        return total <= self.max_params() - RESERVED_PARAMS
+
+    def in_values(self, field: Any, values: list[Any], *, total: int | None = None) -> Any:
+        if self.binds_each(len(values) if total is None else total):
             return values
         import json
 

@@ -143,8 +143,9 @@ class Selection:
     id_prefix: str | None = None
 
 
-def condition_q(condition: Condition, using: str) -> Any:
-    """The condition as an EXISTS over the attribute rows (a range scan of its partial index)."""
+def condition_q(condition: Condition, using: str, *, total: int | None = None) -> Any:
+    """The condition as an EXISTS over the attribute rows (a range scan of its partial index).
+    ``total``: the values the statement's ``in`` lists bind in all (``_in_total``)."""
     rows = WorkflowAttribute.objects.using(using).filter(workflow_id=OuterRef("pk"), name=condition.name)
     column = condition.column
     if condition.operator == "exists":
@@ -152,15 +153,22 @@ def condition_q(condition: Condition, using: str) -> Any:
         # "set", whichever typed column holds it (two workflows may declare the name with two types).
         return Exists(rows) if condition.value else ~Exists(rows)
     lookup = column if condition.operator == "eq" else f"{column}__{condition.operator}"
-    return Exists(rows.filter(**{lookup: _compared(condition, using)}))
+    return Exists(rows.filter(**{lookup: _compared(condition, using, total)}))
 
 
-def _compared(condition: Condition, using: str) -> Any:
+def _compared(condition: Condition, using: str, total: int | None) -> Any:
     """The value a condition's lookup takes: an ``in`` list longer than one statement binds (its one
-    EXISTS cannot go in chunks) is passed as the backend says (``Backend.in_values``)."""
+    EXISTS cannot go in chunks) is passed as the backend says (``Backend.in_values``), for the
+    ``total`` of the statement's ``in`` lists: two lists each within the limit may pass it together."""
     if condition.operator != "in":
         return condition.value
-    return backend(using).in_values(WorkflowAttribute._meta.get_field(condition.column), list(condition.value))
+    field = WorkflowAttribute._meta.get_field(condition.column)
+    return backend(using).in_values(field, list(condition.value), total=total)
+
+
+def _in_total(selection: Selection) -> int:
+    """The values the selection's ``in`` lists bind in all, each value a parameter."""
+    return sum(len(c.value) for c in selection.conditions if c.operator == "in")
 
 
 def select(selection: Selection, using: str) -> QuerySet[Workflow]:
@@ -194,6 +202,7 @@ def narrow(queryset: QuerySet[Workflow], selection: Selection, using: str) -> Qu
     # The comparisons of one attribute are one EXISTS (one range scan of its index, both bounds in
     # the index condition); a keyword list then matches when ONE element meets all of them.
     grouped: dict[tuple[str, str], list[Condition]] = {}
+    total = _in_total(selection)
     for condition in selection.conditions:
         if condition.operator == "exists":
             queryset = queryset.filter(condition_q(condition, using))
@@ -201,10 +210,12 @@ def narrow(queryset: QuerySet[Workflow], selection: Selection, using: str) -> Qu
             grouped.setdefault((condition.name, condition.column), []).append(condition)
     for (name, column), group in grouped.items():
         rows = WorkflowAttribute.objects.using(using).filter(workflow_id=OuterRef("pk"), name=name)
-        lookups = {column if c.operator == "eq" else f"{column}__{c.operator}": _compared(c, using) for c in group}
+        lookups = {
+            column if c.operator == "eq" else f"{column}__{c.operator}": _compared(c, using, total) for c in group
+        }
         if len(lookups) < len(group):  # the same operator twice (eq 1 and eq 2): each its own EXISTS
             for condition in group:
-                queryset = queryset.filter(condition_q(condition, using))
+                queryset = queryset.filter(condition_q(condition, using, total=total))
         else:
             queryset = queryset.filter(Exists(rows.filter(**lookups)))
     return queryset
@@ -244,9 +255,11 @@ def count(selection: Selection, using: str) -> int:
     return select(selection, using).count()
 
 
-def _params(selection: Selection) -> int:
-    """About how many parameters the selection's conditions bind (an ``in`` list: one per value)."""
-    values = sum(len(c.value) if c.operator == "in" else 2 for c in selection.conditions)
+def _params(selection: Selection, using: str) -> int:
+    """About how many parameters the selection's conditions bind (an ``in`` list: one per value, or
+    one in all where the backend passes it as one array, ``Backend.in_values``)."""
+    each = backend(using).binds_each(_in_total(selection))
+    values = sum((len(c.value) if each else 1) if c.operator == "in" else 2 for c in selection.conditions)
     return values + len(selection.statuses) + len(selection.types) + 10
 
 
@@ -264,7 +277,7 @@ def still_selected(selection: Selection, statuses: Iterable[str], workflow_ids: 
     operation's check under the claims' lock (a run ended and started again since its batch was read
     no longer matches a filter on its attributes, age or run)."""
     queryset = select(selection, using).filter(status__in=list(statuses))
-    chunks = backend(using).chunks(sorted(workflow_ids), reserved=_params(selection) + 100)
+    chunks = backend(using).chunks(sorted(workflow_ids), reserved=_params(selection, using) + 100)
     return {wid for chunk in chunks for wid in queryset.filter(pk__in=chunk).values_list("pk", flat=True)}
 
 
