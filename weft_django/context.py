@@ -72,8 +72,9 @@ class WorkflowContext:
         self.detached = False
         self.cancelled = False  # set before the on_cancel handlers run
         # What runs now on each thread that must change nothing ("a query handler", "an update
-        # validator"), by thread id; None until a reader first runs (see ``read_only``).
-        self._readers: dict[int, str] | None = None
+        # validator"), by thread id (see ``read_only``); made here, not by the first reader: two threads
+        # that first read at once would each make one, and one reader's mode would be lost.
+        self._readers: dict[int, str] = {}
         self.query_handlers: dict[str, Callable[..., Any]] = {}
         self.exposed: dict[str, Callable[[], Any]] = {}
         self.update_handlers: dict[str, tuple[Callable[[Any], Any], Any]] = {}
@@ -340,8 +341,6 @@ class WorkflowContext:
         """While ``what`` runs on this thread (a query handler, an update validator: neither is recorded
         nor replayed), the calls that change the run durably raise WorkflowDefinitionError
         (``set_attributes``, a wait_for_update's ``respond()``)."""
-        if self._readers is None:
-            self._readers = {}
         readers, thread = self._readers, threading.get_ident()
         previous = readers.get(thread)
         readers[thread] = what
