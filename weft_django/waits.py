@@ -15,7 +15,8 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent import futures
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -40,34 +41,96 @@ class ResultTimeoutError(WaitTimeoutError, TimeoutError):
     ``weft.WaitTimeoutError`` or as the builtin ``TimeoutError`` (docs/howto.md): it is both."""
 
 
-def submit(fn: Any, *args: Any) -> tuple[Any, threading.Event]:
-    abandoned = threading.Event()
-    future = wait_executor().submit(fn, *args, abandoned)  # type: ignore[call-arg]
-    return future, abandoned
+class Caller(threading.Event):
+    """The caller's side of one wait, shared with its weft-wait thread: set when the caller stops
+    waiting (the wait ended, a cancelled coroutine, close_connections()), which also wakes the
+    thread (``wake_with``). ``deadline`` (``time.monotonic()``, None: no limit) is fixed when the call
+    is made, so the time a wait spends queued for a thread counts against its timeout."""
+
+    def __init__(self, seconds: float | None) -> None:
+        super().__init__()
+        self.seconds = seconds
+        self.deadline = None if seconds is None else time.monotonic() + seconds
+        self._wakes: list[threading.Event] = []
+
+    def set(self) -> None:
+        super().set()
+        for event in list(self._wakes):
+            event.set()
+
+    def wake_with(self, event: threading.Event) -> None:
+        """Set ``event`` (the thread's wake-up) when the caller stops waiting."""
+        self._wakes.append(event)
+        if self.is_set():
+            event.set()
+
+    def remaining(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
 
 
-def finish(future: Any, abandoned: threading.Event) -> Any:
+# Why a wait ended before a weft-wait thread took it: the text of its caller's timeout error.
+def unstarted_reason(closed: bool) -> str:
+    if closed:
+        return "close_connections() ended it before it started"
+    return (
+        f"it never started: all {WAIT_THREADS} weft-wait threads of this process were busy with other waits "
+        f"(a result() without a timeout holds one until its run ends; give waits timeouts)"
+    )
+
+
+def submit(fn: Callable[..., T], *args: Any, seconds: float | None) -> tuple[Future[T], Caller]:
+    """Run ``fn(*args, caller)`` on a weft-wait thread for a call that waits ``seconds`` at most."""
+    caller = Caller(seconds)
+    return wait_executor().submit(fn, *args, caller), caller
+
+
+def finish(future: Future[T], caller: Caller, unstarted: Callable[[str], BaseException]) -> T:
+    """The outcome of a wait from ``submit``. At the caller's deadline a wait still queued for a
+    thread is withdrawn and ``unstarted(why)`` raised (likewise one close_connections() withdrew);
+    one that started is waited for (its thread has the same deadline)."""
     try:
+        try:
+            # (exception(), not futures.wait(): a future cancelled by the pool's shutdown never wakes wait())
+            future.exception(timeout=caller.remaining())  # its outcome is raised below, not here
+        except futures.TimeoutError:
+            if future.cancel():
+                raise unstarted(unstarted_reason(closed=False)) from None
+        except futures.CancelledError:
+            pass  # close_connections() withdrew it
+        if future.cancelled():
+            raise unstarted(unstarted_reason(closed=True))
         return future.result()
     finally:
-        abandoned.set()
+        caller.set()
 
 
-async def afinish(future: Any, abandoned: threading.Event) -> Any:
+async def afinish(future: Future[T], caller: Caller, unstarted: Callable[[str], BaseException]) -> T:
+    """As ``finish``, without blocking the event loop. A cancelled coroutine withdraws a wait still
+    queued and ends one in progress (its thread sees the caller gone and returns)."""
+    waited = asyncio.wrap_future(future)
     try:
-        return await asyncio.wrap_future(future)
+        await asyncio.wait({waited}, timeout=caller.remaining())
+        if not future.done() and future.cancel():
+            raise unstarted(unstarted_reason(closed=False))
+        await asyncio.wait({waited})
+        if future.cancelled():
+            raise unstarted(unstarted_reason(closed=True))
+        return future.result()
     finally:
-        abandoned.set()
+        waited.cancel()  # nothing once done; else the outcome is not delivered to a loop that may be gone
+        caller.set()
 
 
 class Wait:
     """The waiting half of a query or update, on a weft-wait thread: wake-ups by LISTEN on
-    PostgreSQL (re-reading every LISTEN_RECHECK anyway), polling with back-off elsewhere."""
+    PostgreSQL (re-reading every LISTEN_RECHECK anyway), polling with back-off elsewhere. Its
+    deadline is the caller's (``Caller``; else ``seconds`` from now)."""
 
     def __init__(self, alias: str, seconds: float, abandoned: threading.Event) -> None:
         self.alias = alias
         self.seconds = seconds
-        self.deadline = time.monotonic() + seconds
+        deadline = abandoned.deadline if isinstance(abandoned, Caller) else None
+        self.deadline = time.monotonic() + seconds if deadline is None else deadline
         self.abandoned = abandoned
         self.listener = listener_for(alias)
         self.event = threading.Event()
@@ -75,6 +138,8 @@ class Wait:
         self.delay = POLL_FIRST
         _reuse_or_close(alias)
         _open_waits.add(abandoned)
+        if isinstance(abandoned, Caller):
+            abandoned.wake_with(self.event)
 
     def __enter__(self) -> Wait:
         return self
@@ -291,7 +356,7 @@ def wait_executor() -> ThreadPoolExecutor:
         return _executor
 
 
-_open_waits: set[threading.Event] = set()  # the "abandoned" flags of the waits in progress
+_open_waits: set[threading.Event] = set()  # the callers' flags (``Caller``) of the waits in progress
 _kept: set[Any] = set()  # weft-wait threads' Django connections kept between waits (PostgreSQL)
 _kept_lock = threading.Lock()
 
@@ -328,9 +393,10 @@ def _reuse_or_close(alias: str) -> None:
 
 
 def close_connections(timeout: float = 5.0) -> None:
-    """End every result() wait in progress (its caller gets ResultTimeoutError, a TimeoutError), stop
-    the weft-wait threads and close the result listeners' connections. For test teardown (before the
-    test database is dropped) and orderly shutdown; the next result() starts them again."""
+    """End every wait in progress or queued (its caller gets the call's timeout error: for result(),
+    ResultTimeoutError, a TimeoutError), stop the weft-wait threads and close the result listeners'
+    connections. For test teardown (before the test database is dropped) and orderly shutdown; the
+    next result() starts them again."""
     global _executor
     with _executor_lock:
         executor, _executor = _executor, None
@@ -386,12 +452,15 @@ def _read_end(workflow_id: str, alias: str, listener: ResultListener | None) -> 
     return runs.read_end(workflow_id, alias)
 
 
-def wait_for_end(workflow_id: str, alias: str, deadline: float | None, abandoned: threading.Event) -> dict[str, Any]:
-    """On a weft-wait thread: poll (woken by LISTEN on PostgreSQL) until the run is terminal."""
+def wait_for_end(workflow_id: str, alias: str, caller: Caller) -> dict[str, Any]:
+    """On a weft-wait thread: poll (woken by LISTEN on PostgreSQL) until the run is terminal, or the
+    caller's deadline (``Caller``)."""
     close_old_connections()
-    _open_waits.add(abandoned)
+    deadline = caller.deadline
+    _open_waits.add(caller)
     listener = listener_for(alias)
     event = listener.subscribe(workflow_id) if listener is not None else threading.Event()
+    caller.wake_with(event)
     try:
         if listener is not None:
             listener.listening.wait(min(1.0, _remaining(deadline)))
@@ -421,7 +490,7 @@ def wait_for_end(workflow_id: str, alias: str, deadline: float | None, abandoned
                     f'Workflow "{workflow_id}" is still {row["status"]}; the wait for its result timed out. '
                     f"Call result() again (the run goes on), or pass a longer timeout."
                 )
-            if abandoned.is_set():
+            if caller.is_set():
                 raise ResultTimeoutError(
                     f'The wait for the result of workflow "{workflow_id}" was ended (close_connections(), or the '
                     f"caller stopped waiting); the run goes on. Call result() again."
@@ -432,7 +501,7 @@ def wait_for_end(workflow_id: str, alias: str, deadline: float | None, abandoned
                 event.wait(min(remaining, delay))
                 delay = min(delay * 2, POLL_MAX)
     finally:
-        _open_waits.discard(abandoned)
+        _open_waits.discard(caller)
         if listener is not None:
             listener.unsubscribe(workflow_id, event)
         close_old_connections()

@@ -41,7 +41,7 @@ from .common import (  # noqa: F401 - the names modules and tests import from we
     _validate_name,
     _wait_seconds,
 )
-from .handles import WorkflowHandle, _deadline, _outcome, cancel, get_handle  # noqa: F401
+from .handles import WorkflowHandle, _outcome, cancel, get_handle  # noqa: F401
 from .messages import _buffer_signal, _submit_query, _submit_update, aquery, aupdate, query, signal, update  # noqa: F401
 from .starting import (  # noqa: F401
     _admit_starting,

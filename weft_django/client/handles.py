@@ -6,9 +6,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import threading
-import time
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -25,7 +22,7 @@ from ..models import Step, Workflow, WorkflowClaim
 from ..status import WorkflowStatus
 from ..store import runs
 from ..validation import validate_reason, validate_workflow_id
-from ..waits import wait_executor, wait_for_end
+from ..waits import Caller, ResultTimeoutError, afinish, finish, submit, wait_for_end
 from .common import _UNSET, SUMMARY_FIELDS, _alias, _duration, _status
 from .messages import aquery, aupdate, query, signal, update
 
@@ -48,12 +45,6 @@ def _outcome(workflow_id: str, row: dict[str, Any]) -> Any:
     raise WorkflowTimedOutError(
         f'Workflow "{workflow_id}" timed out: its execution deadline ({row["execution_deadline"]}) passed.'
     )
-
-
-def _deadline(timeout: Any) -> float | None:
-    if timeout is None:
-        return None
-    return time.monotonic() + _duration(timeout, "timeout").total_seconds()
 
 
 # ------------------------------------------------------------------------------------------ handle
@@ -158,11 +149,17 @@ class WorkflowHandle:
         """Send an update and return its handler's result (see :func:`update`)."""
         return update(self.id, name, payload, idempotency_key=idempotency_key, timeout=timeout)
 
-    def _submit_wait(self, timeout: Any) -> tuple[Any, threading.Event]:
-        deadline = _deadline(timeout)
-        abandoned = threading.Event()
-        future = wait_executor().submit(wait_for_end, self.id, _alias(), deadline, abandoned)
-        return future, abandoned
+    def _submit_wait(self, timeout: Any) -> tuple[Any, Caller]:
+        seconds = None if timeout is None else _duration(timeout, "timeout").total_seconds()
+        return submit(wait_for_end, self.id, _alias(), seconds=seconds)
+
+    def _unstarted(self, seconds: float | None) -> Any:
+        """The error of a wait that never got a weft-wait thread (``waits.finish``)."""
+        within = "" if seconds is None else f" within {seconds:g}s"
+        return lambda why: ResultTimeoutError(
+            f'The wait for the result of workflow "{self.id}" ended{within}: {why}. The run goes on: call '
+            f"result() again."
+        )
 
     def result(self, timeout: Any = None) -> Any:
         """Wait until the run ends; return its value or raise WorkflowFailedError,
@@ -171,20 +168,13 @@ class WorkflowHandle:
         ``timeout`` (a duration up to ``durations.MAX_DURATION``, None: no limit) running out first
         raises WaitTimeoutError, which is also a builtin TimeoutError. A bad ``timeout`` raises
         InvalidArgumentError. Reads committed data only, on its own connection."""
-        future, abandoned = self._submit_wait(timeout)
-        try:
-            row = future.result()
-        finally:
-            abandoned.set()
-        return _outcome(self.id, row)
+        future, caller = self._submit_wait(timeout)
+        return _outcome(self.id, finish(future, caller, self._unstarted(caller.seconds)))
 
     async def aresult(self, timeout: Any = None) -> Any:
-        future, abandoned = self._submit_wait(timeout)
-        try:
-            row = await asyncio.wrap_future(future)
-        finally:
-            abandoned.set()
-        return _outcome(self.id, row)
+        """Async twin of :meth:`result`. Cancelling the coroutine ends the wait (nothing is written)."""
+        future, caller = self._submit_wait(timeout)
+        return _outcome(self.id, await afinish(future, caller, self._unstarted(caller.seconds)))
 
     async def adescribe(self) -> dict[str, Any]:
         return await sync_to_async(self.describe)()

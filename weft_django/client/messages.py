@@ -9,19 +9,25 @@ connection); elsewhere they poll.
 from __future__ import annotations
 
 import functools
-import threading
+from collections.abc import Callable
 from typing import Any
 
 from django.db import transaction
 
 from .. import codec, tracing
-from ..exceptions import WorkflowNotFoundError, WorkflowStateError, WorkflowTerminalError
+from ..exceptions import (
+    QueryTimeoutError,
+    UpdateTimeoutError,
+    WorkflowNotFoundError,
+    WorkflowStateError,
+    WorkflowTerminalError,
+)
 from ..queries_and_updates import query_on_thread, update_on_thread
 from ..status import TERMINAL_STATUSES
 from ..store import mailbox
 from ..store.backend import backend
 from ..validation import validate_workflow_id
-from ..waits import afinish, finish, submit
+from ..waits import Caller, afinish, finish, submit
 from .common import _UNSET, _alias, _validate_key, _validate_name, _validate_signal_name, _wait_seconds
 
 # ------------------------------------------------------------------------------------------ signal
@@ -94,7 +100,7 @@ def query(id: str, name: str, arg: Any = _UNSET, *, timeout: Any = "5s") -> Any:
     Returns None for a finished run. Raises WorkflowNotFoundError (unknown id), QueryNotFoundError
     (no such query), QueryFailedError (the handler raised; ``.error``) and QueryTimeoutError (no
     answer within ``timeout``, saying why: no engine holds the run, it is suspended, ...)."""
-    return finish(*_submit_query(id, name, arg, timeout))
+    return finish(*_submit_query(id, name, arg, timeout), _query_unstarted(id, name))
 
 
 def update(id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None, timeout: Any = "5s") -> Any:
@@ -107,12 +113,12 @@ def update(id: str, name: str, payload: Any = None, *, idempotency_key: str | No
     WorkflowNotFoundError. A repeated ``idempotency_key`` (per run) returns the stored response and
     applies once; after a timeout it re-admits the request."""
     with _update_span(id, name):
-        return finish(*_submit_update(id, name, payload, idempotency_key, timeout))
+        return finish(*_submit_update(id, name, payload, idempotency_key, timeout), _update_unstarted(id, name))
 
 
 async def aquery(id: str, name: str, arg: Any = _UNSET, *, timeout: Any = "5s") -> Any:
     """Async twin of :func:`query` (the wait runs on a weft-wait thread, not the event loop)."""
-    return await afinish(*_submit_query(id, name, arg, timeout))
+    return await afinish(*_submit_query(id, name, arg, timeout), _query_unstarted(id, name))
 
 
 async def aupdate(
@@ -120,7 +126,7 @@ async def aupdate(
 ) -> Any:
     """Async twin of :func:`update`."""
     with _update_span(id, name):
-        return await afinish(*_submit_update(id, name, payload, idempotency_key, timeout))
+        return await afinish(*_submit_update(id, name, payload, idempotency_key, timeout), _update_unstarted(id, name))
 
 
 def _update_span(id: str, name: str) -> Any:
@@ -128,17 +134,15 @@ def _update_span(id: str, name: str) -> Any:
     return tracing.span("weft.update", kind="PRODUCER", attributes={"weft.workflow_id": id, "weft.update": name})
 
 
-def _submit_query(id: str, name: str, arg: Any, timeout: Any) -> tuple[Any, threading.Event]:
+def _submit_query(id: str, name: str, arg: Any, timeout: Any) -> tuple[Any, Caller]:
     validate_workflow_id(id)
     _validate_name(name, "name")
     seconds = _wait_seconds(timeout)
     arg_text = None if arg is _UNSET else codec.encode_payload(arg, path="arg")
-    return submit(query_on_thread, id, name, arg is not _UNSET, arg_text, seconds, _alias())
+    return submit(query_on_thread, id, name, arg is not _UNSET, arg_text, seconds, _alias(), seconds=seconds)
 
 
-def _submit_update(
-    id: str, name: str, payload: Any, idempotency_key: str | None, timeout: Any
-) -> tuple[Any, threading.Event]:
+def _submit_update(id: str, name: str, payload: Any, idempotency_key: str | None, timeout: Any) -> tuple[Any, Caller]:
     validate_workflow_id(id)
     _validate_name(name, "name")
     if idempotency_key is not None:
@@ -146,4 +150,17 @@ def _submit_update(
     seconds = _wait_seconds(timeout)
     text = codec.encode_payload(payload, path="payload")
     waiting = functools.partial(update_on_thread, trace_context=tracing.capture())  # the wait runs on another thread
-    return submit(waiting, id, name, text, idempotency_key, seconds, _alias())
+    return submit(waiting, id, name, text, idempotency_key, seconds, _alias(), seconds=seconds)
+
+
+def _query_unstarted(id: str, name: str) -> Callable[[str], BaseException]:
+    """The error of a query that never got a weft-wait thread (``waits.finish``): nothing was asked."""
+    return lambda why: QueryTimeoutError(f'Query "{name}" to workflow "{id}" was not asked: {why}. Ask again.')
+
+
+def _update_unstarted(id: str, name: str) -> Callable[[str], BaseException]:
+    """The error of an update that never got a weft-wait thread (``waits.finish``): nothing was written."""
+    return lambda why: UpdateTimeoutError(
+        f'Update "{name}" to workflow "{id}" was not sent (nothing was written, so it will never be applied): '
+        f"{why}. Send it again."
+    )

@@ -44,7 +44,7 @@ from .common import (
     _wait_seconds,
 )
 from .handles import WorkflowHandle
-from .messages import _buffer_signal
+from .messages import _buffer_signal, _update_unstarted
 
 
 class _Plan:
@@ -371,8 +371,8 @@ def start_with_update(
         plan = _plan_with_message(definition, args, kwargs, attributes)
         admission = functools.partial(_admit_starting, plan, id, update_name, text, idempotency_key, alias)
         waiting = functools.partial(update_on_thread, admission=admission)
-        future, abandoned = submit(waiting, id, update_name, text, idempotency_key, seconds, alias)
-        return WorkflowHandle(id), finish(future, abandoned)
+        future, caller = submit(waiting, id, update_name, text, idempotency_key, seconds, alias, seconds=seconds)
+        return WorkflowHandle(id), finish(future, caller, _update_unstarted(id, update_name))
 
 
 def _plan_with_message(

@@ -1,0 +1,97 @@
+"""Waiting calls end at their timeout whatever keeps them from their answer: every weft-wait thread
+busy with other waits."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import weft_django as weft
+from weft_django import client, waits
+from weft_django.models import PendingUpdate
+from weft_django.testing import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FEW_THREADS = 3  # the weft-wait pool of these tests (WAIT_THREADS, 64, otherwise)
+
+
+def _outcome_of(call: Callable[[], Any]) -> tuple[threading.Thread, list[object]]:
+    """``call()`` on a thread of its own (started): the thread and its outcome (value or exception)."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as exc:  # the outcome is what the test looks at
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+@pytest.fixture
+def busy_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[threading.Thread]]:
+    """A weft-wait pool of FEW_THREADS threads, each held by a result() without a timeout on a run
+    that never ends; closed (and the pool's size restored) afterwards."""
+    client.close_connections()
+    monkeypatch.setattr(waits, "WAIT_THREADS", FEW_THREADS)
+    handle = weft.start("tests.signals", id="never-ends")
+    blockers = [_outcome_of(handle.result)[0] for _ in range(FEW_THREADS)]
+    wait_for(lambda: len(waits._open_waits) == FEW_THREADS, timeout=30, message="every thread to be waiting")
+    try:
+        yield blockers
+    finally:
+        client.close_connections()
+        for blocker in blockers:
+            blocker.join(30)
+
+
+def test_a_wait_queued_behind_busy_threads_ends_at_its_timeout(busy_pool):
+    """Before the fix the caller waited for its future without a bound and the wait's own deadline
+    started when a thread took it: with every thread held by an untimed result(), query(timeout=),
+    update(timeout=) and result(timeout=) never returned (nor aresult(timeout=)), until a thread
+    came free. Now each raises its typed timeout error at its deadline, saying the threads were
+    busy, and an update that never started wrote nothing."""
+    weft.start("tests.msg_counter", id="counter")
+
+    async def aresult() -> Any:
+        return await weft.get_handle("counter").aresult(timeout=0.3)
+
+    calls: dict[str, Callable[[], Any]] = {
+        "query": lambda: weft.query("counter", "count", timeout="0.3s"),
+        "update": lambda: weft.update("counter", "add", 1, timeout="0.3s"),
+        "result": lambda: weft.get_handle("counter").result(timeout=0.3),
+        "aresult": lambda: asyncio.run(aresult()),
+    }
+    waiting = {name: _outcome_of(call) for name, call in calls.items()}
+    for thread, _ in waiting.values():
+        thread.join(20)
+    outcomes = {name: outcome[0] if outcome else "still waiting" for name, (_, outcome) in waiting.items()}
+    assert all(blocker.is_alive() for blocker in busy_pool)  # the threads were busy all along
+    expected = {
+        "query": weft.QueryTimeoutError,
+        "update": weft.UpdateTimeoutError,
+        "result": weft.WaitTimeoutError,
+        "aresult": weft.WaitTimeoutError,
+    }
+    assert [name for name, error in expected.items() if not isinstance(outcomes[name], error)] == [], outcomes
+    for outcome in outcomes.values():
+        assert f"{FEW_THREADS} weft-wait threads" in str(outcome) and "busy" in str(outcome)
+    assert not PendingUpdate.objects.exists()  # the update that never started was never admitted
+
+
+def test_close_connections_gives_a_queued_wait_a_timeout_error(busy_pool):
+    """Before the fix a result() still queued when close_connections() shut the pool got
+    concurrent.futures.CancelledError; ADR 0006 promises its caller TimeoutError."""
+    queued, outcome = _outcome_of(weft.get_handle("never-ends").result)
+    wait_for(lambda: waits.wait_executor()._work_queue.qsize() == 1, timeout=30, message="the wait to queue")
+    client.close_connections()
+    queued.join(30)
+    assert outcome and isinstance(outcome[0], weft.WaitTimeoutError), outcome
+    assert "close_connections()" in str(outcome[0])
