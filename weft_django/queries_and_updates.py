@@ -5,13 +5,14 @@ an update durably (idempotency keys per run) and wait until the owning engine se
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import Exists, OuterRef, Subquery
 
 from . import codec, transitions
@@ -28,7 +29,7 @@ from .exceptions import (
 )
 from .models import PendingUpdate, QueryRequest, Workflow, WorkflowClaim
 from .status import ACTIVE_STATUSES, TERMINAL_STATUSES, QueryStatus, UpdateStatus, WorkflowStatus
-from .store import mailbox
+from .store import mailbox, sessions
 from .store.clock import db_now
 from .validation import validate_key, validate_name
 from .waits import Wait
@@ -53,7 +54,7 @@ def query_on_thread(
     alias: str,
     abandoned: threading.Event,
 ) -> Any:
-    with Wait(alias, seconds, abandoned) as wait:
+    with Wait(alias, seconds, abandoned) as wait, _lock_wait_ends(wait, _query_locked(workflow_id, name, wait)):
         wait.subscribe(workflow_id)  # "r:<id>": the run ended
         request: str | None = None
         holder: str | None = None
@@ -135,6 +136,39 @@ def query_on_thread(
                     f'Query "{name}" to workflow "{workflow_id}" got no answer within {wait.timeout_text()}: {why}.'
                 )
             wait.pause()
+
+
+@contextlib.contextmanager
+def _lock_wait_ends(wait: Wait, error: Callable[[], Exception]) -> Iterator[None]:
+    """A statement of the wait gave up on a row lock (``Wait``: ``lock_timeout``): raise ``error()``."""
+    try:
+        yield
+    except DatabaseError as exc:
+        if not sessions.lock_wait_ended(exc):
+            raise
+        raise error() from exc
+
+
+_LOCKED = (
+    "a row it writes stayed locked by another transaction that did not end in time (one of yours, open around "
+    "this call? {call}() works on its own connection, so it waits for your transaction like any other's: call "
+    "it after yours commits)"
+)
+
+
+def _query_locked(workflow_id: str, name: str, wait: Wait) -> Callable[[], Exception]:
+    return lambda: QueryTimeoutError(
+        f'Query "{name}" to workflow "{workflow_id}" got no answer within {wait.timeout_text()}: '
+        f"{_LOCKED.format(call='query')}."
+    )
+
+
+def _update_locked(workflow_id: str, name: str, wait: Wait) -> Callable[[], Exception]:
+    return lambda: UpdateTimeoutError(
+        f'Update "{name}" to workflow "{workflow_id}" got no answer within {wait.timeout_text()}: '
+        f"{_LOCKED.format(call='update')}. It may or may not have been admitted: call update() again with the same "
+        f"idempotency_key to learn its outcome."
+    )
 
 
 def _raise_query_failure(workflow_id: str, name: str, error: dict[str, Any]) -> None:
@@ -242,7 +276,7 @@ def update_on_thread(
         The errors of ``update()``: UpdateValidationError, UpdateFailedError, UpdateTimeoutError,
         WorkflowTerminalError, WorkflowNotFoundError.
     """
-    with Wait(alias, seconds, abandoned) as wait:
+    with Wait(alias, seconds, abandoned) as wait, _lock_wait_ends(wait, _update_locked(workflow_id, name, wait)):
         wait.subscribe(workflow_id)
         if admission is None:
             update_id = admit_with_retry(workflow_id, name, text, key, wait, alias, trace_context)

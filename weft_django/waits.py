@@ -24,7 +24,7 @@ from django.db import close_old_connections, connections
 
 from .exceptions import WaitTimeoutError, WorkflowNotFoundError
 from .status import TERMINAL_STATUSES
-from .store import notify, runs
+from .store import notify, runs, sessions
 from .store.backend import backend
 
 logger = logging.getLogger(__name__)
@@ -87,7 +87,8 @@ def submit(fn: Callable[..., T], *args: Any, seconds: float | None) -> tuple[Fut
 def finish(future: Future[T], caller: Caller, unstarted: Callable[[str], BaseException]) -> T:
     """The outcome of a wait from ``submit``. At the caller's deadline a wait still queued for a
     thread is withdrawn and ``unstarted(why)`` raised (likewise one close_connections() withdrew);
-    one that started is waited for (its thread has the same deadline)."""
+    one that started is waited for (its thread has the same deadline, and its statements give up on
+    a row lock within the timeout: ``Wait``)."""
     try:
         try:
             # (exception(), not futures.wait(): a future cancelled by the pool's shutdown never wakes wait())
@@ -123,8 +124,12 @@ async def afinish(future: Future[T], caller: Caller, unstarted: Callable[[str], 
 
 class Wait:
     """The waiting half of a query or update, on a weft-wait thread: wake-ups by LISTEN on
-    PostgreSQL (re-reading every LISTEN_RECHECK anyway), polling with back-off elsewhere. Its
-    deadline is the caller's (``Caller``; else ``seconds`` from now)."""
+    PostgreSQL (re-reading every LISTEN_RECHECK anyway), polling with back-off elsewhere.
+
+    Its deadline is the caller's (``Caller``; else ``seconds`` from now), and a statement of the wait
+    waits for a row lock ``seconds`` at most (``sessions.bound_lock_wait``): a row held by a
+    transaction that does not end, such as the caller's own, open around the call, ends the wait with
+    an error ``lock_wait_ended`` recognises instead of blocking the thread, and its caller, for ever."""
 
     def __init__(self, alias: str, seconds: float, abandoned: threading.Event) -> None:
         self.alias = alias
@@ -137,6 +142,7 @@ class Wait:
         self.keys: list[str] = []
         self.delay = POLL_FIRST
         _reuse_or_close(alias)
+        sessions.bound_lock_wait(alias, seconds)
         _open_waits.add(abandoned)
         if isinstance(abandoned, Caller):
             abandoned.wake_with(self.event)

@@ -1,5 +1,5 @@
 """Waiting calls end at their timeout whatever keeps them from their answer: every weft-wait thread
-busy with other waits."""
+busy with other waits, a row lock held by the caller's own open transaction."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from django.db import connection, transaction
 
 import weft_django as weft
 from weft_django import client, waits
-from weft_django.models import PendingUpdate
+from weft_django.models import PendingUpdate, Workflow
 from weft_django.testing import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -33,6 +34,21 @@ def _outcome_of(call: Callable[[], Any]) -> tuple[threading.Thread, list[object]
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, outcome
+
+
+def _caller_pid() -> int:
+    """The PostgreSQL backend of this thread's connection (the caller's transaction)."""
+    connection.ensure_connection()
+    return int(connection.connection.info.backend_pid)
+
+
+def _end_if_stuck(thread: threading.Thread, pid: list[int]) -> None:
+    """Before the fix the caller never returned: end its transaction (its backend), which frees the lock
+    its wait waited for, so that close_connections() does not wait for ever for that wait's thread."""
+    if thread.is_alive() and pid:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid[0]])
+        thread.join(30)
 
 
 @pytest.fixture
@@ -95,3 +111,66 @@ def test_close_connections_gives_a_queued_wait_a_timeout_error(busy_pool):
     queued.join(30)
     assert outcome and isinstance(outcome[0], weft.WaitTimeoutError), outcome
     assert "close_connections()" in str(outcome[0])
+
+
+@pytest.mark.postgres
+def test_start_with_update_after_a_start_in_the_callers_transaction_ends_at_its_timeout():
+    """start_with_update() starts the run on its own connection: after start() of the same id in the
+    caller's open transaction its insert waited for that transaction, and its caller waited for it,
+    for ever (timeout="1s"). Now the wait's statements give up on a lock at its timeout:
+    UpdateTimeoutError saying why, and nothing of it is written when the caller rolls back."""
+
+    pid: list[int] = []
+
+    def body() -> Any:
+        pid.append(_caller_pid())
+        with transaction.atomic():
+            weft.start("tests.msg_counter", id="started-here")
+            try:
+                return weft.start_with_update("tests.msg_counter", "add", 1, id="started-here", timeout="1s")
+            finally:
+                transaction.set_rollback(True)
+
+    thread, outcome = _outcome_of(body)
+    thread.join(20)
+    try:
+        assert outcome, "start_with_update() still waits, past its timeout"
+        assert isinstance(outcome[0], weft.UpdateTimeoutError), outcome
+        assert "locked" in str(outcome[0]) and "transaction" in str(outcome[0])
+        assert not Workflow.objects.filter(pk="started-here").exists()
+    finally:
+        _end_if_stuck(thread, pid)
+        client.close_connections()
+
+
+@pytest.mark.postgres
+def test_an_update_whose_row_the_callers_transaction_locked_ends_at_its_timeout():
+    """An update admitted with an idempotency key, then, in the caller's transaction, cancel() (which
+    fails the run's open updates: their rows stay locked until it ends) and update() again with that
+    key: its wait found the update open, tried to expire it at its deadline and waited for the
+    caller's lock, its caller for it, for ever. Now UpdateTimeoutError at the timeout."""
+    weft.start("tests.msg_counter", id="locked")
+    first, _ = _outcome_of(lambda: weft.update("locked", "add", 1, idempotency_key="k", timeout="30s"))
+    wait_for(lambda: PendingUpdate.objects.filter(workflow_id="locked").exists(), timeout=30, message="admission")
+
+    pid: list[int] = []
+
+    def body() -> Any:
+        pid.append(_caller_pid())
+        with transaction.atomic():
+            weft.get_handle("locked").cancel("in the caller's transaction")
+            try:
+                return weft.update("locked", "add", 1, idempotency_key="k", timeout="1s")
+            finally:
+                transaction.set_rollback(True)
+
+    thread, outcome = _outcome_of(body)
+    thread.join(20)
+    try:
+        assert outcome, "update() still waits, past its timeout"
+        assert isinstance(outcome[0], weft.UpdateTimeoutError), outcome
+        assert "locked" in str(outcome[0]) and "idempotency_key" in str(outcome[0])
+    finally:
+        _end_if_stuck(thread, pid)
+        client.close_connections()
+        first.join(30)

@@ -10,6 +10,7 @@ bound (``Backend.bounds_sessions`` false: SQLite) everything here is a no-op.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar
@@ -27,6 +28,34 @@ R = TypeVar("R")
 _bound = threading.local()  # .limits: {database alias: limit in ms} for the engine's threads
 
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
+
+# The lock_timeout last set on each weft-wait connection (a kept connection serves many waits; most
+# calls pass the same timeout, so the setting is sent when it changes, not per wait).
+_wait_lock_bounds: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def bound_lock_wait(using: str, seconds: float) -> None:
+    """On a weft-wait thread (``waits.Wait``), before a query's or update's statements: they wait
+    ``seconds`` at most for a row lock (the session's ``lock_timeout``; at least 1 ms, since 0 means
+    no limit), then fail with an error ``lock_wait_ended`` recognises. The thread's connection serves
+    waits only, so the setting stays with it. A no-op where the backend has no sessions to bound.
+
+    Args:
+        using: the connection alias.
+        seconds: the wait's timeout.
+    """
+    found = backend(using)
+    if not found.bounds_sessions:
+        return
+    connection = found.connection
+    connection.ensure_connection()
+    limit_ms = str(max(1, int(seconds * 1000)))
+    raw = connection.connection
+    if _wait_lock_bounds.get(raw) == limit_ms:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('lock_timeout', %s, false)", [limit_ms])
+    _wait_lock_bounds[raw] = limit_ms
 
 
 # -- engine side (ownership, the fenced commit, messages, chores) ----------------------------
