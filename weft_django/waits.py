@@ -458,9 +458,11 @@ def _read_end(workflow_id: str, alias: str, listener: ResultListener | None) -> 
     return runs.read_end(workflow_id, alias)
 
 
-def wait_for_end(workflow_id: str, alias: str, caller: Caller) -> dict[str, Any]:
+def wait_for_end(workflow_id: str, alias: str, seen: tuple[str, datetime] | None, caller: Caller) -> dict[str, Any]:
     """On a weft-wait thread: poll (woken by LISTEN on PostgreSQL) until the run is terminal, or the
-    caller's deadline (``Caller``)."""
+    caller's deadline (``Caller``). ``seen``: (run id, created_at) of the run the caller's open
+    transaction sees (``runs.read_start``), when it has one: a run older than that, committed, is not
+    the one the caller means (its transaction started another over it and has not committed)."""
     close_old_connections()
     deadline = caller.deadline
     _open_waits.add(caller)
@@ -488,6 +490,13 @@ def wait_for_end(workflow_id: str, alias: str, caller: Caller) -> dict[str, Any]
                     f'No workflow "{workflow_id}" exists (never started, purged, or started in a transaction '
                     f"that has not committed yet: result() reads committed data on its own connection)."
                 )
+            if seen is not None and run_id != seen[0] and row["created_at"] < seen[1]:
+                raise WorkflowNotFoundError(
+                    f'Run {seen[0]} of workflow "{workflow_id}" was started in a transaction that has not committed '
+                    f"yet (yours, around this call?), over run {run_id} ({row['status']}). result() reads committed "
+                    f"data on its own connection: call it after that transaction commits."
+                )
+            seen = None  # the first read is the one that can be older than the caller's view
             if row["status"] in TERMINAL_STATUSES:
                 return row
             remaining = _remaining(deadline)

@@ -1,5 +1,6 @@
 """Waiting calls end at their timeout whatever keeps them from their answer: every weft-wait thread
-busy with other waits, a row lock held by the caller's own open transaction."""
+busy with other waits, a row lock held by the caller's own open transaction. And result() in the
+transaction that started a run over a finished one does not answer with the finished run's end."""
 
 from __future__ import annotations
 
@@ -174,3 +175,22 @@ def test_an_update_whose_row_the_callers_transaction_locked_ends_at_its_timeout(
         _end_if_stuck(thread, pid)
         client.close_connections()
         first.join(30)
+
+
+@pytest.mark.parametrize("how", ["start_new", "start_or_signal"])
+def test_result_in_the_transaction_that_started_a_run_over_a_finished_one_is_not_the_old_end(how, weft_run_until_idle):
+    """result() reads committed data on its own connection: after a start over a finished run in the
+    caller's open transaction it read the finished run and answered with its end ({'total': 3}),
+    where the docs promise WorkflowNotFoundError for a run started in an uncommitted transaction."""
+    handle = weft.start("tests.sum", args=[1, 2], id="again")
+    weft_run_until_idle()
+    assert handle.result(timeout=5) == {"total": 3}
+    with transaction.atomic():
+        if how == "start_new":
+            weft.start("tests.sum", args=[10, 20], id="again", on_conflict="start_new")
+        else:
+            weft.start_or_signal("tests.sum", "ignored", args=[10, 20], id="again")
+        with pytest.raises(weft.WorkflowNotFoundError, match="has not committed"):
+            handle.result(timeout=2)
+    weft_run_until_idle()
+    assert handle.result(timeout=5) == {"total": 30}  # once committed, the new run's end

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.db import transaction
 from django.db.models import OuterRef, Subquery
 
 from .. import codec, transitions
@@ -149,9 +150,9 @@ class WorkflowHandle:
         """Send an update and return its handler's result (see :func:`update`)."""
         return update(self.id, name, payload, idempotency_key=idempotency_key, timeout=timeout)
 
-    def _submit_wait(self, timeout: Any) -> tuple[Any, Caller]:
+    def _submit_wait(self, timeout: Any, seen: tuple[str, Any] | None = None) -> tuple[Any, Caller]:
         seconds = None if timeout is None else _duration(timeout, "timeout").total_seconds()
-        return submit(wait_for_end, self.id, _alias(), seconds=seconds)
+        return submit(wait_for_end, self.id, _alias(), seen, seconds=seconds)
 
     def _unstarted(self, seconds: float | None) -> Any:
         """The error of a wait that never got a weft-wait thread (``waits.finish``)."""
@@ -167,8 +168,16 @@ class WorkflowHandle:
 
         ``timeout`` (a duration up to ``durations.MAX_DURATION``, None: no limit) running out first
         raises WaitTimeoutError, which is also a builtin TimeoutError. A bad ``timeout`` raises
-        InvalidArgumentError. Reads committed data only, on its own connection."""
-        future, caller = self._submit_wait(timeout)
+        InvalidArgumentError. Reads committed data only, on its own connection: inside a transaction
+        that started this run (or a new run over a finished one) and has not committed,
+        WorkflowNotFoundError."""
+        alias = _alias()
+        # What the caller's open transaction sees (its own uncommitted start included), to tell it apart
+        # from the committed run the wait reads.
+        caller_connection = transaction.get_connection(alias)
+        in_transaction = caller_connection.in_atomic_block and not caller_connection.needs_rollback
+        seen = runs.read_start(self.id, alias) if in_transaction else None
+        future, caller = self._submit_wait(timeout, seen)
         return _outcome(self.id, finish(future, caller, self._unstarted(caller.seconds)))
 
     async def aresult(self, timeout: Any = None) -> Any:

@@ -122,7 +122,14 @@ def parse_ended(body: str) -> tuple[str, dict[str, Any]] | None:
         return None
     if not isinstance(workflow_id, str) or status not in CARRIED_STATUSES:
         return None
-    fields = {"status": status, "result": result, "error": error, "cancel_reason": None, "execution_deadline": None}
+    fields = {
+        "status": status,
+        "result": result,
+        "error": error,
+        "cancel_reason": None,
+        "execution_deadline": None,
+        "created_at": None,  # (a waiter takes a carried end only for the run its last read saw)
+    }
     return workflow_id, {**fields, "run_id": run_id}
 
 

@@ -409,7 +409,7 @@ def pending_timers(using: str) -> Coalesce:
     return Coalesce(Subquery(count, output_field=IntegerField()), 0)
 
 
-RESULT_FIELDS = ("status", "result", "error", "cancel_reason", "execution_deadline", "run_id")
+RESULT_FIELDS = ("status", "result", "error", "cancel_reason", "execution_deadline", "run_id", "created_at")
 _RESULT_SQL = f"SELECT {', '.join(RESULT_FIELDS)} FROM {Workflow._meta.db_table} WHERE id = %s"
 
 
@@ -417,6 +417,13 @@ def read_end(workflow_id: str, using: str) -> dict[str, Any] | None:
     """The fields ``result()`` reads of run ``workflow_id`` (``RESULT_FIELDS``), or None: no such run."""
     found: dict[str, Any] | None = Workflow.objects.using(using).filter(pk=workflow_id).values(*RESULT_FIELDS).first()
     return found
+
+
+def read_start(workflow_id: str, using: str) -> tuple[str, datetime] | None:
+    """(run id, created_at) of run ``workflow_id`` as the current transaction of ``using`` sees it
+    (its own uncommitted writes included), or None: no such run."""
+    found = Workflow.objects.using(using).filter(pk=workflow_id).values_list("run_id", "created_at").first()
+    return None if found is None else (str(found[0]), found[1])
 
 
 def read_end_on(reader: Any, workflow_id: str) -> dict[str, Any] | None:
