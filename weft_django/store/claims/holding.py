@@ -479,16 +479,7 @@ def classify_unheld(engine_id: str, epochs: dict[str, int], using: str) -> tuple
     if not epochs:
         return {}, set()
     ids = sorted(epochs)
-    found = backend(using)
-    rows: dict[str, tuple[str | None, int]] = {}
-    with found.connection.cursor() as cursor:
-        for chunk in found.chunks(ids):
-            placeholders = ", ".join(["%s"] * len(chunk))
-            cursor.execute(
-                f"SELECT workflow_id, engine_id, epoch FROM {CLAIM_TABLE} WHERE workflow_id IN ({placeholders})",
-                chunk,
-            )
-            rows.update((wid, (holder, epoch)) for wid, holder, epoch in cursor.fetchall())
+    rows = {wid: (holder, epoch) for wid, holder, epoch in _claim_rows("workflow_id, engine_id, epoch", ids, using)}
     lost: dict[str, str] = {}
     busy: set[str] = set()
     for wid in ids:
@@ -501,18 +492,21 @@ def classify_unheld(engine_id: str, epochs: dict[str, int], using: str) -> tuple
     return lost, busy
 
 
-def why_lost(engine_id: str, workflow_ids: list[str], using: str) -> dict[str, str]:
-    """Why these claims are not ours: {workflow_id: "missing" | "released" | "deposed"}."""
-    found = backend(using)
-    rows: dict[str, str | None] = {}
+def _claim_rows(columns: str, workflow_ids: list[str], using: str) -> list[tuple[Any, ...]]:
+    """``columns`` of these workflows' claim rows (a plain read), in statements the backend's parameter
+    limit allows (``Backend.chunks``)."""
+    found, rows = backend(using), []
     with found.connection.cursor() as cursor:
         for chunk in found.chunks(workflow_ids):
             placeholders = ", ".join(["%s"] * len(chunk))
-            cursor.execute(
-                f"SELECT workflow_id, engine_id FROM {CLAIM_TABLE} WHERE workflow_id IN ({placeholders})",
-                chunk,
-            )
-            rows.update(cursor.fetchall())
+            cursor.execute(f"SELECT {columns} FROM {CLAIM_TABLE} WHERE workflow_id IN ({placeholders})", chunk)
+            rows.extend(cursor.fetchall())
+    return rows
+
+
+def why_lost(engine_id: str, workflow_ids: list[str], using: str) -> dict[str, str]:
+    """Why these claims are not ours: {workflow_id: "missing" | "released" | "deposed"}."""
+    rows: dict[str, str | None] = dict(_claim_rows("workflow_id, engine_id", workflow_ids, using))
     return {
         wid: "missing" if wid not in rows else ("released" if rows[wid] is None else "deposed") for wid in workflow_ids
     }
