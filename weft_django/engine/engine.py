@@ -153,7 +153,7 @@ class Engine:
         if not ownership.start_up(self, self.settings):  # its writes wait while the database refuses them
             return  # asked to stop meanwhile: run() shuts down
         if self.mode == OwnershipMode.LEASE:
-            if ownership.retried_at_start_up(self, "store lease", lambda: self.lease.wait(self.stopping)):
+            if self.lease.wait(self.stopping):  # it waits out database errors itself (renewal.StoreLease)
                 self.claimer.take_over_now = True  # the lease holder takes every claim at once
         elif self.mode == OwnershipMode.NONE:
             self.claimer.take_over_now = True  # the single engine: its predecessor's claims are taken at once
