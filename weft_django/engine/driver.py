@@ -166,6 +166,10 @@ class WorkflowRun:
         self.ctx = ctx
         self.input_text = input_text
         self.steps = steps
+        # The highest recorded seq: past it the code runs live (ctx.is_replaying). Kept as steps are
+        # recorded (record, _record_new) instead of scanning every step on each turn, which made a run
+        # of n steps cost n * n / 2 in the loop's thread, live or replayed.
+        self._last_recorded = max(steps, default=-1)
         self.new_steps: list[StepRecord] = []  # recorded by the driver itself (memo, race winners)
         self.next_seq = 0
         self.frontier: Frontier | None = None
@@ -281,6 +285,7 @@ class WorkflowRun:
 
     def record(self, step: StepRecord) -> None:
         self.steps[step.seq] = step
+        self._last_recorded = max(self._last_recorded, step.seq)
 
     def has_child_steps(self) -> bool:
         """Whether this run has started a child (a child step recorded, or just recorded)."""
@@ -360,6 +365,7 @@ class WorkflowRun:
 
     def _record_new(self, step: StepRecord) -> None:
         self.steps[step.seq] = step
+        self._last_recorded = max(self._last_recorded, step.seq)
         self.new_steps.append(step)
 
     def record_marker(self, step: StepRecord) -> None:
@@ -381,7 +387,7 @@ class WorkflowRun:
         if gen is None:
             return
         while True:
-            self.ctx.is_replaying = any(seq >= self.next_seq for seq in self.steps)
+            self.ctx.is_replaying = self._last_recorded >= self.next_seq
             self.in_code = True
             try:
                 op = gen.throw(exc) if exc is not None else gen.send(value)

@@ -1,0 +1,100 @@
+"""A run's turns cost what they do, not what its history holds: driving a run of n steps, live or
+replayed (a takeover, a recall of an evicted workflow, ``weft replay``), walks its step table O(n)
+times in all, not once per turn.
+
+Before the fix, every turn of the generator set ``ctx.is_replaying`` by scanning every recorded step
+(``any(seq >= next_seq for seq in steps)``): n * n / 2 step visits for a run of n steps, all on the
+engine loop's thread. A live run of 16,000 memo steps took 14.4 s of one pass (0.96 s after), and every
+recovery of a long history held every other workflow of its engine that long. The walks are counted
+here, not timed: the run's step table counts every step an iteration over it visits."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import weft_django as weft
+from weft_django.codec import encode
+from weft_django.context import WorkflowContext
+from weft_django.engine.driver import WorkflowRun
+from weft_django.registry import resolve_workflow
+from weft_django.store.histories import StepRecord
+
+STEPS = 2_000
+
+
+@weft.workflow(name="tests.long_history_memos")
+def memos(ctx: Any, n: int) -> Any:
+    total = 0
+    for i in range(n):
+        total += yield ctx.memo(f"k{i}", lambda: 1)
+    return total
+
+
+class _CountedSteps(dict[int, StepRecord]):
+    """A run's step table that counts the steps every iteration over it visits."""
+
+    visits = 0
+
+    def __iter__(self) -> Iterator[int]:
+        for seq in super().__iter__():
+            self.visits += 1
+            yield seq
+
+
+def _run(steps: _CountedSteps) -> WorkflowRun:
+    ctx = WorkflowContext(
+        workflow_id="long-history",
+        run_id="long-history-run",
+        workflow_type="tests.long_history_memos",
+        started_at=datetime(2026, 12, 7, tzinfo=UTC),
+        epoch=1,
+    )
+    run = WorkflowRun(resolve_workflow(memos), ctx, encode({"args": [STEPS], "kwargs": {}}), steps)
+    run.start()
+    return run
+
+
+def test_a_live_run_walks_its_steps_a_bounded_number_of_times() -> None:
+    steps = _CountedSteps()
+    run = _run(steps)
+    assert run.result_text == str(STEPS)
+    assert len(steps) == STEPS
+    assert steps.visits <= 10 * STEPS, f"{steps.visits:,} step visits to drive {STEPS:,} steps live"
+
+
+def test_a_replay_walks_its_steps_a_bounded_number_of_times() -> None:
+    recorded = _CountedSteps(
+        {seq: StepRecord(seq, "memo", f"k{seq}", "completed", "1") for seq in range(STEPS)},
+    )
+    run = _run(recorded)
+    assert run.result_text == str(STEPS)
+    assert run.new_steps == []  # every memo came from the history: nothing computed again
+    assert recorded.visits <= 10 * STEPS, f"{recorded.visits:,} step visits to replay {STEPS:,} steps"
+
+
+def test_is_replaying_is_true_below_the_last_recorded_step_and_false_past_it() -> None:
+    seen: list[bool] = []
+
+    @weft.workflow(name="tests.long_history_replaying")
+    def replaying(ctx: Any) -> Any:
+        for i in range(4):
+            seen.append(ctx.is_replaying)
+            yield ctx.memo(f"k{i}", lambda i=i: i)
+        seen.append(ctx.is_replaying)
+        return None
+
+    recorded = {seq: StepRecord(seq, "memo", f"k{seq}", "completed", str(seq)) for seq in range(2)}
+    ctx = WorkflowContext(
+        workflow_id="replaying",
+        run_id="replaying-run",
+        workflow_type="tests.long_history_replaying",
+        started_at=datetime(2026, 12, 7, tzinfo=UTC),
+        epoch=1,
+    )
+    run = WorkflowRun(resolve_workflow(replaying), ctx, encode({"args": [], "kwargs": {}}), recorded)
+    run.start()
+    assert run.result_text == "null"
+    # Before the yields at 0 and 1 the history holds them; past the last recorded step the code is live.
+    assert seen == [True, True, False, False, False]
