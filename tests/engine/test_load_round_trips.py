@@ -119,7 +119,7 @@ def test_a_claimed_batch_is_taken_and_loaded_in_one_round_trip_and_runs_as_befor
         ):
             assert f"FROM weft_django_{table}" in read
         assert sorted(engine.owned) == ids
-        assert [row[3] for row in engine.owned[ids[0]].signals_known or []] == ["aside"]  # its mailbox, read
+        assert [row[3] for row in (engine.owned[ids[0]].signals_known or {}).values()] == ["aside"]  # its mailbox, read
         for wid in ids:
             owned = engine.owned[wid]
             assert owned.run.frontier is not None and owned.run.frontier.seq == 2  # replayed past both steps

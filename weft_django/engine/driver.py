@@ -5,7 +5,6 @@ code yields the same operations at the same positions and feeds the recorded out
 
 from __future__ import annotations
 
-import dataclasses
 import traceback
 from collections.abc import Generator
 from datetime import datetime
@@ -29,21 +28,7 @@ from ..registry import WorkflowDefinition
 from ..status import TimerKind
 from ..store.histories import AppliedRecord, Outcome, StepRecord
 from . import markers
-
-
-@dataclasses.dataclass
-class Leaf:
-    seq: int
-    op: Operation
-    outcome: Outcome | None = None
-
-
-@dataclasses.dataclass
-class Frontier:
-    seq: int
-    op: Operation
-    leaves: list[Leaf]
-
+from .frontier import Frontier, Leaf
 
 CORRUPT_RECORD = "CorruptRecord"  # a step error meaning: what settled this step could not be read (stuck)
 # The operation that arms each kind of timer a run's position can hold (engine/progress.py): a parked
@@ -251,11 +236,8 @@ class WorkflowRun:
         frontier = self.frontier
         if frontier is None:
             return
-        leaf = next((leaf for leaf in frontier.leaves if leaf.seq == seq), None)
-        if leaf is None or leaf.outcome is not None:
-            return
-        leaf.outcome = outcome
-        self._guarded(self._settle_frontier)
+        if frontier.settle_leaf(seq, outcome):
+            self._guarded(self._settle_frontier)
 
     def _guarded(self, drive: Any) -> None:
         """Run ``drive``; what escapes it is not the workflow code's failure (that is caught where the
@@ -280,8 +262,15 @@ class WorkflowRun:
             return []
         return [leaf for leaf in self.frontier.leaves if leaf.outcome is None]
 
+    def pending_leaf(self, seq: int) -> Leaf | None:
+        """The frontier's leaf at ``seq`` if it is still waiting (as ``pending_leaves``), else None."""
+        if self.frontier is None or self.ctx.detached:
+            return None
+        leaf = self.frontier.by_seq.get(seq)
+        return leaf if leaf is not None and leaf.outcome is None else None
+
     def is_pending(self, seq: int) -> bool:
-        return any(leaf.seq == seq for leaf in self.pending_leaves())
+        return self.pending_leaf(seq) is not None
 
     def record(self, step: StepRecord) -> None:
         self.steps[step.seq] = step
@@ -339,7 +328,7 @@ class WorkflowRun:
             else:
                 self._advance(None, self._thrown(outcome.error, leaf.seq, leaf.op))
             return
-        if any(leaf.outcome is None for leaf in frontier.leaves):
+        if frontier.waiting:
             return
         self.frontier = None
         self._observe(*(leaf.seq for leaf in frontier.leaves))

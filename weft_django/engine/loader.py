@@ -107,7 +107,7 @@ class Loader:
                 mailbox = loaded.signals.get(wid) if loaded.signals is not None else None
                 if mailbox is not None:  # its mailbox as the load saw it (engine/signal_delivery.py)
                     owned.signal_top = mailbox.top
-                    owned.signals_known = [row for row in mailbox.rows if str(row[2]) == owned.run_id]
+                    owned.signals_known = {row[0]: row for row in mailbox.rows if str(row[2]) == owned.run_id}
         if release:
             ownership.release(self.engine_id, release, self.using)
 

@@ -55,7 +55,8 @@ from ..store.commit import UpdateDone, UpdateRaceLost, WorkflowWrites, fenced_me
 from ..store.histories import AdmittedRow
 from ..store.notify import send_many
 from ..store.sessions import allow_user_code, relax_commit
-from .driver import Leaf, StepRecord, describe_exception
+from .driver import StepRecord, describe_exception
+from .frontier import Leaf
 from .host import EngineHost
 from .owned import Owned, delivery_span
 

@@ -19,7 +19,8 @@ from ..store.commit import WorkflowWrites
 from ..store.notify import BufferedRow
 from . import steps
 from .activities import AttemptTask
-from .driver import Leaf, WorkflowRun
+from .driver import WorkflowRun
+from .frontier import Leaf
 
 logger = logging.getLogger("weft_django.engine.engine")
 
@@ -60,10 +61,10 @@ class Owned:
     continued: bool = False  # a later run of its workflow id (store.histories.RunRow.continued)
     # The highest signal id this context's last mailbox read saw; the signals it consumed whose commit
     # is not durable yet; and its mailbox as known without a read (None: unknown, the next look reads
-    # it). engine/signal_delivery.py says when each is used.
+    # it), by signal id in the order they were buffered. engine/signal_delivery.py says when each is used.
     signal_top: int | None = None
     signals_taken: set[int] = dataclasses.field(default_factory=set)
-    signals_known: list[BufferedRow] | None = None
+    signals_known: dict[int, BufferedRow] | None = None
 
     @property
     def has_deadline(self) -> bool:

@@ -555,7 +555,9 @@ class Progress:
         timer = self.take_timer(owned, kind, seq, writes)
         if kind == TimerKind.ACTIVITY_RETRY:
             if timer is not None:
-                leaf_op = next(leaf.op for leaf in owned.run.pending_leaves() if leaf.seq == seq)
+                waiting = owned.run.pending_leaf(seq)
+                assert waiting is not None  # is_pending(seq) above
+                leaf_op = waiting.op
                 assert isinstance(leaf_op, RunActivity)
                 step = owned.run.steps[seq]
                 believed, step.attempts = step.attempts, timer.attempt or step.attempts + 1
@@ -567,7 +569,7 @@ class Progress:
                     pending.guards[seq] = believed
                 self.attention.queue(owned, task)
             return
-        leaf = next((lf for lf in owned.run.pending_leaves() if lf.seq == seq), None)
+        leaf = owned.run.pending_leaf(seq)
         fired = steps.timer_fired(kind, seq, leaf, now, wid)
         if fired is not None:
             self.settle(owned, fired, writes, changed)

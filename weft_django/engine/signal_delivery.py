@@ -38,7 +38,8 @@ from ..store import histories
 from ..store.commit import WorkflowWrites
 from ..store.notify import BufferedRow
 from . import steps
-from .driver import Leaf, StepRecord
+from .driver import StepRecord
+from .frontier import Leaf
 from .owned import Owned, delivery_span, ends_its_child, mailbox_of, writes_of
 
 
@@ -83,15 +84,13 @@ def note_carried(owned_map: Mapping[str, Owned], carried: Mapping[str, list[Buff
         if owned is None or owned.signals_known is None:
             continue
         known = owned.signals_known
-        seen = {row[0] for row in known}
         for row in rows:
-            if row[0] in seen or row[0] in owned.signals_taken or str(row[2]) != owned.run_id:
+            if row[0] in known or row[0] in owned.signals_taken or str(row[2]) != owned.run_id:
                 continue  # known already, consumed by this context (its read came first), another run's
             if owned.signal_top is None or row[0] <= owned.signal_top:
                 owned.signals_known = None
                 break
-            known.append(row)
-            seen.add(row[0])
+            known[row[0]] = row
             owned.signal_top = row[0]  # a late S: of it, once consumed and forgotten, is at or below
 
 
@@ -104,7 +103,7 @@ def _read(settler: Settler, workflow_ids: list[str]) -> list[BufferedRow]:
         if top is None:  # (no top without prepared reads, e.g. SQLite: no S: wake-ups there either)
             continue
         owned.signal_top = top if owned.signal_top is None else max(top, owned.signal_top)
-        owned.signals_known = [known_row for known_row in rows if _current(owned, known_row)]
+        owned.signals_known = {known_row[0]: known_row for known_row in rows if _current(owned, known_row)}
     return rows
 
 
@@ -148,38 +147,60 @@ def deliver(
             owned_map[wid].signals_known = None
     if not wanted:
         return False
-    rows: list[BufferedRow] = []
+    mailboxes: dict[str, list[BufferedRow]] = {}
     unread = []
     for wid in sorted(wanted):
         owned = owned_map[wid]
         owned.signals_taken &= _pending(writes, wid)  # the rest are durable: no read shows them buffered
         if wid not in must_read and owned.signals_known is not None:
-            rows.extend(owned.signals_known)
+            mailboxes[wid] = list(owned.signals_known.values())
         else:
             unread.append(wid)
     if unread:
-        rows.extend(_read(settler, unread))
+        for row in _read(settler, unread):
+            mailboxes.setdefault(row[1], []).append(row)
     delivered = False
-    for pk, wid, run_id, name, payload, sent in rows:
+    for wid in sorted(mailboxes):
         owned = owned_map[wid]
-        if str(run_id) != owned.run_id or pk in owned.signals_taken:
-            continue  # taken already (this pass, or an earlier one whose commit is not durable yet)
-        leaf = next((lf for lf in wanted[wid] if mailbox_of(lf) == name and owned.run.is_pending(lf.seq)), None)
-        if leaf is None:
-            continue
-        owned.signals_taken.add(pk)
-        if owned.signals_known is not None:
-            owned.signals_known = [row for row in owned.signals_known if row[0] != pk]
-        delivered = True
-        writes_of(owned, writes).signals_consumed.append((pk, leaf.seq))
-        if isinstance(leaf.op, StartChild) and not ends_its_child(owned, leaf.seq, payload):
-            continue  # another child's end (consumed out of the way): the step waits for its own
-        if not isinstance(leaf.op, StartChild):
-            settler.take_timer(owned, TimerKind.SIGNAL_TIMEOUT, leaf.seq, writes)
-        with delivery_span("weft.signal.deliver", owned, sent, {"weft.signal": name, "weft.seq": leaf.seq}):
-            settler.settle(owned, steps.delivered(leaf, name, payload, now), writes, changed)
-        wanted[wid] = [lf for lf in wanted[wid] if lf.seq != leaf.seq]
+        for pk, _, run_id, name, payload, sent in mailboxes[wid]:
+            if not wanted[wid]:
+                break  # every wait of this workflow has its record: the rest of a backlog stays for later passes
+            delivered |= _consume(settler, owned, wanted, pk, run_id, name, payload, sent, now, writes, changed)
     return delivered
+
+
+def _consume(
+    settler: Settler,
+    owned: Owned,
+    wanted: dict[str, list[Leaf]],
+    pk: int,
+    run_id: object,
+    name: str,
+    payload: str,
+    sent: str | None,
+    now: datetime,
+    writes: dict[str, WorkflowWrites],
+    changed: set[str],
+) -> bool:
+    """Deliver one buffered record to the wait of ``owned`` it is for, if one waits for it; whether it was consumed."""
+    wid = owned.workflow_id
+    if str(run_id) != owned.run_id or pk in owned.signals_taken:
+        return False  # taken already (this pass, or an earlier one whose commit is not durable yet)
+    leaf = next((lf for lf in wanted[wid] if mailbox_of(lf) == name and owned.run.is_pending(lf.seq)), None)
+    if leaf is None:
+        return False
+    owned.signals_taken.add(pk)
+    if owned.signals_known is not None:
+        owned.signals_known.pop(pk, None)
+    writes_of(owned, writes).signals_consumed.append((pk, leaf.seq))
+    if isinstance(leaf.op, StartChild) and not ends_its_child(owned, leaf.seq, payload):
+        return True  # another child's end (consumed out of the way): the step waits for its own
+    if not isinstance(leaf.op, StartChild):
+        settler.take_timer(owned, TimerKind.SIGNAL_TIMEOUT, leaf.seq, writes)
+    with delivery_span("weft.signal.deliver", owned, sent, {"weft.signal": name, "weft.seq": leaf.seq}):
+        settler.settle(owned, steps.delivered(leaf, name, payload, now), writes, changed)
+    wanted[wid] = [lf for lf in wanted[wid] if lf.seq != leaf.seq]
+    return True
 
 
 def before_timeouts(

@@ -16,7 +16,8 @@ from ..operations import RunActivity, Sleep, StartChild, WaitForSignal, WaitUnti
 from ..status import TimerKind
 from .activities import AttemptTask
 from .children import child_outcome
-from .driver import Leaf, StepRecord, WorkflowRun
+from .driver import StepRecord, WorkflowRun
+from .frontier import Leaf
 
 logger = logging.getLogger("weft_django.engine.engine")
 STUCK_MAX_BACKOFF = timedelta(minutes=5)
