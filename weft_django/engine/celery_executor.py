@@ -30,7 +30,7 @@ RESEND_DELAY = 1.0  # seconds before a send that failed (broker unreachable) is 
 # remembered once it is timed out (or its outcome is in): a reload at the same epoch within it takes
 # the outcome from the database at once; a later one sends the attempt again, and the worker skips it.
 SENT_KEPT_FOR = 60.0
-PRUNE_BATCH = 500  # sends past their deadline looked at per poll (one claim query for them all)
+PRUNE_BATCH = 500  # sends past their deadline looked at per poll (one claim read, one fenced expiry for them all)
 _settings_app: Celery | None = None
 _settings_app_lock = threading.Lock()
 
@@ -287,10 +287,18 @@ class CeleryExecutor:
             ][:PRUNE_BATCH]
         unsettled = {sent.key.workflow_id for _, sent in due if sent.deadline is not None and not sent.settled}
         holders = histories.claim_holders(sorted(unsettled), self._using) if unsettled else {}
+        expiring = [
+            (sent.key, sent.activity)
+            for _, sent in due
+            if sent.deadline is not None
+            and not sent.settled
+            and holders.get(sent.key.workflow_id) == (sent.key.epoch, self._engine_id)
+        ]
+        # All in one fenced transaction (remote.expire_many): after an outage a poll may find PRUNE_BATCH of them.
+        outcomes = remote.expire_many(self._engine_id, expiring, self._using) if expiring else {}
         for ident, sent in due:
-            held = holders.get(sent.key.workflow_id) == (sent.key.epoch, self._engine_id)
-            if sent.deadline is not None and not sent.settled and held:
-                expiry, _ = remote.expire(self._engine_id, sent.key, sent.activity, self._using)
+            if ident in outcomes:
+                expiry, _ = outcomes[ident]
                 if expiry is remote.Expiry.BUSY:
                     continue  # its claim row is held elsewhere: a later poll tries again
                 if expiry is remote.Expiry.EXPIRED:

@@ -47,6 +47,7 @@ from ..models import RemoteAttempt, RemoteAttemptState, Step
 from ..registry import RetryPolicy, registry
 from ..status import StepStatus
 from ..store import claims
+from ..store.backend import backend
 from ..store.clock import db_clock, db_now
 from ..store.commit import fenced
 from ..store.notify import send
@@ -455,26 +456,97 @@ def record_sent(entries: list[tuple[AttemptKey, str, str]], using: str) -> None:
 
 def expire(engine_id: str, key: AttemptKey, activity: str, using: str) -> tuple[Expiry, RemoteOutcome | None]:
     """Time the attempt out under this engine's claim, unless the worker's outcome is in already."""
-    epochs = {key.workflow_id: key.epoch}
+    return expire_many(engine_id, [(key, activity)], using)[key.ident]
+
+
+def expire_many(
+    engine_id: str, entries: list[tuple[AttemptKey, str]], using: str
+) -> dict[tuple[str, int, int, int], tuple[Expiry, RemoteOutcome | None]]:
+    """``expire`` for many attempts, in one transaction whose statements do not grow with them (the
+    claims locked first, sorted; then per chunk the steps and rows read, the rows written and marked
+    ``expired``). Each is fenced as alone: under its workflow's claim still held by ``engine_id`` at its
+    epoch, only the row of its (run, seq, attempt, epoch). Returns ``{key.ident: (Expiry, outcome)}``.
+    Raises ValueError for two entries of one workflow at different epochs (at most one can be held)."""
+    epochs: dict[str, int] = {}
+    for key, _ in entries:
+        if epochs.setdefault(key.workflow_id, key.epoch) != key.epoch:
+            raise ValueError(f"expire_many: two epochs of workflow {key.workflow_id!r}")
+    found: dict[tuple[str, int, int, int], tuple[Expiry, RemoteOutcome | None]] = {}
+    if not entries:
+        return found
     # On the engine's loop thread: never wait for a claim row another transaction holds.
     with fenced(epochs, using, holder=(engine_id, epochs), wait=False) as fence:
-        if not fence.held:
-            _, busy = claims.classify_unheld(engine_id, epochs, using)
-            return (Expiry.BUSY if busy else Expiry.NOT_HELD), None
-        step = (
-            Step.objects.using(using)
-            .filter(run_id=key.run_id, seq=key.seq)
-            .values_list("status", "attempts", "epoch", "result", "completed_at")
-            .first()
+        unheld = {wid: epoch for wid, epoch in epochs.items() if wid not in fence.held}
+        _, busy = claims.classify_unheld(engine_id, unheld, using)
+        for key, _ in entries:
+            if key.workflow_id not in fence.held:
+                found[key.ident] = (Expiry.BUSY if key.workflow_id in busy else Expiry.NOT_HELD), None
+        held = [(key, activity) for key, activity in entries if key.workflow_id in fence.held]
+        steps = _steps([key for key, _ in held], using)
+        waiting: list[tuple[AttemptKey, str]] = []
+        for key, activity in held:
+            step = steps.get((key.run_id, key.seq))
+            if step is not None and step[:3] == (StepStatus.COMPLETED, key.attempt, key.epoch):
+                found[key.ident] = Expiry.SETTLED, RemoteOutcome(ok=True, result=step[3], completed_at=step[4])
+            else:
+                waiting.append((key, activity))
+        if not waiting:
+            return found
+        now = db_clock(using)
+        RemoteAttempt.objects.using(using).bulk_create(
+            [_row(key, activity, "", now) for key, activity in waiting], ignore_conflicts=True
         )
-        if step is not None and step[:3] == (StepStatus.COMPLETED, key.attempt, key.epoch):
-            return Expiry.SETTLED, RemoteOutcome(ok=True, result=step[3], completed_at=step[4])
-        _ensure_row(key, activity, "", using)
-        row = _attempt_rows(key, using).values_list("state", "error", "error_types").first()
-        if row is not None and row[0] == RemoteAttemptState.FAILED:
-            return Expiry.SETTLED, RemoteOutcome(ok=False, error=row[1], error_types=tuple(row[2] or ()))
-        _attempt_rows(key, using).update(state=RemoteAttemptState.EXPIRED, finished_at=db_clock(using))
-    return Expiry.EXPIRED, None
+        rows = _rows([key for key, _ in waiting], using)
+        expiring: list[AttemptKey] = []
+        for key, _ in waiting:
+            row = rows.get(key.ident) or (None, None, None)
+            if row[0] == RemoteAttemptState.FAILED:
+                found[key.ident] = (
+                    Expiry.SETTLED,
+                    RemoteOutcome(ok=False, error=row[1], error_types=tuple(row[2] or ())),
+                )
+            else:
+                expiring.append(key)
+                found[key.ident] = Expiry.EXPIRED, None
+        for chunk in backend(using).chunks(expiring, per_item=4, reserved=4):
+            RemoteAttempt.objects.using(using).filter(_where_attempts(chunk)).update(
+                state=RemoteAttemptState.EXPIRED, finished_at=now
+            )
+    return found
+
+
+def _where_attempts(keys: list[AttemptKey]) -> Q:
+    return functools.reduce(
+        operator.or_, (Q(run_id=k.run_id, seq=k.seq, attempt=k.attempt, epoch=k.epoch) for k in keys)
+    )
+
+
+def _steps(keys: list[AttemptKey], using: str) -> dict[tuple[str, int], tuple[Any, ...]]:
+    """(status, attempts, epoch, result, completed_at) of these attempts' steps, by (run_id, seq)."""
+    wanted = sorted({(k.run_id, k.seq) for k in keys})
+    steps: dict[tuple[str, int], tuple[Any, ...]] = {}
+    for chunk in backend(using).chunks(wanted, per_item=2):
+        where = functools.reduce(operator.or_, (Q(run_id=run, seq=seq) for run, seq in chunk))
+        for run_id, seq, *rest in (
+            Step.objects.using(using)
+            .filter(where)
+            .values_list("run_id", "seq", "status", "attempts", "epoch", "result", "completed_at")
+        ):
+            steps[(str(run_id), seq)] = tuple(rest)
+    return steps
+
+
+def _rows(keys: list[AttemptKey], using: str) -> dict[tuple[str, int, int, int], tuple[Any, ...]]:
+    """(state, error, error_types) of these attempts' RemoteAttempt rows, by ``AttemptKey.ident``."""
+    rows: dict[tuple[str, int, int, int], tuple[Any, ...]] = {}
+    for chunk in backend(using).chunks(keys, per_item=4):
+        for run_id, seq, attempt, epoch, *rest in (
+            RemoteAttempt.objects.using(using)
+            .filter(_where_attempts(chunk))
+            .values_list("run_id", "seq", "attempt", "epoch", "state", "error", "error_types")
+        ):
+            rows[(str(run_id), seq, attempt, epoch)] = tuple(rest)
+    return rows
 
 
 def poll(keys: list[AttemptKey], using: str) -> dict[AttemptKey, RemoteOutcome]:
