@@ -7,6 +7,7 @@ every engine and Celery worker of such a project knows both names without a ``wo
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Generator
 from typing import Any
 
@@ -21,6 +22,7 @@ from ._compat import TaskContext, normalize_json, task_finished, task_started
 from .names import ACTIVITY_NAME, WORKFLOW_NAME
 from .results import TaskNotFoundError, attempt_result, resolve_task
 
+logger = logging.getLogger(__name__)
 NOT_FOUND = f"{TaskNotFoundError.__module__}.{TaskNotFoundError.__qualname__}"
 # Never retried: a missing task stays missing, and a return value weft cannot store (NaN, too large)
 # would be refused again after the task's body ran again.
@@ -54,7 +56,8 @@ def call_task(request: dict[str, Any]) -> Any:
     by weft (no NaN or infinity, within ``PAYLOAD_MAX_BYTES``): it is encoded here, before
     ``task_finished`` is sent, as the engine stores it; anything else fails the attempt (TypeError,
     PayloadNotSerializableError, PayloadSizeExceededError; the last two are not retried). An attempt
-    the engine stopped (timed out, cancelled) sends no ``task_finished``. Raises TaskNotFoundError when
+    the engine stopped (timed out, cancelled) sends no ``task_finished``; a receiver's error is logged,
+    not the attempt's (the task's outcome stands: it is not run again). Raises TaskNotFoundError when
     the task's module path no longer names a Task of a WeftBackend, and whatever the task raises."""
     info = weft.activity_info()
     task = resolve_task(request["task"])
@@ -73,13 +76,22 @@ def call_task(request: dict[str, Any]) -> Any:
     except BaseException as exc:
         last = info.attempt >= policy.attempts or not policy.is_retryable(exc)
         if last and not _stopped():
-            ended = attempt_result(info.workflow_id, using, info.attempt, error=exc, finished=True)
-            task_finished.send(sender=sender, task_result=ended)
+            _finished(sender, info.workflow_id, using, info.attempt, error=exc)
         raise
     if not _stopped():
-        ended = attempt_result(info.workflow_id, using, info.attempt, value=value, finished=True)
-        task_finished.send(sender=sender, task_result=ended)
+        _finished(sender, info.workflow_id, using, info.attempt, value=value)
     return value
+
+
+def _finished(sender: type, result_id: str, using: str, attempt: int, **outcome: Any) -> None:
+    """Send ``task_finished`` for the attempt's outcome (``value=`` or ``error=``). The task's body has
+    run: an error here (a receiver's, or reading the result) is logged, never the attempt's outcome,
+    which would retry a task that succeeded (its body run again) or replace the error it raised."""
+    try:
+        ended = attempt_result(result_id, using, attempt, finished=True, **outcome)
+        task_finished.send(sender=sender, task_result=ended)
+    except Exception:
+        logger.exception("task_finished failed for task %s (attempt %s); the task's outcome stands", result_id, attempt)
 
 
 @weft.workflow(name=WORKFLOW_NAME)
