@@ -142,7 +142,11 @@ class Wait:
         self.keys: list[str] = []
         self.delay = POLL_FIRST
         _reuse_or_close(alias)
-        sessions.bound_lock_wait(alias, seconds)
+        try:
+            sessions.bound_lock_wait(alias, seconds)
+        except BaseException:
+            _keep_or_close(alias)
+            raise
         _open_waits.add(abandoned)
         if isinstance(abandoned, Caller):
             abandoned.wake_with(self.event)
@@ -363,39 +367,78 @@ def wait_executor() -> ThreadPoolExecutor:
 
 
 _open_waits: set[threading.Event] = set()  # the callers' flags (``Caller``) of the waits in progress
-_kept: set[Any] = set()  # weft-wait threads' Django connections kept between waits (PostgreSQL)
+
+# The weft-wait threads' Django connections kept between waits (PostgreSQL), each with the time
+# (``time.monotonic()``) its last wait ended; a wait takes its thread's out while it runs. Django
+# closes connections by CONN_MAX_AGE only around requests (request_started / request_finished), never
+# on a thread of its own like these, so weft closes an idle one itself, WAIT_CONNECTION_IDLE after.
+WAIT_CONNECTION_IDLE = 10.0
+_kept: dict[Any, float] = {}
 _kept_lock = threading.Lock()
+_closer: threading.Thread | None = None  # closes idle kept connections; gone while none is kept
 
 
 def _keep_or_close(alias: str) -> None:
-    """After a query or update wait on a weft-wait thread: on PostgreSQL keep the thread's Django
-    connection for its next wait (a connection set-up per call otherwise, whatever CONN_MAX_AGE
-    says); close_connections() closes the kept ones. Elsewhere, or after an error, close it."""
+    """After a wait on a weft-wait thread: on PostgreSQL keep the thread's Django connection for its
+    next wait (a connection set-up per call otherwise, whatever CONN_MAX_AGE says), until it has been
+    idle WAIT_CONNECTION_IDLE seconds (``_close_idle``) or close_connections(). Elsewhere close it as
+    Django would (CONN_MAX_AGE); a connection that is broken, or in a transaction, is closed."""
+    global _closer
     wrapper = connections[alias]
-    if not backend(alias).listens or wrapper.connection is None or wrapper.errors_occurred:
+    if not backend(alias).listens or wrapper.connection is None:
         close_old_connections()
         return
-    if not wrapper.get_autocommit() or wrapper.in_atomic_block:
+    if (wrapper.errors_occurred and not wrapper.is_usable()) or not wrapper.get_autocommit() or wrapper.in_atomic_block:
         wrapper.close()
         return
+    wrapper.errors_occurred = False
     with _kept_lock:
         if wrapper not in _kept:
-            wrapper.inc_thread_sharing()  # so that close_connections() may close it from its thread
-            _kept.add(wrapper)
+            wrapper.inc_thread_sharing()  # so that another thread may close it while it is idle
+        _kept[wrapper] = time.monotonic()
+        if _closer is None:
+            _closer = threading.Thread(target=_close_idle, name="weft-wait-closer", daemon=True)
+            _closer.start()
 
 
 def _reuse_or_close(alias: str) -> None:
-    """Before a query or update wait: reuse a kept connection if it still works, else start clean."""
+    """Before a wait: take this thread's kept connection (no other thread closes it while the wait
+    runs) and reuse it if it still works, else start clean."""
     wrapper = connections[alias]
     with _kept_lock:
-        kept = wrapper in _kept
+        kept = _kept.pop(wrapper, None) is not None
+        if kept:
+            wrapper.dec_thread_sharing()
     if not kept:
         close_old_connections()
     elif not wrapper.is_usable():
-        with _kept_lock:
-            _kept.discard(wrapper)
         wrapper.close()
-        wrapper.dec_thread_sharing()
+
+
+def _close_idle() -> None:
+    """The closer thread: close each kept connection once it has been idle WAIT_CONNECTION_IDLE
+    seconds; end when none is kept (the next kept one starts it again)."""
+    global _closer
+    while True:
+        with _kept_lock:
+            now = time.monotonic()
+            for wrapper, idle_since in list(_kept.items()):
+                if now - idle_since >= WAIT_CONNECTION_IDLE:
+                    del _kept[wrapper]  # under the lock: its thread cannot take it meanwhile
+                    _close_kept(wrapper)
+            if not _kept:
+                _closer = None
+                return
+            next_at = min(_kept.values()) + WAIT_CONNECTION_IDLE
+        time.sleep(min(max(0.01, next_at - time.monotonic()), WAIT_CONNECTION_IDLE))
+
+
+def _close_kept(wrapper: Any) -> None:
+    try:
+        wrapper.close()
+    except Exception:
+        logger.debug("weft wait connection: close failed", exc_info=True)
+    wrapper.dec_thread_sharing()
 
 
 def close_connections(timeout: float = 5.0) -> None:
@@ -415,21 +458,17 @@ def close_connections(timeout: float = 5.0) -> None:
     if executor is not None:
         executor.shutdown(wait=True, cancel_futures=True)
     with _kept_lock:
-        kept = list(_kept)
+        for wrapper in list(_kept):  # the threads are gone: close what they kept
+            _close_kept(wrapper)
         _kept.clear()
-    for wrapper in kept:  # the threads are gone: close what they kept
-        try:
-            wrapper.close()
-        except Exception:
-            logger.debug("weft wait connection: close failed", exc_info=True)
     for listener in listeners:
         listener.join(timeout)
 
 
 def _forget_threads_after_fork() -> None:
     """A forked child (a pre-fork server, Celery's prefork pool) has none of the parent's threads."""
-    global _executor, _listeners, _listeners_lock, _executor_lock, _open_waits, _kept, _kept_lock
-    _executor, _listeners, _open_waits, _kept = None, {}, set(), set()
+    global _executor, _listeners, _listeners_lock, _executor_lock, _open_waits, _kept, _kept_lock, _closer
+    _executor, _listeners, _open_waits, _kept, _closer = None, {}, set(), {}, None
     _listeners_lock, _executor_lock, _kept_lock = threading.Lock(), threading.Lock(), threading.Lock()
 
 
@@ -460,10 +499,12 @@ def _read_end(workflow_id: str, alias: str, listener: ResultListener | None) -> 
 
 def wait_for_end(workflow_id: str, alias: str, seen: tuple[str, datetime] | None, caller: Caller) -> dict[str, Any]:
     """On a weft-wait thread: poll (woken by LISTEN on PostgreSQL) until the run is terminal, or the
-    caller's deadline (``Caller``). ``seen``: (run id, created_at) of the run the caller's open
-    transaction sees (``runs.read_start``), when it has one: a run older than that, committed, is not
-    the one the caller means (its transaction started another over it and has not committed)."""
-    close_old_connections()
+    caller's deadline (``Caller``). Its thread's Django connection (used only when the reader
+    connection fails) is kept or closed as a query's or update's (``_keep_or_close``). ``seen``: (run
+    id, created_at) of the run the caller's open transaction sees (``runs.read_start``), when it has
+    one: a run older than that, committed, is not the one the caller means (its transaction started
+    another over it and has not committed)."""
+    _reuse_or_close(alias)
     deadline = caller.deadline
     _open_waits.add(caller)
     listener = listener_for(alias)
@@ -519,7 +560,7 @@ def wait_for_end(workflow_id: str, alias: str, seen: tuple[str, datetime] | None
         _open_waits.discard(caller)
         if listener is not None:
             listener.unsubscribe(workflow_id, event)
-        close_old_connections()
+        _keep_or_close(alias)
 
 
 def _remaining(deadline: float | None) -> float:
