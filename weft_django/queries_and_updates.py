@@ -6,13 +6,14 @@ an update durably (idempotency keys per run) and wait until the owning engine se
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
-from django.db import DatabaseError, IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError, transaction
 from django.db.models import Exists, OuterRef, Subquery
 
 from . import codec, transitions
@@ -30,9 +31,12 @@ from .exceptions import (
 from .models import PendingUpdate, QueryRequest, Workflow, WorkflowClaim
 from .status import ACTIVE_STATUSES, TERMINAL_STATUSES, QueryStatus, UpdateStatus, WorkflowStatus
 from .store import mailbox, sessions
+from .store.backend import backend
 from .store.clock import db_now
 from .validation import validate_key, validate_name
 from .waits import Wait
+
+T = TypeVar("T")
 
 REROUTE_CHECK = 1.0  # a pending query re-reads its workflow's holder this often (the engine may have died)
 
@@ -55,87 +59,120 @@ def query_on_thread(
     abandoned: threading.Event,
 ) -> Any:
     with Wait(alias, seconds, abandoned) as wait, _lock_wait_ends(wait, _query_locked(workflow_id, name, wait)):
-        wait.subscribe(workflow_id)  # "r:<id>": the run ended
-        request: str | None = None
-        holder: str | None = None
-        why = ""
-        final = False
-        recheck_at = time.monotonic() + REROUTE_CHECK
-        claims = WorkflowClaim.objects.using(alias).filter(pk=OuterRef("pk")).values("engine_id")[:1]
-        while True:
-            if request is None:
-                row = (
-                    Workflow.objects.using(alias)
-                    .filter(pk=workflow_id)
-                    .annotate(holder=Subquery(claims))
-                    .values("status", "holder", "queue")
-                    .first()
+        # A query only reads the run: asked again on a new connection, its worst is a second answer
+        # nobody reads (the first request expires at its deadline).
+        return once_more_if_lost(wait, lambda: _query(workflow_id, name, has_arg, arg_text, wait))
+
+
+# SQLSTATEs of a session the server ended or a connection that failed: class 08, and 57P01-57P03
+# (admin_shutdown: pg_terminate_backend; crash_shutdown; cannot_connect_now). Not 55P03 or 57014.
+_CONNECTION_ENDED = ("08", "57P01", "57P02", "57P03")
+
+
+def lost(exc: BaseException, alias: str) -> bool:
+    """Whether ``exc`` says this thread's PostgreSQL session is gone (the backend terminated, the
+    server restarted, the network cut), not that a statement failed. Judged by the error, not by the
+    connection: Django may already have opened a new one under it (an ``atomic()`` block whose
+    rollback failed closes the connection, and its exit opens another to restore autocommit)."""
+    if not backend(alias).bounds_sessions or not isinstance(exc, OperationalError | InterfaceError):
+        return False
+    cause = exc.__cause__
+    sqlstate = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+    return sqlstate is None or str(sqlstate).startswith(_CONNECTION_ENDED)
+
+
+def once_more_if_lost(wait: Wait, call: Callable[[], T]) -> T:
+    """``call()``; if the wait's connection is lost under it, ``call()`` once more on a new
+    connection (``Wait.reconnect``: once per wait). Only for calls that are safe to repeat."""
+    try:
+        return call()
+    except DatabaseError as exc:
+        if not lost(exc, wait.alias) or not wait.reconnect():
+            raise
+    return call()
+
+
+def _query(workflow_id: str, name: str, has_arg: bool, arg_text: str | None, wait: Wait) -> Any:
+    alias = wait.alias
+    wait.subscribe(workflow_id)  # "r:<id>": the run ended
+    request: str | None = None
+    holder: str | None = None
+    why = ""
+    final = False
+    recheck_at = time.monotonic() + REROUTE_CHECK
+    claims = WorkflowClaim.objects.using(alias).filter(pk=OuterRef("pk")).values("engine_id")[:1]
+    while True:
+        if request is None:
+            row = (
+                Workflow.objects.using(alias)
+                .filter(pk=workflow_id)
+                .annotate(holder=Subquery(claims))
+                .values("status", "holder", "queue")
+                .first()
+            )
+            if row is None:
+                raise WorkflowNotFoundError(
+                    f'Cannot query workflow "{workflow_id}": no such workflow (never started, purged, or started '
+                    f"in a transaction that has not committed yet: query() reads committed data on its own "
+                    f"connection)."
                 )
-                if row is None:
-                    raise WorkflowNotFoundError(
-                        f'Cannot query workflow "{workflow_id}": no such workflow (never started, purged, or started '
-                        f"in a transaction that has not committed yet: query() reads committed data on its own "
-                        f"connection)."
-                    )
-                if row["status"] in TERMINAL_STATUSES:
-                    return None
-                if row["status"] == WorkflowStatus.RUNNING and row["holder"] and not wait.over:
-                    if row["holder"] == holder and why:
-                        wait.pause(0.05)  # the same engine just turned us away: give the claim a moment
-                    holder, request = row["holder"], str(uuid.uuid4())
-                    wait.subscribe(f"a:{request}")
-                    now = db_now(alias)
-                    mailbox.ask_query(
-                        request, workflow_id, holder, name, arg_text, has_arg, now, wait.db_deadline(now), alias
-                    )
-                    why = f'engine "{holder}" holds it but did not answer in time (is it overloaded or stopped?)'
-                elif row["status"] == WorkflowStatus.PENDING and row["queue"] is not None:
-                    why = f'it is waiting in queue "{row["queue"]}" for its admission, so no engine holds it yet'
-                elif row["status"] != WorkflowStatus.RUNNING or not row["holder"]:
-                    why = _UNHELD.get(row["status"], f"it is {row['status']}")
-            else:
-                answer = (
-                    QueryRequest.objects.using(alias).filter(pk=request).values("status", "result", "error").first()
+            if row["status"] in TERMINAL_STATUSES:
+                return None
+            if row["status"] == WorkflowStatus.RUNNING and row["holder"] and not wait.over:
+                if row["holder"] == holder and why:
+                    wait.pause(0.05)  # the same engine just turned us away: give the claim a moment
+                holder, request = row["holder"], str(uuid.uuid4())
+                wait.subscribe(f"a:{request}")
+                now = db_now(alias)
+                mailbox.ask_query(
+                    request, workflow_id, holder, name, arg_text, has_arg, now, wait.db_deadline(now), alias
                 )
-                status = answer["status"] if answer is not None else QueryStatus.EXPIRED
-                if status == QueryStatus.ANSWERED:
-                    assert answer is not None
-                    return codec.decode(answer["result"])
-                if status == QueryStatus.FAILED:
-                    assert answer is not None
-                    _raise_query_failure(workflow_id, name, answer["error"] or {})
-                    why = f'engine "{holder}" no longer holds it'
-                    request = None  # not owned there (any more): route it again
-                    continue
-                if status == QueryStatus.EXPIRED:
+                why = f'engine "{holder}" holds it but did not answer in time (is it overloaded or stopped?)'
+            elif row["status"] == WorkflowStatus.PENDING and row["queue"] is not None:
+                why = f'it is waiting in queue "{row["queue"]}" for its admission, so no engine holds it yet'
+            elif row["status"] != WorkflowStatus.RUNNING or not row["holder"]:
+                why = _UNHELD.get(row["status"], f"it is {row['status']}")
+        else:
+            answer = QueryRequest.objects.using(alias).filter(pk=request).values("status", "result", "error").first()
+            status = answer["status"] if answer is not None else QueryStatus.EXPIRED
+            if status == QueryStatus.ANSWERED:
+                assert answer is not None
+                return codec.decode(answer["result"])
+            if status == QueryStatus.FAILED:
+                assert answer is not None
+                _raise_query_failure(workflow_id, name, answer["error"] or {})
+                why = f'engine "{holder}" no longer holds it'
+                request = None  # not owned there (any more): route it again
+                continue
+            if status == QueryStatus.EXPIRED:
+                request = None
+            elif time.monotonic() >= recheck_at and not wait.over:
+                # The engine we asked may have died and another taken the workflow over: follow it.
+                recheck_at = time.monotonic() + REROUTE_CHECK
+                now_held = WorkflowClaim.objects.using(alias).filter(pk=workflow_id).values_list("engine_id")
+                current = now_held.first()
+                if (current[0] if current else None) != holder and (
+                    QueryRequest.objects.using(alias)
+                    .filter(pk=request, status=QueryStatus.PENDING)
+                    .update(status=QueryStatus.EXPIRED)
+                ):
+                    why = f'engine "{holder}" lost the workflow before it answered'
                     request = None
-                elif time.monotonic() >= recheck_at and not wait.over:
-                    # The engine we asked may have died and another taken the workflow over: follow it.
-                    recheck_at = time.monotonic() + REROUTE_CHECK
-                    now_held = WorkflowClaim.objects.using(alias).filter(pk=workflow_id).values_list("engine_id")
-                    current = now_held.first()
-                    if (current[0] if current else None) != holder and (
-                        QueryRequest.objects.using(alias)
-                        .filter(pk=request, status=QueryStatus.PENDING)
-                        .update(status=QueryStatus.EXPIRED)
-                    ):
-                        why = f'engine "{holder}" lost the workflow before it answered'
-                        request = None
-                        continue
-            if wait.over:
-                if request is not None and not final:
-                    final = True  # expire our request, unless the engine answered it meanwhile
-                    expired = (
-                        QueryRequest.objects.using(alias)
-                        .filter(pk=request, status=QueryStatus.PENDING)
-                        .update(status=QueryStatus.EXPIRED)
-                    )
-                    if not expired:
-                        continue
-                raise QueryTimeoutError(
-                    f'Query "{name}" to workflow "{workflow_id}" got no answer within {wait.timeout_text()}: {why}.'
+                    continue
+        if wait.over:
+            if request is not None and not final:
+                final = True  # expire our request, unless the engine answered it meanwhile
+                expired = (
+                    QueryRequest.objects.using(alias)
+                    .filter(pk=request, status=QueryStatus.PENDING)
+                    .update(status=QueryStatus.EXPIRED)
                 )
-            wait.pause()
+                if not expired:
+                    continue
+            raise QueryTimeoutError(
+                f'Query "{name}" to workflow "{workflow_id}" got no answer within {wait.timeout_text()}: {why}.'
+            )
+        wait.pause()
 
 
 @contextlib.contextmanager
@@ -187,10 +224,18 @@ _SETTLED = (UpdateStatus.COMPLETED, UpdateStatus.REJECTED, UpdateStatus.FAILED, 
 
 
 def admit(
-    workflow_id: str, name: str, text: str, key: str | None, wait: Wait, using: str, trace_context: str | None = None
+    workflow_id: str,
+    name: str,
+    text: str,
+    key: str | None,
+    wait: Wait,
+    using: str,
+    trace_context: str | None = None,
+    update_id: Any = None,
 ) -> str:
     """Inside a transaction: admit the update (or find the one with this idempotency key) and send the
-    wake-up. Returns the update's id. An expired request with the same key is admitted again.
+    wake-up. Returns the update's id (``update_id`` for a new one, when given). An expired request
+    with the same key is admitted again.
     InvalidArgumentError for a bad name or key (the client checks them first; checked again here, the
     last step before they are written). ``trace_context``: the sender's (``weft_django.tracing``)."""
     validate_name(name, "name")
@@ -232,16 +277,25 @@ def admit(
     if row["status"] in TERMINAL_STATUSES:
         raise terminal
     deadline = wait.db_deadline(now)
-    return mailbox.admit_update(workflow_id, row["run_id"], name, text, key, now, deadline, using, trace_context)
+    return mailbox.admit_update(
+        workflow_id, row["run_id"], name, text, key, now, deadline, using, trace_context, update_id
+    )
 
 
 def admit_with_retry(
-    workflow_id: str, name: str, text: str, key: str | None, wait: Wait, alias: str, trace_context: str | None = None
+    workflow_id: str,
+    name: str,
+    text: str,
+    key: str | None,
+    wait: Wait,
+    alias: str,
+    trace_context: str | None = None,
+    update_id: Any = None,
 ) -> str:
     for _ in range(transitions.MAX_ATTEMPTS):
         try:
             with transaction.atomic(using=alias):
-                return admit(workflow_id, name, text, key, wait, alias, trace_context)
+                return admit(workflow_id, name, text, key, wait, alias, trace_context, update_id)
         except IntegrityError:
             continue  # a concurrent call with the same key admitted it first: find that one
     raise UpdateFailedError(f'Update "{name}" to workflow "{workflow_id}" could not be admitted; try again.')
@@ -256,7 +310,7 @@ def update_on_thread(
     alias: str,
     abandoned: threading.Event,
     *,
-    admission: Callable[[Wait], str] | None = None,
+    admission: Callable[[Wait, uuid.UUID], str] | None = None,
     trace_context: str | None = None,
 ) -> Any:
     """The one update wait (``update()`` and ``start_with_update()``), on a weft-wait thread: admit the
@@ -269,7 +323,8 @@ def update_on_thread(
         alias: the connection alias.
         abandoned: set when the caller stops waiting.
         admission: admits the update in its own way and returns its id (``start_with_update``: with
-            the start, in one transaction); default ``admit_with_retry``.
+            the start, in one transaction; a new update gets the id it is passed); default
+            ``admit_with_retry``.
         trace_context: the sender's trace context, stored with the update (``weft_django.tracing``).
 
     Raises:
@@ -279,10 +334,29 @@ def update_on_thread(
     with Wait(alias, seconds, abandoned) as wait, _lock_wait_ends(wait, _update_locked(workflow_id, name, wait)):
         wait.subscribe(workflow_id)
         if admission is None:
-            update_id = admit_with_retry(workflow_id, name, text, key, wait, alias, trace_context)
-        else:
-            update_id = admission(wait)
-        return await_update(workflow_id, name, update_id, wait)
+            admission = functools.partial(
+                admit_with_retry, workflow_id, name, text, key, alias=alias, trace_context=trace_context
+            )
+        update_id = _admit_once(wait, admission)
+        # Waiting for a known update only reads it (and expires it at the deadline unless it was
+        # settled): safe to do again on a new connection.
+        return once_more_if_lost(wait, lambda: await_update(workflow_id, name, update_id, wait))
+
+
+def _admit_once(wait: Wait, admission: Callable[..., str]) -> str:
+    """Admit the update with an id chosen here, so that a connection lost under the admission (cut
+    before, during or after its COMMIT) is settled on a new connection without guessing: the update
+    is there (its transaction committed: wait for it) or it is not (nothing committed: admit it
+    again; an idempotency key's own path writes nothing twice either). Never admitted twice."""
+    chosen = uuid.uuid4()
+    try:
+        return admission(wait, update_id=chosen)
+    except DatabaseError as exc:
+        if not lost(exc, wait.alias) or not wait.reconnect():
+            raise
+    if PendingUpdate.objects.using(wait.alias).filter(pk=chosen).exists():
+        return str(chosen)
+    return admission(wait, update_id=chosen)
 
 
 def _close_unanswered(update_id: str, run_id: Any, alias: str) -> int:

@@ -141,6 +141,7 @@ class Wait:
         self.event = threading.Event()
         self.keys: list[str] = []
         self.delay = POLL_FIRST
+        self.reconnected = False
         _reuse_or_close(alias)
         try:
             sessions.bound_lock_wait(alias, seconds)
@@ -160,6 +161,16 @@ class Wait:
             for key in self.keys:
                 self.listener.unsubscribe(key, self.event)
         _keep_or_close(self.alias)
+
+    def reconnect(self) -> bool:
+        """After this thread's connection was lost (``queries_and_updates.lost``): a new one, with the
+        wait's lock bound, once per wait. False when the wait had its one new connection already."""
+        if self.reconnected:
+            return False
+        self.reconnected = True
+        connections[self.alias].close()
+        sessions.bound_lock_wait(self.alias, self.seconds)
+        return True
 
     def subscribe(self, key: str) -> None:
         if self.listener is not None and key not in self.keys:

@@ -420,16 +420,16 @@ def _with_run(plan: _Plan, workflow_id: str, using: str, deliver: Any) -> bool:
 
 
 def _admit_starting(
-    plan: _Plan, workflow_id: str, name: str, text: str, key: str | None, alias: str, wait: Wait
+    plan: _Plan, workflow_id: str, name: str, text: str, key: str | None, alias: str, wait: Wait, update_id: Any
 ) -> str:
     """start_with_update's admission, on its weft-wait thread: start the run if it is absent or
-    finished and admit the update, in one transaction (again after a concurrent admission with the
-    same key). Returns the update's id."""
+    finished and admit the update (a new one gets ``update_id``), in one transaction (again after a
+    concurrent admission with the same key). Returns the update's id."""
     admitted: list[str] = []
 
     def deliver(started: bool) -> bool:
         try:
-            admitted.append(admit(workflow_id, name, text, key, wait, alias, plan.trace_context))
+            admitted.append(admit(workflow_id, name, text, key, wait, alias, plan.trace_context, update_id))
         except (WorkflowTerminalError, WorkflowNotFoundError):
             if started:
                 raise

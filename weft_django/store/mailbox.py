@@ -236,10 +236,13 @@ def admit_update(
     deadline: datetime,
     using: str,
     trace_context: str | None = None,
+    update_id: Any = None,
 ) -> str:
-    """Insert an admitted update into run ``run_id``'s mailbox and wake its engine; return its id.
-    IntegrityError when the run already has an update with idempotency key ``key``."""
+    """Insert an admitted update into run ``run_id``'s mailbox and wake its engine; return its id
+    (``update_id`` when given, else a new one). IntegrityError when the run already has an update
+    with idempotency key ``key``."""
     admitted = PendingUpdate.objects.using(using).create(
+        **({} if update_id is None else {"id": update_id}),
         workflow_id=workflow_id,
         run_id=run_id,
         name=name,
