@@ -411,20 +411,23 @@ class Engine:
     ) -> bool:
         """Claim what is due (``force``: a wake-up named a workflow we do not hold; ``scan``: a maintenance
         tick) and load it, with the workflows waiting to be reloaded (kept there until the load is done)."""
-        if self._reload:  # not renewed while they waited: load those still ours (ownership.held_to_load)
-            self._reload = ownership.held_to_load(self, self._reload, "claim lost before its reload")
+        later: dict[str, int] = {}  # still ours, their rows held by another transaction: not loaded this pass
+        if self._reload:  # not renewed while they waited: load those renewed (ownership.held_to_load)
+            renewed, later = ownership.held_to_load(self, self._reload, "claim lost before its reload")
+            self._reload = {**renewed, **later}
         claimed = self.claimer.claim(force=force, scan=scan)
+        later = {wid: epoch for wid, epoch in later.items() if wid not in claimed}
         for wid in [wid for wid in claimed if wid in self.owned]:  # its claim went away unseen (a missed
             writes.pop(wid, None)  # wake-up) and came back to us: the old context and its writes are stale
             self._drop(wid, reason="claim taken again at a new epoch")
         self.residency.forget(claimed)  # claimed again at a new epoch: an evicted entry of theirs is stale
-        claimed.update({wid: epoch for wid, epoch in self._reload.items() if wid not in claimed})
+        claimed.update({wid: epoch for wid, epoch in self._reload.items() if wid not in claimed and wid not in later})
+        self._reload = {**later, **claimed}  # until loaded: a load that raises leaves them to a later pass
         if not claimed:
             return False
-        self._reload = dict(claimed)  # until loaded: a load that raises leaves them to a later pass
         # Read by the acquire itself (store/claims/taking.py) or one round trip per chunk (store/histories.py).
         self.loader.load(claimed, now, writes, changed, preloaded=claimed.loaded, preloaded_for=claimed.loaded_for)
-        self._reload = {}
+        self._reload = later
         self._publish_epochs()
         return True
 

@@ -9,7 +9,8 @@ renew: one statement for all of an engine's claims, skipping rows a commit holds
 proves ownership; retried next tick). A claim is lost only when a plain re-read shows another epoch
 or holder.
 held_to_load: the claims of workflows loaded again without a live context (a recall, a reload) are
-renewed before their load, which goes on only for those still held at their epoch.
+renewed before their load, which goes on only for those renewed at their epoch (a claim whose row
+another transaction holds waits for a later pass).
 """
 
 from __future__ import annotations
@@ -179,27 +180,36 @@ class ClaimHolder(Protocol):
     using: str
 
 
-def held_to_load(engine: ClaimHolder, epochs: Mapping[str, int], reason: str) -> dict[str, int]:
+def held_to_load(engine: ClaimHolder, epochs: Mapping[str, int], reason: str) -> tuple[dict[str, int], dict[str, int]]:
     """Renew the claims of workflows about to be loaded again without a live context (a recall of evicted
-    ones, a reload after a refused or failed commit) and return those still held by this engine at their
-    epoch; the others are logged (``stopped driving workflow=... reason=<reason>``) and left out, never
-    replayed and driven by a non-owner. Such a claim may have lapsed and been taken over meanwhile: the
-    renewal thread renews what the loop publishes, resident claims and evicted ones (as dormant, rarely),
-    not those waiting to be reloaded (loads that keep failing, a database error). Renewed, not only
-    read: a lapsed claim not taken yet could be taken between a read and the load, and the workflow's
-    next step (a local activity runs before the fenced commit) run on a non-owner. One statement, and a
-    re-read of those it did not renew: a claim whose row another transaction holds is kept if that read
-    shows it still ours (renewed by the next renewal).
+    ones, a reload after a refused or failed commit); the claims found lost are logged (``stopped driving
+    workflow=... reason=<reason>``) and left out, never replayed and driven by a non-owner. Such a claim
+    may have lapsed and been taken over meanwhile: the renewal thread renews what the loop publishes,
+    resident claims and evicted ones (as dormant, rarely), not those waiting to be reloaded (loads that
+    keep failing, a database error). Renewed, not only read: a lapsed claim not taken yet could be taken
+    between a read and the load, and the workflow's next step (a local activity runs before the fenced
+    commit) run on a non-owner. One statement, never waiting long for a row another transaction holds
+    (that row is skipped), and a re-read of those it did not renew.
+
+    A claim whose row another transaction held is not loaded now even when the re-read shows it still
+    ours: that transaction may be a peer's takeover about to commit (the read sees the claim as it was
+    before it), and a load would drive the workflow on this engine after it lost the claim. It waits for
+    a later pass, which renews it again.
+
+    Returns:
+        (the claims renewed, to load now; the claims skipped but still ours on the re-read, to load later).
 
     Raises:
         DatabaseError: the renewal failed (nothing is left out: the caller tries again later).
     """
-    _, lost = renew_each(engine.engine_id, dict(epochs), engine.settings.workflow_claim_ttl, engine.using)
+    renewed, lost = renew_each(engine.engine_id, dict(epochs), engine.settings.workflow_claim_ttl, engine.using)
     for wid in sorted(lost):
         _engine_log.warning(
             "stopped driving workflow=%s engine=%s epoch=%s reason=%s", wid, engine.engine_id, epochs[wid], reason
         )
-    return {wid: epoch for wid, epoch in epochs.items() if wid not in lost}
+    now = {wid: epoch for wid, epoch in epochs.items() if wid in renewed}
+    later = {wid: epoch for wid, epoch in epochs.items() if wid not in renewed and wid not in lost}
+    return now, later
 
 
 def release(engine_id: str, owned: dict[str, int], using: str) -> None:

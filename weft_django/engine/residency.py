@@ -60,8 +60,9 @@ class Residency:
         are forgotten, never replayed and driven by a non-owner. Renewed, not only read: a claim that had
         lapsed (its heartbeat stalled) but was not taken yet could be taken between a read and the load,
         and the workflow's next step (a local activity runs before the fenced commit) run on a non-owner.
-        A claim whose row another transaction holds is read instead (renewed by the next renewal). The
-        same rule serves the loop's reloads (``ownership.held_to_load``)."""
+        A claim whose row another transaction holds (a peer's takeover about to commit?) is kept if a read
+        shows it still ours, and loaded only once a later pass renewed it. The same rule serves the loop's
+        reloads (``ownership.held_to_load``)."""
         for wid, gone in (lost or {}).items():
             if self.evicted.get(wid) == gone:
                 del self.evicted[wid]
@@ -71,10 +72,10 @@ class Residency:
         if not named:
             return
         # Resident again: renewed with the TTL (raises before any pop); those found lost are logged, forgotten.
-        kept = ownership.held_to_load(engine, named, "dormant claim lost before its recall")
+        renewed, later = ownership.held_to_load(engine, named, "dormant claim lost before its recall")
         for wid in named:
             del self.evicted[wid]
-        for wid, epoch in kept.items():
+        for wid, epoch in {**renewed, **later}.items():  # the pass's load renews them again (Engine._claim)
             self.recalls += 1
             self.reload(wid, epoch)
 
