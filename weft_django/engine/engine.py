@@ -29,7 +29,7 @@ from .. import events
 from ..conf import WeftSettings, get_settings
 from ..exceptions import WeftError
 from ..status import OwnershipMode
-from ..store import engines, histories, runs
+from ..store import histories, runs
 from ..store import sessions as store_sessions
 from ..store.backend import backend
 from ..store.clock import db_now
@@ -228,14 +228,9 @@ class Engine:
         """Stop the threads, release the claims (and the lease), mark the engine stopped."""
         self._threads_stop.set()
         self.executor.shutdown(0)
-        try:
-            held = {**self.claimer.stranded, **self._reload, **self.residency.take_all(self.owned)}
-            ownership.release(self.engine_id, held, self.using)
+        held = {**self.claimer.stranded, **self._reload, **self.residency.take_all(self.owned)}
+        if ownership.release_at_shutdown(self, held):  # each write tried again over a new connection
             events.claims_released(self, len(self.owned))
-            self.lease.release()
-            engines.stop_engine(self.engine_id, self.using)
-        except DatabaseError:
-            logger.exception("could not release claims at shutdown engine=%s", self.engine_id)
         for owned in self.owned.values():
             owned.run.close()
         self.owned.clear()

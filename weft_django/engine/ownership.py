@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, Protocol, TypeVar
 
-from django.db import OperationalError, connections, transaction
+from django.db import Error, OperationalError, connections, transaction
 
 from .. import events
 from ..conf import WeftSettings
@@ -218,6 +218,49 @@ def release(engine_id: str, owned: dict[str, int], using: str) -> None:
         with transaction.atomic(using=using):
             claims.release_claims(engine_id, owned, using)
             send("w", "*", using)  # peers rescan at once instead of at their next poll
+
+
+class Stopping(Protocol):
+    """The engine as ``release_at_shutdown`` sees it (engine.py's Engine)."""
+
+    engine_id: str
+    using: str
+    lease: Any
+
+
+def release_at_shutdown(engine: Stopping, held: dict[str, int]) -> bool:
+    """Shutdown's writes: release the claims ``held`` (at their epochs) and the store lease, mark the engine
+    row stopped. Each is tried on its own, and once more over a new connection after a database error (the
+    connection cut by a failover, a proxy, pg_terminate_backend, maybe while the loop sat idle): a failed
+    release no longer skips the others, and a cut connection no longer leaves every claim to the peers'
+    wait for its TTL and the grace (the release's NOTIFY lets them claim at once), the lease to a standby's
+    wait, or the engine row reading as alive. What fails twice is logged (``could not ... at shutdown``)
+    and left to expire. Returns whether the claims were released."""
+    steps: tuple[tuple[str, Callable[[], object]], ...] = (
+        ("release claims", lambda: release(engine.engine_id, held, engine.using)),
+        ("release the store lease", engine.lease.release),
+        ("mark the engine stopped", lambda: engines.stop_engine(engine.engine_id, engine.using)),
+    )
+    done = []
+    for what, step in steps:
+        for again in (False, True):
+            try:
+                step()
+            except Error as exc:  # an InterfaceError too (a connection already closed)
+                connections[engine.using].close()  # the next statement reconnects
+                if again:
+                    _engine_log.exception("could not %s at shutdown engine=%s", what, engine.engine_id)
+                else:
+                    _engine_log.warning(
+                        "could not %s at shutdown engine=%s error=%s; trying again over a new connection",
+                        what,
+                        engine.engine_id,
+                        exc,
+                    )
+                continue
+            done.append(what)
+            break
+    return "release claims" in done
 
 
 def fire_delayed_starts(engine_id: str, *, limit: int, ttl: timedelta, using: str) -> dict[str, int]:
