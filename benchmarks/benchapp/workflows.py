@@ -44,3 +44,36 @@ def three_local(ctx: weft.WorkflowContext, n: int):  # type: ignore[no-untyped-d
     b = yield ctx.run(noop_local, a + 1)
     c = yield ctx.run(noop_local, b + 1)
     return c
+
+
+# -- one big workflow (benchmarks/workflow_scale.py) ---------------------------------------------------
+@weft.workflow(name="bench.memos")
+def memos(ctx: weft.WorkflowContext, n: int):  # type: ignore[no-untyped-def]
+    """A history of ``n`` memo steps, each recorded by the engine itself (no activity)."""
+    total = 0
+    for i in range(n):
+        total += yield ctx.memo(f"k{i}", lambda: 1)
+    return total
+
+
+@weft.workflow(name="bench.fan_out_local")
+def fan_out_local(ctx: weft.WorkflowContext, n: int):  # type: ignore[no-untyped-def]
+    """One ctx.all of ``n`` local activities."""
+    values = yield ctx.all([ctx.run(noop_local, i) for i in range(n)])
+    return sum(values)
+
+
+@weft.workflow(name="bench.fan_out")
+def fan_out(ctx: weft.WorkflowContext, n: int):  # type: ignore[no-untyped-def]
+    """One ctx.all of ``n`` activities on the engine's threads."""
+    values = yield ctx.all([ctx.run(noop, i) for i in range(n)])
+    return sum(values)
+
+
+@weft.workflow(name="bench.signal_sum")
+def signal_sum(ctx: weft.WorkflowContext, n: int):  # type: ignore[no-untyped-def]
+    """Waits for ``n`` signals "add", one wait at a time (they are all buffered before it runs)."""
+    total = 0
+    for _ in range(n):
+        total += yield ctx.wait_for_signal("add")
+    return total
