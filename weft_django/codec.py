@@ -266,11 +266,21 @@ def _refusal_error(refusal: _Refused, path: str) -> PayloadNotSerializableError:
     return PayloadNotSerializableError(f"{where}: {refusal.reason}", path=where)
 
 
+_SMALL_INT = 1 << 63  # an int inside this range is written as its repr, without the walk (same text)
+
+
 def encode(value: Any, *, path: str = "value", max_bytes: int | None = None) -> str:
     """Encode ``value`` as codec text, or raise PayloadNotSerializableError naming the bad part.
 
     With ``max_bytes``, text longer than that many UTF-8 bytes raises PayloadSizeExceededError.
     """
+    kind = type(value)
+    if kind is int and -_SMALL_INT < value < _SMALL_INT:
+        text = int.__repr__(value)  # ASCII: its length is its size in bytes
+        return _within(text, len(text), path, max_bytes)
+    if kind is bool or value is None:
+        text = "null" if value is None else "true" if value else "false"
+        return _within(text, len(text), path, max_bytes)
     try:
         try:
             # Fast pass: str/int/float inside containers are not inspected here; json refuses NaN,
@@ -285,6 +295,11 @@ def encode(value: Any, *, path: str = "value", max_bytes: int | None = None) -> 
         raise _refusal_error(refusal, path) from None
     except RecursionError:
         raise PayloadNotSerializableError(f"{path}: nested too deeply to encode", path=path) from None
+    return _within(text, size, path, max_bytes)
+
+
+def _within(text: str, size: int, path: str, max_bytes: int | None) -> str:
+    """``text`` (``size`` UTF-8 bytes), or PayloadSizeExceededError when that is over ``max_bytes``."""
     if max_bytes is not None and size > max_bytes:
         raise PayloadSizeExceededError(
             f"{path} is {size} bytes encoded, over the limit of {max_bytes} bytes. Raise "
@@ -326,10 +341,18 @@ def encode_payload(value: Any, *, path: str = "value") -> str:
 _limit: tuple[object, object, int] | None = None
 
 
+# django.conf.settings (a LazySettings) keeps each setting read in its own __dict__, emptied whenever
+# its wrapped settings are replaced (override_settings): read there first, past LazyObject's
+# __getattribute__ (about as costly as the rest of this check); the attribute read when it is not there.
+_MISSING = object()
+
+
 def _payload_limit() -> int:
     global _limit
-    raw = getattr(settings, "WEFT", None)
-    given = raw.get("PAYLOAD_MAX_BYTES") if isinstance(raw, Mapping) else None
+    raw = object.__getattribute__(settings, "__dict__").get("WEFT", _MISSING)
+    if raw is _MISSING:
+        raw = getattr(settings, "WEFT", None)
+    given = raw.get("PAYLOAD_MAX_BYTES") if type(raw) is dict or isinstance(raw, Mapping) else None
     cached = _limit
     if cached is not None and cached[0] is raw and cached[1] == given:
         return cached[2]
@@ -427,10 +450,18 @@ def _refuse_constant(name: str) -> Any:
 _decode_json = json.JSONDecoder(object_hook=_untag, parse_constant=_refuse_constant).decode
 
 
+_CONSTANTS: dict[str, Any] = {"null": None, "true": True, "false": False}
+
+
 def decode(text: str | None) -> Any:
     """Decode codec text (None stays None). Raises CorruptPayloadError for anything else."""
     if text is None:
         return None
+    if type(text) is str and len(text) < 19:  # the JSON constants and small non-negative ints, without the parser
+        if text in _CONSTANTS:
+            return _CONSTANTS[text]
+        if text.isdigit() and text.isascii() and (text[0] != "0" or len(text) == 1):
+            return int(text)
     if not isinstance(text, str):
         raise CorruptPayloadError(f"Corrupt payload: codec text is a str, not {type(text).__name__} {_short(text)}")
     try:

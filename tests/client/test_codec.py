@@ -528,3 +528,35 @@ def test_corrupt_text_raises_a_clear_error(text: str, words: str) -> None:
 def test_codec_text_is_plain_json() -> None:
     text = encode({"when": datetime(2024, 1, 1), "ids": (1, 2), "raw": b"\x01"})
     assert json.loads(text)["ids"] == {"$weft": "tuple", "v": [1, 2]}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [0, 1, -1, 7, 2**53 + 1, 2**63 - 1, -(2**63) + 1, 2**63, -(2**63), 10**30, True, False, None],
+)
+def test_scalars_written_without_the_walk_have_the_walks_text(value: Any) -> None:
+    """encode() writes small ints, bools and None directly (the engine's commonest results); the text
+    is json's, and decode() reads small ints and the constants directly too, to the same value."""
+    text = encode(value)
+    assert text == json.dumps(value)
+    assert decode(text) == value and type(decode(text)) is type(value)
+    assert decode(text) is value if value is None or isinstance(value, bool) else True
+
+
+@pytest.mark.parametrize("text", ["007", "00", "01", "²", "١٢", "5.", "+5", "0x10", "NaN", "Infinity", "nul"])
+def test_text_that_looks_like_a_small_int_but_is_not_json_is_refused(text: str) -> None:
+    with pytest.raises(CorruptPayloadError):
+        decode(text)
+
+
+def test_the_size_limit_applies_to_scalars_written_without_the_walk() -> None:
+    assert encode(1234, max_bytes=4) == "1234"
+    with pytest.raises(PayloadSizeExceededError, match="result is 5 bytes encoded, over the limit of 4"):
+        encode(12345, path="result", max_bytes=4)
+    with pytest.raises(PayloadSizeExceededError):
+        encode(False, max_bytes=4)
+    with override_settings(WEFT={"PAYLOAD_MAX_BYTES": 4}):
+        with pytest.raises(PayloadSizeExceededError):
+            encode_payload(10000)
+        assert encode_payload(None) == "null" and encode_payload(9999) == "9999"
+    assert encode_payload(10**18) == str(10**18)  # the limit read again once the override ended
