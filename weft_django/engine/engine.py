@@ -125,6 +125,7 @@ class Engine:
         )
         self._threads_stop, self._threads = threading.Event(), list[threading.Thread]()
         self._reload: dict[str, int] = {}  # workflows to load again at these epochs (after a failed pass)
+        self._reload_skipped = False  # the last renewal of _reload skipped a row another transaction held
         self.residency = Residency(self.settings.max_resident_workflows, lambda w, e: self._reload.__setitem__(w, e))
         # Writes a fenced commit deferred because another transaction held a row it needed (a user's open
         # transaction around cancel()): they open the next pass's writes, never overtaken by them.
@@ -408,8 +409,9 @@ class Engine:
         tick) and load it, with the workflows waiting to be reloaded (kept there until the load is done)."""
         later: dict[str, int] = {}  # still ours, their rows held by another transaction: not loaded this pass
         if self._reload:  # not renewed while they waited: load those renewed (ownership.held_to_load)
-            renewed, later = ownership.held_to_load(self, self._reload, "claim lost before its reload")
-            self._reload = {**renewed, **later}
+            wait = not self._reload_skipped  # a row skipped before may stay held: skip it at once now
+            renewed, later = ownership.held_to_load(self, self._reload, "claim lost before its reload", wait=wait)
+            self._reload, self._reload_skipped = {**renewed, **later}, bool(later)
         claimed = self.claimer.claim(force=force, scan=scan)
         later = {wid: epoch for wid, epoch in later.items() if wid not in claimed}
         for wid in [wid for wid in claimed if wid in self.owned]:  # its claim went away unseen (a missed

@@ -180,7 +180,9 @@ class ClaimHolder(Protocol):
     using: str
 
 
-def held_to_load(engine: ClaimHolder, epochs: Mapping[str, int], reason: str) -> tuple[dict[str, int], dict[str, int]]:
+def held_to_load(
+    engine: ClaimHolder, epochs: Mapping[str, int], reason: str, *, wait: bool = True
+) -> tuple[dict[str, int], dict[str, int]]:
     """Renew the claims of workflows about to be loaded again without a live context (a recall of evicted
     ones, a reload after a refused or failed commit); the claims found lost are logged (``stopped driving
     workflow=... reason=<reason>``) and left out, never replayed and driven by a non-owner. Such a claim
@@ -194,7 +196,9 @@ def held_to_load(engine: ClaimHolder, epochs: Mapping[str, int], reason: str) ->
     A claim whose row another transaction held is not loaded now even when the re-read shows it still
     ours: that transaction may be a peer's takeover about to commit (the read sees the claim as it was
     before it), and a load would drive the workflow on this engine after it lost the claim. It waits for
-    a later pass, which renews it again.
+    a later pass, which renews it again. With ``wait`` False (some were skipped by the last call: a
+    user's transaction may keep their rows for long) held rows are skipped at once, not after
+    PLAIN_LOCK_WAIT_MS: a pass of the engine does not wait for them each time.
 
     Returns:
         (the claims renewed, to load now; the claims skipped but still ours on the re-read, to load later).
@@ -202,7 +206,8 @@ def held_to_load(engine: ClaimHolder, epochs: Mapping[str, int], reason: str) ->
     Raises:
         DatabaseError: the renewal failed (nothing is left out: the caller tries again later).
     """
-    renewed, lost = renew_each(engine.engine_id, dict(epochs), engine.settings.workflow_claim_ttl, engine.using)
+    ttl, each_pass = engine.settings.workflow_claim_ttl, RenewalPass(plain=wait)
+    renewed, lost = renew_each(engine.engine_id, dict(epochs), ttl, engine.using, each_pass=each_pass)
     for wid in sorted(lost):
         _engine_log.warning(
             "stopped driving workflow=%s engine=%s epoch=%s reason=%s", wid, engine.engine_id, epochs[wid], reason
