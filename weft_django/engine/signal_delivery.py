@@ -27,6 +27,7 @@ has one, and a workflow that loops on a signal reads its mailbox once, not once 
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Protocol
@@ -64,6 +65,39 @@ def waiting(owned: Mapping[str, Owned], workflow_ids: set[str] | list[str]) -> d
         if wid in owned
     }
     return {wid: leaves for wid, leaves in found.items() if leaves}
+
+
+class Waits:
+    """The leaves of one workflow that consume a buffered record, by the mailbox each consumes (its
+    signal's name, or its child's terminal record), in frontier order: a record finds its wait without
+    walking the others' (a fan-out of n children, or of n signal names, would walk n * n / 2)."""
+
+    def __init__(self, leaves: list[Leaf]) -> None:
+        self._by_name: dict[str, deque[Leaf]] = {}
+        for leaf in leaves:
+            self._by_name.setdefault(mailbox_of(leaf), deque()).append(leaf)
+        self._left = len(leaves)
+
+    def __bool__(self) -> bool:
+        """Whether a wait among them has not taken its record yet."""
+        return self._left > 0
+
+    def take(self, name: str, owned: Owned) -> Leaf | None:
+        """The first of these leaves consuming ``name`` that is still pending, taken out; None if none.
+        The ones before it that are not pending any more are dropped (a leaf settled, or cancelled by a
+        race, never waits again)."""
+        queue = self._by_name.get(name)
+        while queue:
+            leaf = queue.popleft()
+            if owned.run.is_pending(leaf.seq):
+                self._left -= 1
+                return leaf
+        return None
+
+    def put_back(self, leaf: Leaf) -> None:
+        """Return a leaf ``take`` gave that still waits (it consumed another child's end) to the front."""
+        self._by_name[mailbox_of(leaf)].appendleft(leaf)
+        self._left += 1
 
 
 def deliverable(owned: Mapping[str, Owned], using: str) -> bool:
@@ -147,6 +181,7 @@ def deliver(
             owned_map[wid].signals_known = None
     if not wanted:
         return False
+    waits = {wid: Waits(leaves) for wid, leaves in wanted.items()}
     mailboxes: dict[str, list[BufferedRow]] = {}
     unread = []
     for wid in sorted(wanted):
@@ -163,16 +198,16 @@ def deliver(
     for wid in sorted(mailboxes):
         owned = owned_map[wid]
         for pk, _, run_id, name, payload, sent in mailboxes[wid]:
-            if not wanted[wid]:
+            if not waits[wid]:
                 break  # every wait of this workflow has its record: the rest of a backlog stays for later passes
-            delivered |= _consume(settler, owned, wanted, pk, run_id, name, payload, sent, now, writes, changed)
+            delivered |= _consume(settler, owned, waits[wid], pk, run_id, name, payload, sent, now, writes, changed)
     return delivered
 
 
 def _consume(
     settler: Settler,
     owned: Owned,
-    wanted: dict[str, list[Leaf]],
+    waits: Waits,
     pk: int,
     run_id: object,
     name: str,
@@ -183,10 +218,9 @@ def _consume(
     changed: set[str],
 ) -> bool:
     """Deliver one buffered record to the wait of ``owned`` it is for, if one waits for it; whether it was consumed."""
-    wid = owned.workflow_id
     if str(run_id) != owned.run_id or pk in owned.signals_taken:
         return False  # taken already (this pass, or an earlier one whose commit is not durable yet)
-    leaf = next((lf for lf in wanted[wid] if mailbox_of(lf) == name and owned.run.is_pending(lf.seq)), None)
+    leaf = waits.take(name, owned)
     if leaf is None:
         return False
     owned.signals_taken.add(pk)
@@ -194,12 +228,12 @@ def _consume(
         owned.signals_known.pop(pk, None)
     writes_of(owned, writes).signals_consumed.append((pk, leaf.seq))
     if isinstance(leaf.op, StartChild) and not ends_its_child(owned, leaf.seq, payload):
+        waits.put_back(leaf)
         return True  # another child's end (consumed out of the way): the step waits for its own
     if not isinstance(leaf.op, StartChild):
         settler.take_timer(owned, TimerKind.SIGNAL_TIMEOUT, leaf.seq, writes)
     with delivery_span("weft.signal.deliver", owned, sent, {"weft.signal": name, "weft.seq": leaf.seq}):
         settler.settle(owned, steps.delivered(leaf, name, payload, now), writes, changed)
-    wanted[wid] = [lf for lf in wanted[wid] if lf.seq != leaf.seq]
     return True
 
 
