@@ -168,11 +168,13 @@ class WorkflowRun:
         self.applied: dict[int, list[AppliedRecord]] = {}
         for record in sorted(applied or (), key=lambda r: (r.seq, r.n)):
             self.applied.setdefault(record.seq, []).append(record)
+        self._last_applied = max(self.applied, default=-1)  # kept by record_applied, as _last_recorded
         # respond() answers of wait_for_update, for the next fenced commit: (update id, result text).
         self.responses: list[tuple[str, str]] = []
         # Positions this run's timers hold (the loader's), with the timer's kind (None: not known): a patch
         # before them is the old branch, and the operation yielded there must be the one that armed it.
-        self.occupied: dict[int, str | None] = {}
+        self._occupied: dict[int, str | None] = {}
+        self._last_occupied = -1
         # Workflow time (ctx.now()): the latest durable time of a step fed to the code (from the run's
         # start, a fork's source's below its fork point: start() sets it from ctx.lineage).
         self.clock: datetime | None = ctx.started_at
@@ -180,6 +182,20 @@ class WorkflowRun:
         self.check_only = False  # a replay check: stop at a memo with no record instead of computing it
         self.continued: ContinueAsNew | None = None  # the code continued as new (yielded or returned it)
         ctx.history = markers.DriverHistory(self)
+
+    @property
+    def occupied(self) -> dict[int, str | None]:
+        return self._occupied
+
+    @occupied.setter
+    def occupied(self, timers: dict[int, str | None]) -> None:
+        self._occupied, self._last_occupied = timers, max(timers, default=-1)
+
+    @property
+    def last_position(self) -> int:
+        """The highest position this run recorded anything at (a step, a timer, an applied update), or
+        -1: kept as they are recorded, so ``ctx.patched`` on the live path does not scan the history."""
+        return max(self._last_recorded, self._last_occupied, self._last_applied)
 
     def start_at(self, position: int) -> datetime | None:
         """The start ``ctx.now()`` counts from at ``position`` (markers.MarkedRun)."""
@@ -285,6 +301,7 @@ class WorkflowRun:
         assert self.frontier is not None
         seq = self.frontier.seq
         done = self.applied.setdefault(seq, [])
+        self._last_applied = max(self._last_applied, seq)
         record = AppliedRecord(seq, len(done), name, payload, result, error, update_id)
         done.append(record)
         return record

@@ -19,7 +19,7 @@ yielded, so removing the call at the end of a change's life does not break old h
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Protocol
 
@@ -48,10 +48,7 @@ class MarkedRun(Protocol):
     def steps(self) -> Mapping[int, StepRecord]: ...
 
     @property
-    def occupied(self) -> Iterable[int]: ...
-
-    @property
-    def applied(self) -> Mapping[int, object]: ...
+    def last_position(self) -> int: ...
 
     @property
     def in_code(self) -> bool: ...
@@ -123,9 +120,7 @@ class DriverHistory:
         return None
 
     def _recorded_from(self, seq: int) -> bool:
-        run = self._run
-        return (
-            any(position >= seq for position in run.steps)
-            or any(position >= seq for position in run.occupied)
-            or any(position >= seq for position in run.applied)
-        )
+        """Whether this run recorded anything (a step, a timer, an applied update) at ``seq`` or later:
+        the run's highest position, not a scan of its history (which made each new change's first
+        call on the live path cost the whole history)."""
+        return self._run.last_position >= seq
