@@ -49,3 +49,21 @@ def test_a_damaged_execution_timeout_stops_no_other_run():
     }
     row = Workflow.objects.get(pk="damaged")
     assert row.execution_deadline == row.admitted_at + MAX_DURATION
+
+
+@pytest.mark.postgres
+@override_settings(WEFT={"QUEUES": {"q": {"concurrency": 5}}, "POLL_INTERVAL": "50ms"})
+def test_a_stored_timeout_that_python_cannot_read_stops_no_other_run_of_its_queue():
+    """An interval of more days than a timedelta holds (PostgreSQL's interval goes past it): reading
+    it raised DataError in every admission, which the claimer logs and retries, so the damaged run,
+    first in FIFO order, kept every other run of its queue waiting for ever."""
+    weft.start("tests.queued", queue="q", id="unreadable", execution_timeout="1h")
+    weft.start("tests.queued", queue="q", id="same-queue")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE weft_django_workflow SET execution_timeout = interval '1 day' * 1500000000 WHERE id = 'unreadable'"
+        )
+    run_until_idle(timeout=20)
+    assert Workflow.objects.filter(pk="same-queue").values_list("status", flat=True).get() == "completed"
+    deadline, admitted = Workflow.objects.filter(pk="unreadable").values_list("execution_deadline", "admitted_at").get()
+    assert admitted is not None and deadline == admitted + MAX_DURATION

@@ -36,7 +36,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Count, Max, Min, Q
+from django.db.models import Case, Count, DurationField, F, Max, Min, Q, Value, When
+from django.db.models.functions import Greatest, Least
 
 from ..durations import MAX_DURATION
 from ..flow import QueueConfig
@@ -101,7 +102,7 @@ def admit(
             timeouts = {
                 wid: timeout
                 for chunk in chunks(sorted(fence.held))
-                for wid, timeout in unadmitted.filter(id__in=chunk).values_list("id", "execution_timeout")
+                for wid, timeout in unadmitted.filter(id__in=chunk).values_list("id", _BOUNDED_TIMEOUT)
             }
             waiting = sorted(timeouts)
             if not waiting:
@@ -116,6 +117,19 @@ def admit(
                 transaction.set_rollback(True, using=using)
                 return {}
         return held
+
+
+# The start's execution_timeout, bounded in SQL to what a start accepts (0 to MAX_DURATION): PostgreSQL's
+# interval goes past a timedelta (over 999999999 days), and a damaged row's read raised DataError in
+# every admission, so that run, first in its queue, kept every other run of the queue waiting for ever.
+_BOUNDED_TIMEOUT = Case(
+    When(execution_timeout__isnull=True, then=Value(None, output_field=DurationField())),
+    default=Least(
+        Greatest(F("execution_timeout"), Value(timedelta(0), output_field=DurationField())),
+        Value(MAX_DURATION, output_field=DurationField()),
+    ),
+    output_field=DurationField(),
+)
 
 
 def _set_deadlines(timeouts: dict[str, timedelta | None], now: datetime, using: str) -> None:
