@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from .codec import is_storable
 from .durations import MAX_DURATION
 
 RATE_UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
@@ -116,12 +117,12 @@ def parse_queue(name: Any, raw: Any) -> tuple[QueueConfig | None, list[tuple[str
     that cannot be parsed, E032 an unknown key or a ``priorities`` that is not a bool.
     """
     problems: list[tuple[str, str]] = []
-    if not isinstance(name, str) or not name.strip() or len(name) > 255 or "," in name:
+    if not isinstance(name, str) or not name.strip() or len(name) > 255 or "," in name or not is_storable(name):
         return None, [
             (
                 "E029",
                 f"QUEUES: a queue name must be a non-empty string of at most 255 characters "
-                f"without commas (got {name!r}).",
+                f"without commas, NUL or unpaired surrogates (got {name!r}).",
             )
         ]
     if not isinstance(raw, Mapping):

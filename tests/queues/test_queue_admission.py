@@ -54,6 +54,10 @@ def test_bad_queue_arguments_are_typed_errors_and_write_nothing():
         ([1, 2], "weft.E029"),
         ({"q": 3}, "weft.E029"),
         ({"": {}}, "weft.E029"),
+        # A name no text column holds: a NUL failed that queue's admission on every pass (PostgreSQL
+        # refuses it), a lone surrogate (UTF-8 cannot encode it, no DatabaseError) every engine pass.
+        ({"q\x00": {}}, "weft.E029"),
+        ({"q\ud800": {}}, "weft.E029"),
         ({"q": {"concurrency": 0}}, "weft.E030"),
         ({"q": {"concurrency": -2}}, "weft.E030"),
         ({"q": {"per_engine": 1.5}}, "weft.E030"),
