@@ -7,6 +7,7 @@ longest one weft accepts (``durations.MAX_DURATION``), as an API-given timeout c
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import pytest
@@ -15,8 +16,9 @@ from django.test import override_settings
 
 import weft_django as weft
 from weft_django.durations import MAX_DURATION
+from weft_django.engine.engine import Engine
 from weft_django.models import Workflow
-from weft_django.testing import run_until_idle
+from weft_django.testing import run_until_idle, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -67,3 +69,27 @@ def test_a_stored_timeout_that_python_cannot_read_stops_no_other_run_of_its_queu
     assert Workflow.objects.filter(pk="same-queue").values_list("status", flat=True).get() == "completed"
     deadline, admitted = Workflow.objects.filter(pk="unreadable").values_list("execution_deadline", "admitted_at").get()
     assert admitted is not None and deadline == admitted + MAX_DURATION
+
+
+@pytest.mark.postgres
+@override_settings(WEFT={"QUEUES": {"q": {}}, "POLL_INTERVAL": "50ms"})
+def test_a_waiting_runs_start_time_that_python_cannot_read_stops_no_other_run_of_its_queue():
+    """A start time before year 1 (PostgreSQL's timestamptz goes past a datetime): admission read each
+    waiting run's created_at into Python for its page cursor, so every admission raised DataError and
+    no run of the queue was admitted again."""
+    weft.start("tests.queued", queue="q", id="unreadable")
+    weft.start("tests.queued", queue="q", id="same-queue")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE weft_django_workflow SET created_at = timestamptz '0001-01-01 00:00:00+00' - interval '1 day' "
+            "WHERE id = 'unreadable'"
+        )
+    engine = Engine("damaged-start")  # a real engine loop (run_until_idle's idle check reads the queue too)
+    thread = threading.Thread(target=engine.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: Workflow.objects.filter(pk="same-queue", status="completed").exists(), 20, message="done")
+    finally:
+        engine.request_stop()
+        thread.join(timeout=20)
+    assert Workflow.objects.filter(pk="same-queue").values_list("status", flat=True).get() == "completed"

@@ -36,7 +36,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Case, Count, DurationField, F, Max, Min, Q, Value, When
+from django.db.models import Case, Count, DurationField, F, Max, Min, Q, Subquery, Value, When
 from django.db.models.functions import Greatest, Least
 
 from ..durations import MAX_DURATION
@@ -195,22 +195,23 @@ def _choose(queue: str, free: int, using: str) -> list[str]:
     )
     chosen: list[str] = []
     taken: set[str] = set()  # keys chosen in this admission: a few (at most ``free``)
-    after: tuple[int, datetime, str] | None = None
+    after: tuple[int, str] | None = None
     for _ in range(MAX_PAGES):
         page = waiting.exclude(concurrency_key__in=sorted(taken)) if taken else waiting
         if after is not None:
-            priority, created, wid = after
+            # Past the last row read: its start time compared in SQL, never read into Python (a damaged
+            # one, before year 1 say, is no datetime: reading it failed every admission of the queue).
+            priority, wid = after
+            created = Workflow.objects.using(using).filter(pk=wid).values("created_at")
             page = page.filter(
                 Q(priority__gt=priority)
-                | Q(priority=priority, created_at__gt=created)
-                | Q(priority=priority, created_at=created, id__gt=wid)
+                | Q(priority=priority, created_at__gt=Subquery(created))
+                | Q(priority=priority, created_at=Subquery(created), id__gt=wid)
             )
         rows = list(
-            page.order_by("priority", "created_at", "id").values_list(
-                "id", "priority", "created_at", "concurrency_key"
-            )[:PAGE]
+            page.order_by("priority", "created_at", "id").values_list("id", "priority", "concurrency_key")[:PAGE]
         )
-        for wid, _priority, _created, key in rows:
+        for wid, _priority, key in rows:
             if key is not None:
                 if key in taken:
                     continue
@@ -220,8 +221,7 @@ def _choose(queue: str, free: int, using: str) -> list[str]:
                 return chosen
         if len(rows) < PAGE:
             return chosen
-        last = rows[-1]
-        after = (last[1], last[2], last[0])
+        after = (rows[-1][1], rows[-1][0])
     return chosen
 
 
