@@ -1,10 +1,17 @@
-"""Server-side bounds on the engine's own sessions (lock_timeout, idle_in_transaction_session_timeout).
+"""Server-side bounds on the engine's own sessions (lock_timeout, idle_in_transaction_session_timeout),
+and their isolation level.
 
 The policy (how long, and which threads) is the engine's (``weft_django.engine.sessions``); the
 statements and the per-thread bookkeeping are here. A thread opts in with ``bind`` (its current
 connection gets the settings now, every new connection of that thread gets them in
 ``connection_created``), and ``unbind`` restores the defaults. Where the backend has no sessions to
 bound (``Backend.bounds_sessions`` false: SQLite) everything here is a no-op.
+
+The engine's sessions run READ COMMITTED whatever the project set (``OPTIONS["isolation_level"]``, a
+server or role ``default_transaction_isolation``): its fences, claims and queue admissions are written
+for it (an UPDATE of a row a peer changed re-reads it; a statement sees what committed before it).
+Under REPEATABLE READ or SERIALIZABLE each such row would fail its transaction with a serialization
+error instead, and an admission's counts would come from a snapshot older than its lock.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from django.db import DatabaseError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 from django.dispatch import receiver
+from psycopg import IsolationLevel
 
 from .backend import backend
 
@@ -124,14 +132,24 @@ def _ms(limit: timedelta) -> str:
     return str(int(limit.total_seconds() * 1000))
 
 
+# The psycopg connections whose isolation level ``_apply`` replaced, with the level they had (Django sets
+# it from OPTIONS["isolation_level"]; None: the server's default), for ``unbind``.
+_isolation_before: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
 def _apply(connection: BaseDatabaseWrapper, limit_ms: str) -> None:
     # set_config() takes parameters under client- and server-side binding alike (SET does not).
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT set_config('idle_in_transaction_session_timeout', %s, false), "
-            "set_config('lock_timeout', %s, false)",
+            "set_config('lock_timeout', %s, false), "
+            "set_config('default_transaction_isolation', 'read committed', false)",
             [limit_ms, limit_ms],
         )
+    raw = connection.connection
+    if raw is not None and getattr(raw, "isolation_level", None) not in (None, IsolationLevel.READ_COMMITTED):
+        _isolation_before.setdefault(raw, raw.isolation_level)
+        raw.isolation_level = IsolationLevel.READ_COMMITTED  # psycopg's BEGIN names it (Django's OPTIONS)
 
 
 def _limits() -> dict[str, str]:
@@ -172,7 +190,12 @@ def unbind(using: str) -> None:
         try:
             # Back to the role's and server's own defaults, not to a hard-coded 0.
             with connection.cursor() as cursor:
-                cursor.execute("RESET idle_in_transaction_session_timeout; RESET lock_timeout")
+                cursor.execute(
+                    "RESET idle_in_transaction_session_timeout; RESET lock_timeout; RESET default_transaction_isolation"
+                )
+            raw = connection.connection
+            if raw is not None and raw in _isolation_before:
+                raw.isolation_level = _isolation_before.pop(raw)
         except Exception:  # the connection is gone: a new one starts with the defaults anyway
             connection.close()
 
