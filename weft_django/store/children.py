@@ -14,7 +14,7 @@ from django.db import IntegrityError, transaction
 from ..models import Workflow
 from ..status import TERMINAL_STATUSES
 from . import claims
-from .epochs import next_epoch
+from .epochs import next_epoch, next_epochs
 from .mailbox import CHILD_MAILBOX_PREFIX, child_mailbox_name, report_child_end
 from .notify import send_many
 
@@ -53,6 +53,11 @@ def start_children(
     unheld claim with a fresh epoch, and wake the engines. A child id that is already taken is
     reported to the parent as a failure.
 
+    All of them are inserted together (a few statements, however many children: a fan-out of thousands
+    wrote them one at a time, five statements each, inside the parent's commit on the engine loop's
+    thread); when one's id is taken, that savepoint rolls back and each is inserted alone, so the taken
+    one is reported and the others start.
+
     Args:
         engine_id: the parent's engine (unused by the rows: a child's claim starts unheld).
         children: the children to start; ``now``: workflow time; ``ttl``: unused (kept for callers).
@@ -61,56 +66,93 @@ def start_children(
     Returns:
         {child id: epoch} of the children started.
     """
-    claimed: dict[str, int] = {}
     for child in children:
         child.run_id = str(uuid.uuid4())
+    claimed: dict[str, int] | None = None
+    if len(children) > 1:
         try:
             with transaction.atomic(using=using):
-                Workflow.objects.using(using).create(
-                    id=child.child_id,
-                    run_id=child.run_id,
-                    workflow_type=child.workflow_type,
-                    version=child.version,
-                    status="pending" if child.queue is not None else "running",
-                    input=child.input_text,
-                    parent_id=child.parent_id,
-                    parent_run_id=child.parent_run_id,
-                    parent_seq=child.parent_seq,
-                    parent_close_policy=child.parent_close_policy,
-                    depth=child.depth,
-                    trace_context=child.trace_context,
-                    created_at=now,
-                    updated_at=now,
-                    started_at=None if child.queue is not None else now,
-                    queue=child.queue,
-                    priority=child.priority,
-                    concurrency_key=child.concurrency_key,
-                )
-                epoch = next_epoch(using)
-                # A child waiting in its queue stays out of acquire's index until its admission.
-                claims.insert_unheld(child.child_id, epoch, now, using, runnable=child.queue is None)
-                claimed[child.child_id] = epoch
-                if on_started is not None:
-                    on_started(child, using)  # the signal waits for the parent's commit
+                claimed = _insert_together(children, now, using)
         except IntegrityError:
-            if _report_own_child(child, now, using):
-                continue
-            report_child_end(
-                child.child_id,
-                child.parent_id,
-                child.parent_run_id,
-                child.parent_seq,
-                "failed",
-                None,
-                {
-                    "type": "WorkflowAlreadyExistsError",
-                    "message": f'A workflow "{child.child_id}" already exists; give the child another id.',
-                },
-                now,
-                using,
-            )
+            claimed = None  # an id is taken: one at a time below, which reports it
+    if claimed is None:
+        claimed = {}
+        for child in children:
+            epoch = _insert_alone(child, now, using)
+            if epoch is not None:
+                claimed[child.child_id] = epoch
+    if on_started is not None:
+        for child in children:
+            if child.child_id in claimed:
+                on_started(child, using)  # the signal waits for the parent's commit
     send_many("w", list(claimed), using)
     return claimed
+
+
+def _row(child: ChildStart, now: datetime) -> Workflow:
+    return Workflow(
+        id=child.child_id,
+        run_id=child.run_id,
+        workflow_type=child.workflow_type,
+        version=child.version,
+        status="pending" if child.queue is not None else "running",
+        input=child.input_text,
+        parent_id=child.parent_id,
+        parent_run_id=child.parent_run_id,
+        parent_seq=child.parent_seq,
+        parent_close_policy=child.parent_close_policy,
+        depth=child.depth,
+        trace_context=child.trace_context,
+        created_at=now,
+        updated_at=now,
+        started_at=None if child.queue is not None else now,
+        queue=child.queue,
+        priority=child.priority,
+        concurrency_key=child.concurrency_key,
+    )
+
+
+def _insert_together(children: list[ChildStart], now: datetime, using: str) -> dict[str, int]:
+    """Every child's row, then every claim at an epoch drawn after the rows (as one alone draws it).
+
+    Raises:
+        IntegrityError: a child's id is taken (the caller's savepoint rolls all of them back).
+    """
+    Workflow.objects.using(using).bulk_create([_row(child, now) for child in children])
+    epochs = next_epochs(len(children), using)
+    # A child waiting in its queue stays out of acquire's index until its admission.
+    paired = list(zip(children, epochs, strict=True))
+    claims.insert_unheld_many([(child.child_id, epoch, child.queue is None) for child, epoch in paired], now, using)
+    return {child.child_id: epoch for child, epoch in paired}
+
+
+def _insert_alone(child: ChildStart, now: datetime, using: str) -> int | None:
+    """One child's row and claim in a savepoint of its own: its epoch, or None when its id is taken
+    (reported to the parent: its own child's end again, or a failure)."""
+    try:
+        with transaction.atomic(using=using):
+            _row(child, now).save(using=using, force_insert=True)
+            epoch = next_epoch(using)
+            claims.insert_unheld(child.child_id, epoch, now, using, runnable=child.queue is None)
+            return epoch
+    except IntegrityError:
+        if _report_own_child(child, now, using):
+            return None
+        report_child_end(
+            child.child_id,
+            child.parent_id,
+            child.parent_run_id,
+            child.parent_seq,
+            "failed",
+            None,
+            {
+                "type": "WorkflowAlreadyExistsError",
+                "message": f'A workflow "{child.child_id}" already exists; give the child another id.',
+            },
+            now,
+            using,
+        )
+        return None
 
 
 def _report_own_child(child: ChildStart, now: datetime, using: str) -> bool:

@@ -50,4 +50,19 @@ def next_epoch(using: str) -> int:
     return int(row[0])
 
 
-__all__ = ["COUNTER_TABLE", "SEQUENCE", "next_epoch", "next_epoch_sql"]
+def next_epochs(count: int, using: str) -> list[int]:
+    """Draw ``count`` epochs on database ``using``, in increasing order: one statement on PostgreSQL
+    (``nextval`` over a series), ``next_epoch`` each elsewhere (SQLite: its counter row, locally).
+
+    Raises:
+        django.db.DatabaseError: the statement failed.
+    """
+    found = backend(using)
+    if not found.batches_statements:
+        return [next_epoch(using) for _ in range(count)]
+    with found.connection.cursor() as cursor:
+        cursor.execute(f"SELECT {found.next_epoch_sql()} FROM generate_series(1, %s) ORDER BY 1", [count])
+        return [int(row[0]) for row in cursor.fetchall()]
+
+
+__all__ = ["COUNTER_TABLE", "SEQUENCE", "next_epoch", "next_epoch_sql", "next_epochs"]

@@ -530,6 +530,20 @@ def holder(workflow_id: str, using: str) -> tuple[int, str | None] | None:
     return row
 
 
+def insert_unheld_many(rows: list[tuple[str, int, bool]], run_created_at: datetime, using: str) -> None:
+    """``insert_unheld`` of many runs at once: (workflow id, epoch, runnable) each.
+
+    Raises:
+        django.db.IntegrityError: a workflow already has a claim.
+    """
+    WorkflowClaim.objects.using(using).bulk_create(
+        [
+            WorkflowClaim(workflow_id=wid, epoch=epoch, run_created_at=run_created_at, runnable=runnable)
+            for wid, epoch, runnable in rows
+        ]
+    )
+
+
 def insert_unheld(workflow_id: str, epoch: int, run_created_at: datetime, using: str, *, runnable: bool = True) -> None:
     """Insert the unheld claim of a new run (a child) at ``epoch``; ``runnable=False`` for a run
     waiting in a queue (its admission makes it runnable, ``hold_admitted``).
