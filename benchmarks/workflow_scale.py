@@ -5,12 +5,13 @@ A cost that grows linearly keeps its seconds per step as the size grows; a quadr
 it by the size's factor. Work on the engine loop's thread stalls every other workflow of the engine.
 
     PYTHONPATH=$PWD python -m benchmarks.workflow_scale [--sizes 1000,4000,16000]
-        [--shapes memos,fan_out_local,fan_out,signals]
+        [--shapes memos,fan_out_local,fan_out,signals,children]
 
 Shapes (benchmarks/benchapp/workflows.py): ``memos`` (a history of n memo steps, recorded live, then
 replayed in memory as a takeover or ``weft replay`` would: the "replay" column), ``fan_out_local``
 (one ctx.all of n local activities), ``fan_out`` (one ctx.all of n activities on the engine's
-threads), ``signals`` (n signals buffered, then consumed one wait at a time). Database
+threads), ``signals`` (n signals buffered, then consumed one wait at a time), ``children`` (one ctx.all
+of n child workflows, each returning at once, run by the same engine). Database
 ``<WEFT_BENCH_PG_NAME or weft_workflow_scale>`` (dropped and re-created).
 """
 
@@ -26,7 +27,7 @@ from typing import Any
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="1000,4000,16000")
-    parser.add_argument("--shapes", default="memos,fan_out_local,fan_out,signals")
+    parser.add_argument("--shapes", default="memos,fan_out_local,fan_out,signals,children")
     options = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
     name = os.environ.setdefault("WEFT_BENCH_PG_NAME", "weft_workflow_scale")
@@ -76,6 +77,7 @@ def _one(shape: str, n: int) -> tuple[float, float | None]:
         "fan_out_local": workflows.fan_out_local,
         "fan_out": workflows.fan_out,
         "signals": workflows.signal_sum,
+        "children": workflows.children,
     }[shape]
     engine = Engine(f"scale-{shape}-{n}", concurrency=8)
     engine.start()

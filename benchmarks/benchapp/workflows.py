@@ -77,3 +77,17 @@ def signal_sum(ctx: weft.WorkflowContext, n: int):  # type: ignore[no-untyped-de
     for _ in range(n):
         total += yield ctx.wait_for_signal("add")
     return total
+
+
+@weft.workflow(name="bench.leaf")
+def leaf(ctx: weft.WorkflowContext, i: int):  # type: ignore[no-untyped-def]
+    """A child that returns at once."""
+    return i
+    yield  # a generator: a workflow
+
+
+@weft.workflow(name="bench.children")
+def children(ctx: weft.WorkflowContext, n: int):  # type: ignore[no-untyped-def]
+    """One ctx.all of ``n`` child workflows."""
+    values = yield ctx.all([ctx.start_child(leaf, args=[i]) for i in range(n)])
+    return sum(values)
