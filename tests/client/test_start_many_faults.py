@@ -136,8 +136,8 @@ def test_chunks_are_cut_by_size_as_well_as_rows() -> None:
         return NewRun(workflow_id=f"w{index}", workflow_type="tests.sum", version="1", input_text="x" * size)
 
     big = [run(i, runs_bulk.CHUNK_BYTES // 3 + 1) for i in range(7)]
-    assert [len(chunk) for chunk in runs_bulk._chunks(big)] == [2, 2, 2, 1]
+    assert [len(chunk) for chunk in runs_bulk.chunks_by_input(big)] == [2, 2, 2, 1]
     small = [run(i, 10) for i in range(runs_bulk.CHUNK_ROWS * 2 + 1)]
-    assert [len(chunk) for chunk in runs_bulk._chunks(small)] == [runs_bulk.CHUNK_ROWS, runs_bulk.CHUNK_ROWS, 1]
+    assert [len(chunk) for chunk in runs_bulk.chunks_by_input(small)] == [runs_bulk.CHUNK_ROWS, runs_bulk.CHUNK_ROWS, 1]
     alone = [run(0, runs_bulk.CHUNK_BYTES * 2), run(1, 10)]
-    assert [len(chunk) for chunk in runs_bulk._chunks(alone)] == [1, 1]
+    assert [len(chunk) for chunk in runs_bulk.chunks_by_input(alone)] == [1, 1]

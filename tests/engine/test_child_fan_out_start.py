@@ -75,3 +75,24 @@ def test_a_taken_id_in_a_fan_out_fails_only_its_own_child() -> None:
         assert Workflow.objects.get(id="cft-3").parent_id is None  # the other workflow's row is untouched
     finally:
         engine.shutdown()
+
+
+def test_children_written_together_are_cut_into_statements_postgresql_takes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each child's input may be PAYLOAD_MAX_BYTES: together they are cut by rows and by bytes, as
+    start_many's are (store/runs_bulk.py), or one statement could pass PostgreSQL's 1 GB message limit."""
+    from weft_django.store import runs_bulk
+
+    monkeypatch.setattr(runs_bulk, "CHUNK_ROWS", 7)
+    handle = weft.start(parent, args=[30, "cfc"], id="cfc-parent")
+    engine = Engine("child-fan-out-chunks", concurrency=4)
+    engine.start()
+    try:
+        with CaptureQueriesContext(connection) as queries:
+            tick_until(engine, lambda: Workflow.objects.filter(parent_id=handle.id).count() == 30, "children")
+        assert _child_inserts(queries) >= 5  # 30 rows, 7 per statement
+        tick_until(engine, lambda: handle.describe()["status"] == "completed", "the parent's end", timeout=60)
+        assert handle.result(timeout=1) == sum(range(30))
+        epochs = WorkflowClaim.objects.filter(workflow_id__startswith="cfc-").values_list("epoch", flat=True)
+        assert len(set(epochs)) == 31
+    finally:
+        engine.shutdown()

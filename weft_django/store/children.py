@@ -17,6 +17,7 @@ from . import claims
 from .epochs import next_epoch, next_epochs
 from .mailbox import CHILD_MAILBOX_PREFIX, child_mailbox_name, report_child_end
 from .notify import send_many
+from .runs_bulk import chunks_by_input
 
 # A child reports to its parent's mailbox (store/mailbox.py holds the one writer of that record).
 MAILBOX_PREFIX = CHILD_MAILBOX_PREFIX
@@ -118,12 +119,17 @@ def _insert_together(children: list[ChildStart], now: datetime, using: str) -> d
     Raises:
         IntegrityError: a child's id is taken (the caller's savepoint rolls all of them back).
     """
-    Workflow.objects.using(using).bulk_create([_row(child, now) for child in children])
-    epochs = next_epochs(len(children), using)
-    # A child waiting in its queue stays out of acquire's index until its admission.
-    paired = list(zip(children, epochs, strict=True))
-    claims.insert_unheld_many([(child.child_id, epoch, child.queue is None) for child, epoch in paired], now, using)
-    return {child.child_id: epoch for child, epoch in paired}
+    chunks = list(chunks_by_input(children))  # statements PostgreSQL takes: each input may be 1 MiB
+    for chunk in chunks:
+        Workflow.objects.using(using).bulk_create([_row(child, now) for child in chunk])
+    epochs = iter(next_epochs(len(children), using))
+    claimed: dict[str, int] = {}
+    for chunk in chunks:
+        rows = [(child.child_id, next(epochs), child.queue is None) for child in chunk]
+        # A child waiting in its queue stays out of acquire's index until its admission.
+        claims.insert_unheld_many(rows, now, using)
+        claimed.update((wid, epoch) for wid, epoch, _ in rows)
+    return claimed
 
 
 def _insert_alone(child: ChildStart, now: datetime, using: str) -> int | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from django.db import connections
 
@@ -57,7 +57,7 @@ def create_runs(runs: Sequence[NewRun], using: str) -> set[str]:
     if _statement(using) is None:
         return {new.workflow_id for new in runs if create_run(new, using) is not None}
     inserted: set[str] = set()
-    for chunk in _chunks(runs):
+    for chunk in chunks_by_input(runs):
         inserted |= _insert_chunk(chunk, using)
     if inserted:
         wakeups = sorted(inserted) if len(inserted) <= NAMED_WAKEUPS_UP_TO else "*"
@@ -65,8 +65,16 @@ def create_runs(runs: Sequence[NewRun], using: str) -> set[str]:
     return inserted
 
 
-def _chunks(runs: Sequence[NewRun]) -> Iterator[Sequence[NewRun]]:
-    """``runs`` in order, cut at CHUNK_ROWS rows or CHUNK_BYTES of input text, whichever comes first."""
+class _WithInput(Protocol):
+    input_text: str
+
+
+RunT = TypeVar("RunT", bound=_WithInput)
+
+
+def chunks_by_input(runs: Sequence[RunT]) -> Iterator[Sequence[RunT]]:
+    """``runs`` in order, cut at CHUNK_ROWS rows or CHUNK_BYTES of input text, whichever comes first
+    (new runs here, a parent's children in store/children.py)."""
     begin = size = 0
     for end, new in enumerate(runs):
         length = len(new.input_text)
