@@ -80,7 +80,7 @@ def test_list_filters(runs):
     assert weft_cli("list", "--type", "nothing.here").strip() == "No workflows match."
     with pytest.raises(CommandError, match="invalid choice: 'finished'"):
         weft_cli("list", "--status", "finished")
-    with pytest.raises(CommandError, match="at least 1"):
+    with pytest.raises(CommandError, match="whole number from 1 to"):
         weft_cli("list", "--limit", "0")
 
 

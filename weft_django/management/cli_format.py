@@ -12,23 +12,30 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
+from django.core.management.base import CommandError
+
 from ..durations import InvalidDuration, to_nonnegative_timedelta
 
 
 def duration_arg(value: str) -> timedelta:
+    """A duration option (``--timeout``, ``--older-than``): weft's forms, at most 100 years."""
     try:
         return to_nonnegative_timedelta(value, "the duration")
     except InvalidDuration as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+MAX_LIMIT = 2**63 - 1  # the largest LIMIT PostgreSQL and SQLite take (a 64-bit integer)
+
+
 def positive_int_arg(value: str) -> int:
+    """A ``--limit``: a whole number from 1 to MAX_LIMIT (a larger one is an error of the database)."""
     try:
         number = int(value)
     except ValueError:
         number = 0
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1 (got {value!r})")
+    if not 1 <= number <= MAX_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_LIMIT} (got {value!r})")
     return number
 
 
@@ -69,3 +76,25 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     lines = ["  ".join(header.ljust(widths[i]) for i, header in enumerate(headers)).rstrip()]
     lines += ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in cells]
     return "\n".join(lines)
+
+
+def unreachable_database(alias: str) -> CommandError | None:
+    """After an OperationalError: a CommandError saying the database ``alias`` does not answer, when
+    a new connection to it fails too; None when it answers (the error was another one: keep it).
+
+    Args:
+        alias: the database alias the command uses.
+    """
+    from django.db import OperationalError, connections
+
+    connection = connections[alias]
+    try:
+        connection.close()
+        connection.ensure_connection()
+    except OperationalError as exc:
+        reason = " ".join(str(exc).split())  # psycopg's message spans lines
+        return CommandError(
+            f"Cannot reach the database {alias!r}: {reason}. Check DATABASES and that the server is up and "
+            "accepts connections (`python manage.py weft doctor` checks the connection)."
+        )
+    return None

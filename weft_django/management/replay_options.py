@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import argparse
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from ..durations import InvalidDuration, to_nonnegative_timedelta
 from ..exceptions import InvalidArgumentError
@@ -25,6 +25,10 @@ def since(value: str) -> datetime | timedelta:
         ) from None
     if moment.tzinfo is None:
         raise argparse.ArgumentTypeError(f"--since {value!r} has no time zone; add one, e.g. +00:00")
+    try:
+        moment.astimezone(UTC)  # the database compares it in UTC
+    except OverflowError:
+        raise argparse.ArgumentTypeError(f"--since {value!r} is outside years 1-9999 in UTC") from None
     return moment
 
 

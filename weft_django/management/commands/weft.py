@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import OperationalError
 from django.db.models import Count
 
 from ...client import SUMMARY_FIELDS
@@ -25,7 +26,7 @@ from ...exceptions import InvalidArgumentError, WeftError
 from ...status import TERMINAL_STATUSES, WorkflowStatus
 from .. import visibility_cli
 from ..cli_format import claim_expiry, duration_arg, json_default, positive_int_arg, table, when
-from ..replay_options import add_replay_arguments
+from ..replay_options import add_replay_arguments, workflow_type
 
 DESCRIBE_KEYS = SUMMARY_FIELDS
 TERMINAL = sorted(str(status) for status in TERMINAL_STATUSES)
@@ -46,7 +47,7 @@ class Command(BaseCommand):
 
         p = command("list", "List workflows, newest first.")
         p.add_argument("--status", action="append", choices=WorkflowStatus.values, help="Repeat for several.")
-        p.add_argument("--type", dest="workflow_type", help="Only this workflow type (registered name).")
+        p.add_argument("--type", dest="workflow_type", type=workflow_type, help="Only this workflow type.")
         p.add_argument("--limit", type=positive_int_arg, default=50, help="At most this many rows (default 50).")
         visibility_cli.add_where(p)
         p.add_argument("--cursor", help="The next page of a --where listing (printed under it).")
@@ -141,6 +142,13 @@ class Command(BaseCommand):
             ) from None
         except (WeftError, InvalidArgumentError) as exc:
             raise CommandError(f"{type(exc).__name__}: {exc}") from None
+        except OperationalError as exc:
+            from ..cli_format import unreachable_database
+
+            unreachable = unreachable_database(self._using)
+            if unreachable is None:  # the database answers: another error (a lock timeout, ...), shown whole
+                raise
+            raise unreachable from exc
 
     @property
     def _using(self) -> str:
@@ -192,8 +200,11 @@ class Command(BaseCommand):
             raise CommandError(f"No workflow {options['id']!r}: nothing was exported.")
         text = json.dumps(to_json(history), indent=2, ensure_ascii=False)
         if options.get("output"):
-            with open(options["output"], "w", encoding="utf-8") as out:
-                out.write(text + "\n")
+            try:
+                with open(options["output"], "w", encoding="utf-8") as out:
+                    out.write(text + "\n")
+            except OSError as exc:  # a missing directory, no permission, a directory, a full disk
+                raise CommandError(f"--output {options['output']!r}: cannot write the history: {exc}.") from None
             self._print(f"Wrote the history of {options['id']!r} ({len(history.steps)} steps) to {options['output']}.")
         else:
             self._print(text)

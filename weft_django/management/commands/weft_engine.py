@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import gc
 import logging
+import math
 import os
 import signal
 import socket
@@ -14,43 +16,58 @@ from types import FrameType
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, OperationalError, connections
 from django.db.migrations.executor import MigrationExecutor
 
 from ...exceptions import ConfigurationError, EngineLeaseAcquisitionTimeoutError, OwnershipModeMismatchError
 from ...status import OwnershipMode
 from ...store.backend import backend
+from ..cli_format import unreachable_database
 
 VERBOSITY_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
 status_logger = logging.getLogger("weft_django.engine.status")
 
 
 def _positive_int(value: str) -> int:
-    number = int(value)
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
     if number < 1:
-        raise ValueError(value)
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1 (got {value!r})")
+    return number
+
+
+def _seconds_arg(value: str, *, zero: bool, infinite: bool) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    too_long = number > threading.TIMEOUT_MAX and not (infinite and math.isinf(number))
+    if math.isnan(number) or number < 0 or (number == 0 and not zero) or too_long:
+        bounds = ("0 or more" if zero else "more than 0") + ("" if infinite else f", at most {threading.TIMEOUT_MAX:g}")
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, {bounds} (got {value!r})")
     return number
 
 
 def _non_negative_float(value: str) -> float:
-    number = float(value)
-    if number < 0:
-        raise ValueError(value)
-    return number
+    """--drain-timeout: seconds, 0 or more ("inf": wait for every running activity)."""
+    return _seconds_arg(value, zero=True, infinite=True)
 
 
 def _port(value: str) -> int:
-    number = int(value)
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
     if not 0 <= number <= 65535:
-        raise ValueError(value)
+        raise argparse.ArgumentTypeError(f"must be a port number from 0 to 65535 (got {value!r})")
     return number
 
 
 def _positive_float(value: str) -> float:
-    number = float(value)
-    if number <= 0:
-        raise ValueError(value)
-    return number
+    """--status-interval: seconds, more than 0 and at most what a thread can wait."""
+    return _seconds_arg(value, zero=False, infinite=False)
 
 
 def _queue_list(value: str | None) -> list[str] | None:
@@ -126,6 +143,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
+        refuse_conflicting_options(options)
         from ...conf import describe_problems, get_settings, problems
 
         try:
@@ -137,20 +155,16 @@ class Command(BaseCommand):
         errors = [p for p in sqlite_problems(settings.database) if p.id.startswith("weft.E")]
         if errors:
             raise CommandError("\n".join(f"{p.id}: {p.message} HINT: {p.hint}" for p in errors))
-        self._refuse_unapplied_migrations(settings.database)
-        if options["reset_ownership_mode"]:
-            from ...store.engines import other_live_engines, reset_mode_marker
-
-            # Two modes owning work at once breaks the ownership rules: refuse while engines still run.
-            alive = other_live_engines("", within=settings.workflow_claim_ttl, using=settings.database)
-            if alive and not options["force"]:
-                raise CommandError(
-                    f"{len(alive)} engine(s) still heartbeat ({', '.join(sorted(alive)[:5])}): stop every engine "
-                    "before resetting the ownership mode (or pass --force if they are gone)."
-                )
-            reset_mode_marker(settings.database)
-            self.stdout.write("Ownership mode marker cleared; the next engine to start records its mode.")
-            return
+        try:
+            self._refuse_unapplied_migrations(settings.database)  # the command's first query
+            if options["reset_ownership_mode"]:
+                self._reset_ownership_mode(settings, force=options["force"])
+                return
+        except OperationalError as exc:
+            unreachable = unreachable_database(settings.database)
+            if unreachable is None:  # the database answers: another error, shown whole
+                raise
+            raise unreachable from exc
 
         child = None
         if options["processes"] > 1:
@@ -211,6 +225,19 @@ class Command(BaseCommand):
             sys.stderr.flush()
             os._exit(0)
 
+    def _reset_ownership_mode(self, settings: Any, *, force: bool) -> None:
+        from ...store.engines import other_live_engines, reset_mode_marker
+
+        # Two modes owning work at once breaks the ownership rules: refuse while engines still run.
+        alive = other_live_engines("", within=settings.workflow_claim_ttl, using=settings.database)
+        if alive and not force:
+            raise CommandError(
+                f"{len(alive)} engine(s) still heartbeat ({', '.join(sorted(alive)[:5])}): stop every engine "
+                "before resetting the ownership mode (or pass --force if they are gone)."
+            )
+        reset_mode_marker(settings.database)
+        self.stdout.write("Ownership mode marker cleared; the next engine to start records its mode.")
+
     def _start_metrics(self, engine: Any, port: int | None, addr: str) -> str | None:
         """Start prometheus_client's HTTP server on a daemon thread; None when not asked for."""
         if port is None:
@@ -264,6 +291,44 @@ class Command(BaseCommand):
             handler = logging.StreamHandler()
             handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
             log.addHandler(handler)
+
+
+ENGINE_OPTIONS = ("once", "processes", "queues", "concurrency", "engine_id", "metrics_port")
+PROCESS_SUFFIX = 16  # room for "-<slot>.<restarts>" on the ids of --processes' children
+
+
+def refuse_conflicting_options(options: dict[str, Any]) -> None:
+    """Raise CommandError for options that do not go together, or an --engine-id the engine table
+    cannot store (checked like a workflow id: 1 to 255 characters, no control character, no lone
+    surrogate), before anything is read or written.
+
+    Args:
+        options: the command's parsed options.
+    """
+    from ...exceptions import InvalidArgumentError
+    from ...validation import MAX_ID_LENGTH, check_text
+
+    if options["force"] and not options["reset_ownership_mode"]:
+        raise CommandError("--force only applies to --reset-ownership-mode: drop it to run an engine.")
+    if options["reset_ownership_mode"]:
+        defaults = {"processes": 1, "once": False}  # the others default to None
+        given = [name for name in ENGINE_OPTIONS if options[name] != defaults.get(name)]
+        if given:
+            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+            raise CommandError(
+                f"--reset-ownership-mode clears the ownership mode marker and exits without running an engine: "
+                f"drop {flags}."
+            )
+    engine_id = options["engine_id"]
+    if engine_id is None:
+        return
+    several = options["processes"] > 1
+    longest = MAX_ID_LENGTH - PROCESS_SUFFIX if several else MAX_ID_LENGTH
+    hint = f" With --processes the children add -<n> to it: {longest} at most." if several else ""
+    try:
+        check_text(engine_id, "--engine-id", max_length=longest, controls=True, hint=hint)
+    except InvalidArgumentError as exc:
+        raise CommandError(str(exc)) from None
 
 
 def freeze_startup_objects(engine_id: str) -> None:
