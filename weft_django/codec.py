@@ -49,7 +49,7 @@ from zoneinfo import ZoneInfo
 from django.conf import settings
 
 from weft_django.exceptions import PayloadNotSerializableError, PayloadSizeExceededError
-from weft_django.validation import portable_zone
+from weft_django.validation import is_storable, portable_zone
 
 TAG = "$weft"
 MAX_DEPTH = 100  # containers; keeps the walk and the C json recursion far from the interpreter's limit
@@ -307,17 +307,6 @@ def _within(text: str, size: int, path: str, max_bytes: int | None) -> str:
             "pass a reference to it"
         )
     return text
-
-
-def is_storable(text: str) -> bool:
-    """Whether ``text`` can be stored as it is in a text or jsonb column: no NUL, no unpaired surrogate."""
-    if "\x00" in text:
-        return False
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def storable_text(text: str) -> str:

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from .codec import is_storable
 from .durations import MAX_DURATION
+from .validation import is_storable
 
 RATE_UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*(?:\.\d+)?)\s*(s|sec|m|min|h|d)\s*$")

@@ -190,6 +190,17 @@ def start_moment(value: object, name: str = "start_at") -> datetime:
     return value
 
 
+def is_storable(text: str) -> bool:
+    """Whether ``text`` can be stored as it is in a text or jsonb column: no NUL, no unpaired surrogate."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 __all__ = [
     "CHILD_MAILBOX_PREFIX",
     "MACHINE_ZONES",
@@ -200,6 +211,7 @@ __all__ = [
     "MAX_REASON_LENGTH",
     "check_text",
     "duration",
+    "is_storable",
     "portable_zone",
     "start_moment",
     "validate_key",
