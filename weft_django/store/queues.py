@@ -202,7 +202,7 @@ def _choose(queue: str, free: int, using: str) -> list[str]:
             # Past the last row read: its start time compared in SQL, never read into Python (a damaged
             # one, before year 1 say, is no datetime: reading it failed every admission of the queue).
             priority, wid = after
-            created = Workflow.objects.using(using).filter(pk=wid).values("created_at")
+            created = Workflow.objects.using(using).filter(pk=wid).values("created_at")[:1]
             page = page.filter(
                 Q(priority__gt=priority)
                 | Q(priority=priority, created_at__gt=Subquery(created))
