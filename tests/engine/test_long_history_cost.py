@@ -59,16 +59,23 @@ class _CountedSteps(dict[int, StepRecord]):
             yield seq
 
 
-def _run(steps: _CountedSteps) -> WorkflowRun:
+def driven(workflow: Any, args: list[Any], steps: dict[int, StepRecord]) -> WorkflowRun:
+    """A WorkflowRun of ``workflow`` over ``steps`` (the dict it keeps), started: replayed to its frontier."""
+    definition = resolve_workflow(workflow)
     ctx = WorkflowContext(
-        workflow_id="long-history",
-        run_id="long-history-run",
-        workflow_type="tests.long_history_memos",
+        workflow_id=f"{definition.name}-id",
+        run_id=f"{definition.name}-run",
+        workflow_type=definition.name,
         started_at=datetime(2026, 12, 7, tzinfo=UTC),
         epoch=1,
     )
-    run = WorkflowRun(resolve_workflow(memos), ctx, encode({"args": [STEPS], "kwargs": {}}), steps)
+    run = WorkflowRun(definition, ctx, encode({"args": args, "kwargs": {}}), steps)
     run.start()
+    return run
+
+
+def _run(steps: _CountedSteps) -> WorkflowRun:
+    run = driven(memos, [STEPS], steps)
     return run
 
 
@@ -102,15 +109,7 @@ def test_is_replaying_is_true_below_the_last_recorded_step_and_false_past_it() -
         return None
 
     recorded = {seq: StepRecord(seq, "memo", f"k{seq}", "completed", str(seq)) for seq in range(2)}
-    ctx = WorkflowContext(
-        workflow_id="replaying",
-        run_id="replaying-run",
-        workflow_type="tests.long_history_replaying",
-        started_at=datetime(2026, 12, 7, tzinfo=UTC),
-        epoch=1,
-    )
-    run = WorkflowRun(resolve_workflow(replaying), ctx, encode({"args": [], "kwargs": {}}), recorded)
-    run.start()
+    run = driven(replaying, [], recorded)
     assert run.result_text == "null"
     # Before the yields at 0 and 1 the history holds them; past the last recorded step the code is live.
     assert seen == [True, True, False, False, False]
@@ -138,15 +137,7 @@ def test_settling_a_fan_out_walks_its_branches_a_bounded_number_of_times(monkeyp
         return frontier
 
     monkeypatch.setattr(WorkflowRun, "_frontier", counting)
-    ctx = WorkflowContext(
-        workflow_id="fan-out",
-        run_id="fan-out-run",
-        workflow_type="tests.long_history_fan_out",
-        started_at=datetime(2026, 12, 7, tzinfo=UTC),
-        epoch=1,
-    )
-    run = WorkflowRun(resolve_workflow(fan_out), ctx, encode({"args": [STEPS], "kwargs": {}}), {})
-    run.start()
+    run = driven(fan_out, [STEPS], {})
     assert len(run.pending_leaves()) == STEPS
     before = counted[0].visits
     for seq in range(1, STEPS + 1):  # as the engine settles them: is it waiting, then its outcome

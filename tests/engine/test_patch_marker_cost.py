@@ -19,7 +19,7 @@ from weft_django.engine.driver import WorkflowRun
 from weft_django.registry import resolve_workflow
 from weft_django.store.histories import StepRecord
 
-from .test_long_history_cost import _CountedSteps
+from .test_long_history_cost import _CountedSteps, driven
 
 CHANGES = 2_000
 
@@ -34,15 +34,7 @@ def patching(ctx: Any, n: int) -> Any:
 
 
 def _run(steps: dict[int, StepRecord]) -> WorkflowRun:
-    ctx = WorkflowContext(
-        workflow_id="patch-markers",
-        run_id="patch-markers-run",
-        workflow_type="tests.patch_marker_cost",
-        started_at=datetime(2026, 12, 7, tzinfo=UTC),
-        epoch=1,
-    )
-    run = WorkflowRun(resolve_workflow(patching), ctx, encode({"args": [CHANGES], "kwargs": {}}), steps)
-    run.start()
+    run = driven(patching, [CHANGES], steps)
     return run
 
 
