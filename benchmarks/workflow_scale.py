@@ -30,12 +30,10 @@ def main() -> None:
     parser.add_argument("--shapes", default="memos,fan_out_local,fan_out,signals,children")
     options = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
-    name = os.environ.setdefault("WEFT_BENCH_PG_NAME", "weft_workflow_scale")
-    import psycopg
+    os.environ.setdefault("WEFT_BENCH_PG_NAME", "weft_workflow_scale")
+    from benchmarks.harness import recreate_database
 
-    with psycopg.connect("host=127.0.0.1 user=postgres dbname=postgres", autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        admin.execute(f"CREATE DATABASE {name}")
+    recreate_database()  # the settings' database, dropped and created again
     import django
 
     django.setup()

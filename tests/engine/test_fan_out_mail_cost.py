@@ -12,19 +12,15 @@ of engine/signal_delivery.py the loop's thread runs (a trace), as in test_signal
 
 from __future__ import annotations
 
-import sys
-import threading
 from typing import Any
 
 import pytest
 from django.test import override_settings
 
 import weft_django as weft
-from weft_django.engine import signal_delivery
 from weft_django.engine.engine import Engine
-from weft_django.models import Workflow
 
-from .test_signal_backlog_cost import _Lines
+from .test_signal_backlog_cost import delivery_lines
 from .ticking import tick_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -50,23 +46,6 @@ def signals(ctx: Any, n: int) -> Any:
     return sum(values)
 
 
-def _drain(engine: Engine, workflow_id: str) -> int:
-    """Tick ``engine`` until ``workflow_id`` completes; the lines of signal delivery it ran."""
-    lines = _Lines(signal_delivery.__file__)
-    assert threading.current_thread() is threading.main_thread()
-    sys.settrace(lines)
-    try:
-        tick_until(
-            engine,
-            lambda: Workflow.objects.filter(pk=workflow_id, status="completed").exists(),
-            "the fan-out settled",
-            timeout=120,
-        )
-    finally:
-        sys.settrace(None)
-    return lines.count
-
-
 @pytest.mark.postgres
 @override_settings(WEFT={"POLL_INTERVAL": "60s"})
 def test_the_ends_of_many_children_are_taken_in_work_that_does_not_grow_with_them() -> None:
@@ -75,7 +54,7 @@ def test_the_ends_of_many_children_are_taken_in_work_that_does_not_grow_with_the
     engine.start()
     try:
         tick_until(engine, lambda: handle.id in engine.owned, "the parent held")
-        lines = _drain(engine, handle.id)
+        lines = delivery_lines(engine, handle.id)
         assert handle.result(timeout=5) == FAN_OUT * (FAN_OUT - 1) // 2
         per_child = lines / FAN_OUT
         message = f"{lines:,} lines of signal delivery for {FAN_OUT} children's ends ({per_child:.0f} each)"
@@ -96,7 +75,7 @@ def test_many_signals_of_a_fan_out_are_taken_in_work_that_does_not_grow_with_it(
             engine.tick()
         for i in range(FAN_OUT):
             handle.signal(f"s{i}", i)
-        lines = _drain(engine, handle.id)
+        lines = delivery_lines(engine, handle.id)
         assert handle.result(timeout=5) == FAN_OUT * (FAN_OUT - 1) // 2
         per_signal = lines / FAN_OUT
         message = f"{lines:,} lines of signal delivery for {FAN_OUT} signals of a fan-out ({per_signal:.0f} each)"
