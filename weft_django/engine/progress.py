@@ -239,6 +239,7 @@ class Progress:
                 task.control.request_stop("the workflow finished")
             return
         local: list[tuple[int, RunActivity]] = []
+        signal_wait = False
         for leaf in run.pending_leaves():
             if leaf.seq in owned.armed:
                 continue
@@ -255,6 +256,7 @@ class Progress:
                 if op.timeout is not None:
                     self._arm_timer(owned, TimerKind.SIGNAL_TIMEOUT, leaf.seq, now + op.timeout, writes)
                 self.wake.look_for_signal(wid)  # look for a buffered signal on the next pass
+                signal_wait = True
             elif isinstance(op, StartChild):
                 self._arm_child(owned, leaf.seq, op, now, writes, changed)
             elif isinstance(op, WaitUntil):
@@ -264,6 +266,8 @@ class Progress:
         for seq, op in local:  # one after the other: each begins when the one before it returned
             if run.is_pending(seq):
                 now = self._run_local(owned, seq, op, now, writes, changed)
+        if signal_wait and not self.wake.unnoted(wid):  # a backlog's next record, in this pass
+            signal_delivery.deliver_known(self, owned, now, writes, changed)
 
     def _run_local(
         self,

@@ -22,7 +22,9 @@ reading (``note_carried``):
   commit is durable: a read meanwhile still sees it buffered (a commit deferred by a locked row).
 
 So a workflow that only ``S:`` wake-ups or a newly armed wait named uses its known mailbox when it
-has one, and a workflow that loops on a signal reads its mailbox once, not once per wait.
+has one, and a workflow that loops on a signal reads its mailbox once, not once per wait. A wait the
+settle cascade arms takes its record from the known mailbox in that same pass (``deliver_known``), so
+a backlog goes into one fenced commit, not one pass and one commit per record.
 """
 
 from __future__ import annotations
@@ -201,6 +203,32 @@ def deliver(
             if not waits[wid]:
                 break  # every wait of this workflow has its record: the rest of a backlog stays for later passes
             delivered |= _consume(settler, owned, waits[wid], pk, run_id, name, payload, sent, now, writes, changed)
+    return delivered
+
+
+def deliver_known(
+    settler: Settler, owned: Owned, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]
+) -> bool:
+    """Consume, in the pass that armed them, the records a workflow's new waits take from its known
+    mailbox (no read); whether any was. A workflow looping on a signal with a backlog then takes the
+    next record in the same settle cascade (engine/cascade.py), each consumption and its step in the
+    pass's one fenced commit in the order it made them, instead of one pass and one commit per record.
+
+    It does what the next pass's ``deliver`` would do with the same known mailbox; the caller leaves it
+    to that pass when a wake-up for the workflow waits (a ``w:``, an ``S:`` to note, a rescan), whose
+    rows may belong before the known ones.
+    """
+    if not owned.signals_known:
+        return False
+    leaves = waiting(settler.owned, [owned.workflow_id]).get(owned.workflow_id)
+    if not leaves:
+        return False
+    waits = Waits(leaves)
+    delivered = False
+    for pk, _, run_id, name, payload, sent in list(owned.signals_known.values()):
+        if not waits:
+            break
+        delivered |= _consume(settler, owned, waits, pk, run_id, name, payload, sent, now, writes, changed)
     return delivered
 
 

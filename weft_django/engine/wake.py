@@ -87,6 +87,12 @@ class Wake:
         with self.lock:
             return workflow_id in self.notified or workflow_id in self.looks or workflow_id in self.carried
 
+    def unnoted(self, workflow_id: str) -> bool:
+        """Whether a wake-up the next pass must note first names this workflow: a ``w:`` or ``look_at``
+        (its mailbox is read), an ``S:`` row (it joins or voids the known mailbox), or a rescan."""
+        with self.lock:
+            return self.rescan or workflow_id in self.notified or workflow_id in self.carried
+
     def report_lost(self, lost: dict[str, int]) -> None:
         """These workflows' claims are gone at these epochs: the next pass stops driving the contexts
         still at them."""
