@@ -43,6 +43,28 @@ QUICK_EXIT = 10.0  # seconds: a child that dies sooner than this after its start
 MAX_QUICK_EXITS = 3  # such deaths in a row of one child: give up
 MAX_BACKOFF = 30.0  # seconds between restarts of a child that keeps dying
 STOP, FORCE = b"s", b"f"  # what the parent writes to a child's pipe
+CONNECTIONS_PER_ENGINE = 3  # PostgreSQL: an engine's loop, its claim renewal and its LISTEN connection
+
+
+def connection_shortfall(processes: int, alias: str) -> str | None:
+    """Why ``processes`` engines cannot all connect to the database ``alias``: a server whose
+    connections for non-superusers (PostgreSQL's ``max_connections`` less its reserved ones) are
+    fewer than CONNECTIONS_PER_ENGINE per engine. None when they fit (on SQLite: always). Each activity
+    thread that queries adds one more connection, and other clients hold some: fitting is necessary,
+    not sufficient."""
+    from ..store.backend import backend
+
+    available = backend(alias).connection_capacity()
+    if available is None:
+        return None
+    needed = processes * CONNECTIONS_PER_ENGINE
+    if needed <= available:
+        return None
+    return (
+        f"--processes {processes} needs at least {needed} database connections ({CONNECTIONS_PER_ENGINE} per "
+        f"engine: its loop, claim renewal and LISTEN) and PostgreSQL's max_connections leaves {available}: "
+        f"run at most {available // CONNECTIONS_PER_ENGINE} processes, or raise max_connections."
+    )
 
 
 @dataclasses.dataclass(frozen=True)

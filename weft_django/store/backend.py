@@ -179,6 +179,11 @@ class Backend:
         one by one). ``raise_busy``: raise the database's error instead of returning False."""
         return True
 
+    def connection_capacity(self) -> int | None:
+        """How many connections the server lets clients other than superusers open, in all (None: no
+        such bound, e.g. SQLite's file)."""
+        return None
+
     # -- histories: loading workflows to resume them ----------------------------------------------
 
     def datetime_reader(self) -> Callable[[Any], datetime | None]:
@@ -247,6 +252,17 @@ class PostgreSQLBackend(Backend):
             cursor.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND state = 'active'",
                 [application_name],
+            )
+            return int(cursor.fetchone()[0])
+
+    def connection_capacity(self) -> int | None:
+        # max_connections less the slots kept for superusers (and, from PostgreSQL 16, for roles with
+        # pg_use_reserved_connections): what is left for everybody else, the engines included.
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT current_setting('max_connections')::int"
+                " - current_setting('superuser_reserved_connections')::int"
+                " - COALESCE(current_setting('reserved_connections', true)::int, 0)"
             )
             return int(cursor.fetchone()[0])
 

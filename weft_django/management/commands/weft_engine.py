@@ -38,6 +38,29 @@ def _positive_int(value: str) -> int:
     return number
 
 
+PROCESSES_PER_CORE = 4  # --processes' bound: one engine's loop uses about one core; more only queue for them
+
+
+def max_processes() -> int:
+    """The most engine processes ``--processes`` starts on this machine: PROCESSES_PER_CORE per core."""
+    return (os.cpu_count() or 1) * PROCESSES_PER_CORE
+
+
+def _process_count(value: str) -> int:
+    """--processes: 1 to ``max_processes()``, refused before anything is read, written or forked."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    limit = max_processes()
+    if not 1 <= number <= limit:
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number from 1 to {limit}, {PROCESSES_PER_CORE} per CPU core of this machine "
+            f"(got {value!r}); for more engines, run weft_engine on more machines"
+        )
+    return number
+
+
 def _seconds_arg(value: str, *, zero: bool, infinite: bool) -> float:
     try:
         number = float(value)
@@ -95,11 +118,11 @@ class Command(BaseCommand):
         parser.add_argument("--once", action="store_true", help="Process what is runnable now, then exit.")
         parser.add_argument(
             "--processes",
-            type=_positive_int,
+            type=_process_count,
             default=1,
             help="Run this many engine processes (default 1): one Python loop uses about one core; each "
             "process is an engine of its own (ids <engine-id>-1, -2, ...; metrics ports PORT, PORT+1, ...) "
-            "supervised by this one (docs/operations.md).",
+            "supervised by this one; at most 4 per CPU core (docs/operations.md).",
         )
         parser.add_argument(
             "--queues",
@@ -175,8 +198,11 @@ class Command(BaseCommand):
                     f"--processes runs several engines, and OWNERSHIP={str(settings.ownership)!r} runs one engine at "
                     "a time: drop --processes, or use OWNERSHIP='workflow-lease' (docs/operations.md)."
                 )
-            from ..engine_processes import Supervisor
+            from ..engine_processes import Supervisor, connection_shortfall
 
+            shortfall = connection_shortfall(options["processes"], settings.database)
+            if shortfall is not None:
+                raise CommandError(shortfall)
             child = Supervisor(options["processes"], options["engine_id"], options["metrics_port"]).run()
             options = {**options, "engine_id": child.engine_id, "metrics_port": child.metrics_port}
         from ...engine.engine import Engine
