@@ -123,7 +123,8 @@ def test_engine_id_leaves_room_for_the_process_suffix():
     ("option", "value", "fragment"),
     [
         ("--concurrency", "0", "--concurrency: must be a whole number of at least 1"),
-        ("--processes", "many", "--processes: must be a whole number of at least 1"),
+        ("--processes", "many", "--processes: must be a whole number from 1 to"),
+        ("--processes", "100000", "--processes: must be a whole number from 1 to .* run weft_engine on more machines"),
         ("--drain-timeout", "nan", "--drain-timeout: must be a number of seconds"),
         ("--drain-timeout", "-1", "--drain-timeout: must be a number of seconds"),
         ("--status-interval", "nan", "--status-interval: must be a number of seconds"),
