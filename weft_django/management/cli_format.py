@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
+import math
 from collections.abc import Sequence
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
@@ -14,15 +16,27 @@ from uuid import UUID
 
 from django.core.management.base import CommandError
 
-from ..durations import InvalidDuration, to_nonnegative_timedelta
+from ..durations import MAX_DURATION_TEXT, DurationTooLong, InvalidDuration, to_nonnegative_timedelta
+
+DURATION_FORMS = 'a number of seconds ("30", "0.5") or a number with a unit ("500ms", "30s", "5m", "2h", "7d")'
 
 
 def duration_arg(value: str) -> timedelta:
-    """A duration option (``--timeout``, ``--older-than``): weft's forms, at most 100 years."""
+    """A duration option (``--timeout``, ``--older-than``): a number of seconds or weft's forms with
+    a unit, 0 or more and at most 100 years. The refusal names the forms a command line can give
+    (weft's own message offers a timedelta too, which no command line passes)."""
+    seconds: float | str = value
+    with contextlib.suppress(ValueError):
+        seconds = float(value)  # "30", "0.5", also "nan" and "inf" (refused below: inf as too long)
     try:
-        return to_nonnegative_timedelta(value, "the duration")
-    except InvalidDuration as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        if seconds == math.inf:
+            raise DurationTooLong(value)
+        duration = to_nonnegative_timedelta(seconds, "the duration")
+    except DurationTooLong:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_DURATION_TEXT} (got {value!r})") from None
+    except InvalidDuration:
+        raise argparse.ArgumentTypeError(f"must be a duration of 0 or more: {DURATION_FORMS} (got {value!r})") from None
+    return duration
 
 
 MAX_LIMIT = 2**63 - 1  # the largest LIMIT PostgreSQL and SQLite take (a 64-bit integer)

@@ -66,7 +66,7 @@ def _seconds_arg(value: str, *, zero: bool, infinite: bool) -> float:
         number = float(value)
     except ValueError:
         number = math.nan
-    too_long = number > threading.TIMEOUT_MAX and not (infinite and math.isinf(number))
+    too_long = number > threading.TIMEOUT_MAX and not infinite  # a deadline, not a wait: any length
     if math.isnan(number) or number < 0 or (number == 0 and not zero) or too_long:
         bounds = ("0 or more" if zero else "more than 0") + ("" if infinite else f", at most {threading.TIMEOUT_MAX:g}")
         raise argparse.ArgumentTypeError(f"must be a number of seconds, {bounds} (got {value!r})")
