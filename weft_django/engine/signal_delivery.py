@@ -87,12 +87,12 @@ class Waits:
     def take(self, name: str, owned: Owned) -> Leaf | None:
         """The first of these leaves consuming ``name`` that is still pending, taken out; None if none.
         The ones before it that are not pending any more are dropped (a leaf settled, or cancelled by a
-        race, never waits again)."""
+        race, never waits again): they are no longer waits left either."""
         queue = self._by_name.get(name)
         while queue:
             leaf = queue.popleft()
+            self._left -= 1
             if owned.run.is_pending(leaf.seq):
-                self._left -= 1
                 return leaf
         return None
 
