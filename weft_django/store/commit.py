@@ -34,7 +34,7 @@ from ..models import AppliedUpdate, Step, Timer, Workflow
 from ..status import ACTIVE_STATUSES, StepStatus, UpdateStatus
 from . import claims, continuation, mailbox, notify, sessions, visibility
 from .backend import backend
-from .children import ChildStart, report_child_end, start_children
+from .children import ChildStart, start_children
 from .claims import FAMILY_LOCK_ROUNDS, active_descendants
 from .commit_statement import (
     ONE_STATEMENT_MAX_WORKFLOWS,
@@ -304,12 +304,14 @@ def _close_families(
 ) -> dict[str, int]:
     """After both commit paths' writes: close the children of finished runs, tell their parents, and
     start the children the batch asked for. Returns the started children's claims."""
+    ends = []
     for w in finished:
         assert w.finish is not None
         if w.workflow_id in with_children:
             hooks.close_children(w.workflow_id, w.run_id, w.finish.status, using)
         if w.parent is not None:
-            report_child_end(w.workflow_id, *w.parent, w.finish.status, w.finish.result, w.finish.error, now, using)
+            ends.append(mailbox.ChildEnd(w.workflow_id, *w.parent, w.finish.status, w.finish.result, w.finish.error))
+    mailbox.report_child_ends(ends, now, using)  # one insert and one wake-up statement for the batch's children
     # A run that ends or continues as new in this commit has had its children closed above (or by
     # continue_runs): the children it asked for in the same pass are not started after that.
     starts = [child for w in batch if w.finish is None and w.continued is None for child in w.children]
