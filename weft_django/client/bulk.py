@@ -201,16 +201,23 @@ def _write(items: list[_Item], using: str) -> list[StartResult]:
     # Sorted by key, then id: concurrent calls insert overlapping keys and ids in the same order
     # (no deadlock between two calls that share some).
     todo = sorted(items, key=lambda item: (item.key is None, item.key or item.handle_id))
+    # The runs start_new may replace: their claims locked sorted, in ONE statement, before any write of
+    # this call (the lock order every transition keeps). Locked after the inserts, a call that keeps it
+    # (a fork: the source's claim, then its new id) and shares an id with this one deadlocked with it.
+    locked = store_claims.lock_ids([item.handle_id for item in todo if _replaces(item)], using)
     for _ in range(transitions.MAX_ATTEMPTS):
         inserted = runs_bulk.create_runs([item.plan.run(item.handle_id) for item in todo], using)
         attributes = {item.handle_id: item.plan.attributes for item in todo if item.plan.attributes}
         if attributes := {wid: values for wid, values in attributes.items() if wid in inserted}:
             visibility.write(attributes, using)  # with the runs, in the same transaction
-        # The runs start_new replaces: their claims locked sorted, in ONE statement, before any of
-        # them is written (the lock order every transition keeps; one at a time, a purge locking the
-        # same claims in the database's order could deadlock with this call).
-        store_claims.lock_ids(
-            [item.handle_id for item in todo if item.handle_id not in inserted and _replaces(item)], using
+        # A run another call created since, under an id that was free then: its claim is locked now.
+        locked |= store_claims.lock_ids(
+            [
+                item.handle_id
+                for item in todo
+                if item.handle_id not in inserted and item.handle_id not in locked and _replaces(item)
+            ],
+            using,
         )
         retry: list[_Item] = []
         for item in todo:
