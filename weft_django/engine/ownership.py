@@ -91,13 +91,8 @@ def start_up(engine: Any, settings: WeftSettings) -> bool:
     Raises:
         OwnershipModeMismatchError: the database runs under another OWNERSHIP mode.
     """
-    engine_id, using = engine.engine_id, engine.using
     steps: tuple[tuple[str, Callable[[], object]], ...] = (
-        ("mode marker", lambda: check_mode_marker(engine_id, settings.ownership, using)),
-        (
-            "engine row",
-            lambda: engines.register_engine(engine_id, settings.ownership, using, queues=engine.claimer.served),
-        ),
+        ("mode marker and engine row", lambda: _record_mode_and_register(engine, settings)),
         ("previous claims", lambda: claims_of_a_previous_process(engine, settings)),
     )
     for step, call in steps:
@@ -105,6 +100,16 @@ def start_up(engine: Any, settings: WeftSettings) -> bool:
         if engine.stopping.is_set():
             return False
     return True
+
+
+def _record_mode_and_register(engine: Any, settings: WeftSettings) -> None:
+    """The mode checked against the marker (its row locked) and the engine row written in ONE
+    transaction: a ``--reset-ownership-mode`` (the marker locked, then the look for live engines, then
+    the delete: ``store.engines.reset_mode_marker_unless_alive``) sees this engine alive, or comes
+    wholly before it and this engine records its mode again. A mismatch writes nothing."""
+    with transaction.atomic(using=engine.using):
+        check_mode_marker(engine.engine_id, settings.ownership, engine.using)
+        engines.register_engine(engine.engine_id, settings.ownership, engine.using, queues=engine.claimer.served)
 
 
 def retried_at_start_up(engine: Any, step: str, call: Callable[[], T]) -> T | None:

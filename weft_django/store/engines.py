@@ -128,6 +128,20 @@ def reset_mode_marker(using: str) -> None:
     OwnershipMarker.objects.using(using).filter(id=1).delete()
 
 
+def reset_mode_marker_unless_alive(*, within: timedelta, using: str) -> list[str]:
+    """Delete the ownership-mode marker unless some engine heartbeats within ``within``: then return
+    those engines (nothing deleted), else []. The marker's row is locked before the look, and an
+    engine checks its mode and registers its row under that lock, in one transaction
+    (``engine.ownership.start_up``): no engine can start between the look and the delete and run on
+    without its mode recorded (the next engine then recorded any mode it had)."""
+    with transaction.atomic(using=using):
+        list(OwnershipMarker.objects.using(using).select_for_update().filter(id=1).values_list("id", flat=True))
+        alive = other_live_engines("", within=within, using=using)
+        if not alive:
+            OwnershipMarker.objects.using(using).filter(id=1).delete()
+        return alive
+
+
 def acquire_store_lease(engine_id: str, *, ttl: timedelta, grace: timedelta, using: str) -> int | None:
     """Take the store-wide lease if nobody holds it, we do, or its holder's lease expired more than
     ``grace`` ago (the same rule as a workflow claim).

@@ -252,16 +252,17 @@ class Command(BaseCommand):
             os._exit(0)
 
     def _reset_ownership_mode(self, settings: Any, *, force: bool) -> None:
-        from ...store.engines import other_live_engines, reset_mode_marker
+        from ...store.engines import reset_mode_marker, reset_mode_marker_unless_alive
 
-        # Two modes owning work at once breaks the ownership rules: refuse while engines still run.
-        alive = other_live_engines("", within=settings.workflow_claim_ttl, using=settings.database)
-        if alive and not force:
+        # Two modes owning work at once breaks the ownership rules: refuse while engines still run (the
+        # look and the delete under the marker's lock, which a starting engine's mode check waits for).
+        if force:
+            reset_mode_marker(settings.database)
+        elif alive := reset_mode_marker_unless_alive(within=settings.workflow_claim_ttl, using=settings.database):
             raise CommandError(
                 f"{len(alive)} engine(s) still heartbeat ({', '.join(sorted(alive)[:5])}): stop every engine "
                 "before resetting the ownership mode (or pass --force if they are gone)."
             )
-        reset_mode_marker(settings.database)
         self.stdout.write("Ownership mode marker cleared; the next engine to start records its mode.")
 
     def _start_metrics(self, engine: Any, port: int | None, addr: str) -> str | None:
