@@ -13,9 +13,13 @@ import collections
 
 import pytest
 
-from tests.races import errors, race
+import weft_django as weft
+from tests.races import alternate, errors, race
+from tests.testapp import workflows as testflows
+from tests.testapp.models import Reservation
+from weft_django.codec import encode_payload
 from weft_django.engine import remote
-from weft_django.models import RemoteAttempt
+from weft_django.models import RemoteAttempt, Workflow
 
 from .test_celery_fencing import USING, running_attempt, step
 
@@ -67,3 +71,30 @@ def test_two_deliveries_of_one_attempt_record_one_result():
         )
         assert sorted([first, second], key=str) == sorted([D.RECORDED, D.ALREADY_RECORDED], key=str), (first, second)
         assert step(key).result == ('"first"' if first is D.RECORDED else '"second"')
+
+
+def test_an_atomic_attempt_racing_a_cancel_commits_its_writes_with_its_result_or_not_at_all():
+    """An atomic activity commits its own writes and its step in one transaction, the claim locked
+    last; a cancel locks the claim first. Either the attempt is recorded before the cancel (its
+    reservation stays), or it is refused or skipped and its writes roll back: never a reservation
+    without its result, or a result under the cancel's epoch."""
+    seen: collections.Counter[str] = collections.Counter()
+    for round_ in range(ROUNDS):
+        key = running_attempt("tests.celery_echo", ["k"], activity=testflows.celery_reserve.name)
+        order = 500 + round_
+        args = encode_payload({"args": [order], "kwargs": {}})
+        ran, cancelled = race(
+            lambda key=key, args=args: remote.run_attempt(key, testflows.celery_reserve.name, args),
+            lambda key=key: weft.cancel(key.workflow_id, reason="race"),
+            delays=alternate(round_, 0.02),
+        )
+        assert cancelled is None, cancelled
+        assert Workflow.objects.get(pk=key.workflow_id).status == "cancelled"
+        reserved = Reservation.objects.filter(order_id=order).exists()
+        if ran is D.RECORDED:
+            assert reserved and step(key).status == "completed" and step(key).epoch == key.epoch
+        else:
+            assert ran in (D.STALE_EPOCH, "skipped"), ran
+            assert not reserved and step(key).status == "running"
+        seen[str(ran)] += 1
+    print("atomic attempt vs cancel:", dict(seen))
