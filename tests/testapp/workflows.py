@@ -773,4 +773,7 @@ def fork_and_terminate_workflow(ctx, seconds: float):
     return code
 
 
-from . import handler_workflows  # noqa: E402,F401  update order after a takeover, local steps of a cancelled run
+from . import (  # noqa: E402
+    handler_workflows,  # noqa: F401  update order after a takeover, local steps of a cancelled run
+    stuck_workflows,  # noqa: F401  a local step that holds the engine loop (tests/ownership/test_stuck_loop.py)
+)

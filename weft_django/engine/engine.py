@@ -272,7 +272,8 @@ class Engine:
         # The loop keeps its connection across ticks (reconnecting per tick would cost a backend fork
         # under CONN_MAX_AGE=0); it is closed after a database error, so the next tick reconnects.
         try:
-            return self._tick(claim)
+            with self.renewal.watch:  # a pass that never ends hands the engine's claims over (engine/stall.py)
+                return self._tick(claim)
         except DatabaseError:
             connections[self.using].close()
             logger.exception("database error in tick engine=%s; retrying", self.engine_id)

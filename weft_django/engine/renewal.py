@@ -16,10 +16,12 @@ from django.db import DatabaseError, close_old_connections, connections
 
 from ..conf import WeftSettings
 from ..exceptions import EngineLeaseAcquisitionTimeoutError
+from ..status import OwnershipMode
 from ..store import engines
 from ..store import sessions as store_sessions
 from ..store.claims.renewal import RENEW_CHUNK, RenewalPass
 from . import ownership
+from .stall import LoopWatch
 from .wake import Wake
 
 logger = logging.getLogger("weft_django.engine.engine")
@@ -189,6 +191,8 @@ class Renewal:
         # evicted claim is renewed with the TTL, as a resident one, until the heartbeat is written again.
         self.beating = True
         self._random = random.Random()
+        self.watch = LoopWatch()  # the loop's passes (engine/stall.py): a stuck one hands its claims over
+        self._stuck_logged: str | None = None  # the stuck workflow already logged (None: none, or not stuck)
 
     def publish(self, held: Mapping[str, Held], evicted: dict[str, int] | None = None) -> None:
         """The loop's dicts of the claims it holds, read at each renewal: ``held``, its live contexts
@@ -253,6 +257,8 @@ class Renewal:
                     resident, dormant = self.due(self.clock())
                     if not self.lease.renew():
                         self.wake.up()
+                    if self._stuck_pass(resident, interval, stop):
+                        continue
                     try:
                         self._renew(resident, dormant, interval, stop)
                     finally:  # the heartbeat keeps the dormant claims: written even if a group failed
@@ -266,6 +272,33 @@ class Renewal:
                     logger.exception("claim renewal pass failed engine=%s; trying again", self.engine_id)
         finally:
             connections.close_all()
+
+    def _stuck_pass(self, resident: dict[str, int], interval: float, stop: threading.Event) -> bool:
+        """Whether the loop's current pass has run for STUCK_PASS_TTLS claim TTLs (engine/stall.py); then
+        only the claim of the workflow it is inside is renewed, and no heartbeat is written: the others
+        lapse and other engines take them over. In "lease" mode the store lease is all there is to hand
+        over, and a standby would be held by the same workflow: nothing changes there."""
+        if self.settings.ownership == OwnershipMode.LEASE:
+            return False
+        stuck = self.watch.stuck(STUCK_PASS_TTLS * self.settings.workflow_claim_ttl.total_seconds(), time.monotonic())
+        if stuck is None:
+            self._stuck_logged = None
+            return False
+        if self._stuck_logged != stuck.workflow:
+            self._stuck_logged = stuck.workflow
+            logger.error(
+                "engine loop stuck engine=%s: one pass has run for %.0fs, inside workflow=%s at %s (code that "
+                "does not return: Python cannot interrupt it). Its other claims are no longer renewed, so other "
+                "engines take those workflows over; that workflow stays here until the pass ends",
+                self.engine_id,
+                stuck.seconds,
+                stuck.workflow,
+                stuck.where,
+            )
+        keep = {wid: epoch for wid, epoch in resident.items() if wid == stuck.workflow}
+        if keep:
+            self._renew(keep, {}, interval, stop)
+        return True
 
     def _renew(self, resident: dict[str, int], dormant: dict[str, int], interval: float, stop: threading.Event) -> None:
         """Renew the ``resident`` claims with the TTL and the ``dormant`` ones with DORMANT_TTL_MULTIPLIER
@@ -320,6 +353,11 @@ class Renewal:
             current = {wid: getattr(held.get(wid), "epoch", evicted.get(wid)) for wid in lost}
         return {wid for wid in lost if current[wid] == epochs[wid]}
 
+
+# A pass that has run this many claim TTLs is stuck (engine/stall.py): its engine's other claims are no
+# longer renewed. Two: a long pass of a loaded machine under the short TTLs of tests is not mistaken
+# for one (the claims it holds keep their expiry, and the grace, after that too).
+STUCK_PASS_TTLS = 2
 
 # An evicted workflow's claim is "dormant": renewed with this many times the TTL, so once per that
 # many TTLs less one, instead of every renew interval. At a million parked workflows, renewing every
