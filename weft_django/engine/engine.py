@@ -120,6 +120,7 @@ class Engine:
         self.progress = Progress(
             self.engine_id, self.using, self.owned, self.timers, self.wake, self._refused, self.attention
         )
+        self.progress.parked = mailbox_state(self).parked  # updates a moved frontier may take (deliver_known)
         self.loader = Loader(
             self.engine_id, self.using, self.progress, self._drop, functools.partial(prefetch_admitted, self)
         )

@@ -91,6 +91,7 @@ class Progress:
         self.wake = wake
         self.on_refused = on_refused
         self.unsettled: set[str] = set()  # changed workflows a pass's cascade left to the next (cascade.py)
+        self.parked: Mapping[str, int] = {}  # admitted updates unhandled where seen (messages.py's, the engine's)
 
     def processing(self) -> bool:
         """Whether an owned workflow has an attempt running, to dispatch, or waiting out its retry
@@ -266,7 +267,9 @@ class Progress:
         for seq, op in local:  # one after the other: each begins when the one before it returned
             if run.is_pending(seq):
                 now = self._run_local(owned, seq, op, now, writes, changed)
-        if signal_wait and not self.wake.unnoted(wid):  # a backlog's next record, in this pass
+        # A backlog's next record, in this pass; not ahead of what the next pass would settle first: a
+        # wake-up to note, an admitted update of a new context, looked at again or parked (deliver_known).
+        if signal_wait and not (self.wake.unnoted(wid) or wid in self.attention.unchecked or wid in self.parked):
             signal_delivery.deliver_known(self, owned, now, writes, changed)
 
     def _run_local(

@@ -24,7 +24,12 @@ reading (``note_carried``):
 So a workflow that only ``S:`` wake-ups or a newly armed wait named uses its known mailbox when it
 has one, and a workflow that loops on a signal reads its mailbox once, not once per wait. A wait the
 settle cascade arms takes its record from the known mailbox in that same pass (``deliver_known``), so
-a backlog goes into one fenced commit, not one pass and one commit per record.
+a backlog goes into one fenced commit, not one pass and one commit per record; but only where the
+next pass would have delivered to it before anything else of the workflow: not while a wake-up naming
+it waits to be noted, an admitted update waits for a look (a new context's, one looked at again, one
+parked until the frontier moves: the next pass settles it after one record), or a timer of it is due
+(a sleep or a wait_until's timeout at its frontier, its execution deadline: the next pass fires those
+first; a wait's own timeout is no bar, a buffered signal beats it, ``before_timeouts``).
 """
 
 from __future__ import annotations
@@ -216,9 +221,11 @@ def deliver_known(
 
     It does what the next pass's ``deliver`` would do with the same known mailbox; the caller leaves it
     to that pass when a wake-up for the workflow waits (a ``w:``, an ``S:`` to note, a rescan), whose
-    rows may belong before the known ones.
+    rows may belong before the known ones, or an admitted update may (a new context's, one looked at
+    again or parked: the next pass settles it after one record); and so does this when a timer of the
+    workflow is due, which that pass fires first (module docstring).
     """
-    if not owned.signals_known:
+    if not owned.signals_known or _timer_due(owned, now):
         return False
     leaves = waiting(settler.owned, [owned.workflow_id]).get(owned.workflow_id)
     if not leaves:
@@ -230,6 +237,20 @@ def deliver_known(
             break
         delivered |= _consume(settler, owned, waits, pk, run_id, name, payload, sent, now, writes, changed)
     return delivered
+
+
+def _timer_due(owned: Owned, now: datetime) -> bool:
+    """Whether a timer that settles a leaf of this workflow's frontier (a sleep, a wait_until's timeout)
+    or ends its run (the execution deadline) is due at ``now`` (armed due, as a race's ``sleep(0)``; or
+    passed while a local step of this pass ran): the next pass fires it before any delivery."""
+    if owned.deadline is not None and owned.deadline <= now:
+        return True
+    for leaf in owned.run.pending_leaves():
+        for kind in (TimerKind.SLEEP, TimerKind.WAIT_CONDITION):
+            timer = owned.timers.get((kind, leaf.seq))
+            if timer is not None and timer.fire_at <= now:
+                return True
+    return False
 
 
 def _consume(
