@@ -92,8 +92,7 @@ class Engine:
         self.settings = settings or get_settings()
         self.using = self.settings.database
         self.engine_id = engine_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        self.concurrency = concurrency or self.settings.activity_concurrency
-        self.drain_timeout = drain_timeout
+        self.concurrency, self.drain_timeout = concurrency or self.settings.activity_concurrency, drain_timeout
         self.mode = self.settings.ownership
         self.owned: dict[str, Owned] = {}
         self.timers = TimerHeap()
