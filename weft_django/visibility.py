@@ -62,11 +62,14 @@ class WorkflowSummary:
     status: WorkflowStatus | str  # the stored text for a status weft does not know (an odd row)
     parent_id: str | None
     schedule_id: str | None
-    created_at: datetime
+    created_at: datetime | None  # None only when ``unreadable`` names it
     started_at: datetime | None
     finished_at: datetime | None
     current_step: str
     attributes: dict[str, Any]
+    # The timestamps the row holds but Python cannot represent (a hand edit: before year 1, past year
+    # 9999, 'infinity'), by field, with the stored text; they read as None. Empty for a sound row.
+    unreadable: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def handle(self) -> WorkflowHandle:
@@ -299,23 +302,26 @@ def _where_value(text: str) -> Any:
     return value
 
 
-def encode_cursor(created_at: datetime, workflow_id: str) -> str:
-    """The opaque page cursor after the run (created_at, id)."""
-    packed = json.dumps([created_at.isoformat(), workflow_id]).encode()
+def encode_cursor(created_at: datetime | None, workflow_id: str) -> str:
+    """The opaque page cursor after the run (created_at, id); created_at None: the run's created_at
+    cannot be read (a hand edit), the next page compares with it in SQL."""
+    packed = json.dumps([None if created_at is None else created_at.isoformat(), workflow_id]).encode()
     return base64.urlsafe_b64encode(packed).decode().rstrip("=")
 
 
-def decode_cursor(cursor: Any) -> tuple[datetime, str]:
+def decode_cursor(cursor: Any) -> tuple[datetime | None, str]:
     """The keyset position of a cursor. Raises InvalidFilterError for one this module did not make."""
     try:
         if not isinstance(cursor, str):
             raise TypeError
         packed = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         created, workflow_id = json.loads(packed)
-        moment = datetime.fromisoformat(created)
-        if not isinstance(workflow_id, str) or not is_storable(workflow_id) or moment.utcoffset() is None:
+        if not isinstance(workflow_id, str) or not is_storable(workflow_id):
             raise ValueError
-        if not _in_range(moment):
+        if created is None:  # after a run whose created_at cannot be read
+            return None, workflow_id
+        moment = datetime.fromisoformat(created)
+        if moment.utcoffset() is None or not _in_range(moment):
             raise ValueError
         return moment, workflow_id
     except (TypeError, ValueError, binascii.Error, UnicodeDecodeError):

@@ -14,6 +14,7 @@ from django.utils.safestring import SafeString
 from ..codec import decode
 from ..exceptions import CorruptPayloadError
 from ..status import WorkflowStatus
+from ..store.moments import UNREADABLE
 
 _UNITS = ((86400, "d"), (3600, "h"), (60, "m"), (1, "s"))
 
@@ -132,6 +133,30 @@ def moment(value: datetime | None, *, short: bool = False) -> SafeString | str:
     text = when_text(value, "%m-%d %H:%M:%S" if short and local(value) is not None else "%Y-%m-%d %H:%M:%S")
     css = "weft-moment weft-odd" if local(value) is None else "weft-moment"
     return format_html('<span class="{}" title="{}">{}</span>', css, value.isoformat(), text)
+
+
+def unreadable_moment(stored: str) -> SafeString:
+    """A timestamp the row holds but Python cannot represent (``store.moments``), marked, with what it holds."""
+    return format_html(
+        '<span class="weft-moment weft-odd" title="stored as {}: not a time Python can represent (before year 1 '
+        'or after 9999, or not a date), written by hand or by a bad migration; repair the column">{} ({})</span>',
+        stored,
+        UNREADABLE,
+        stored,
+    )
+
+
+def moment_of(row: Any, name: str, *, short: bool = False) -> SafeString | str:
+    """``moment`` of a row's timestamp field, or its ``unreadable_moment`` when the row was read with
+    ``store.moments.readable_rows`` and that column could not be read."""
+    stored = (getattr(row, "weft_unreadable", None) or {}).get(name)
+    return unreadable_moment(stored) if stored is not None else moment(getattr(row, name), short=short)
+
+
+def marked(row: dict[str, Any]) -> dict[str, Any]:
+    """A row of ``store.moments.readable_values``, its damaged timestamps (None) replaced by their
+    ``unreadable_moment`` (``|weft_moment`` shows it as it is)."""
+    return {**row, **{name: unreadable_moment(stored) for name, stored in row.get("unreadable", {}).items()}}
 
 
 def short_step(label: str | None) -> str | None:

@@ -11,13 +11,14 @@ from functools import reduce
 from operator import or_
 from typing import Any
 
-from django.db.models import Count, Q, QuerySet
+from django.db.models import BooleanField, Count, ExpressionWrapper, Q, QuerySet
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from ..models import Workflow
 from ..status import WorkflowStatus
 from ..store.maintenance import kept_whatever_their_age
+from ..store.moments import Readable, readable_rows, readable_values
 
 TERMINAL_ORDER = (WorkflowStatus.COMPLETED, WorkflowStatus.FAILED, WorkflowStatus.CANCELLED, WorkflowStatus.TIMED_OUT)
 FAILURE_STATUSES = (WorkflowStatus.FAILED, WorkflowStatus.TIMED_OUT)
@@ -85,12 +86,14 @@ def totals(using: str) -> dict[str, int]:
 
 
 def recent_failures(using: str, limit: int = 20) -> QuerySet[Workflow]:
-    return (
+    """The last ``limit`` failed or timed-out runs, a finished_at Python cannot represent (a hand edit)
+    read as None and named in ``weft_unreadable`` (``store.moments.readable_rows``)."""
+    return readable_rows(
         Workflow.objects.using(using)
         .filter(status__in=FAILURE_STATUSES)
         .order_by("-finished_at")
-        .only("id", "workflow_type", "status", "error", "finished_at", "run_id")[:limit]
-    )
+        .only("id", "workflow_type", "status", "error", "finished_at", "run_id")
+    )[:limit]
 
 
 def retention_due(
@@ -137,10 +140,10 @@ def retention_plan(using: str, now: datetime, retention: dict[str, timedelta | N
             continue
         runs = kept_whatever_their_age(Workflow.objects.using(using).filter(status=status), now, using)
         due = runs.filter(finished_at__lt=now - keep).count()
-        oldest_kept = (
+        oldest_kept = (  # None too when it cannot be read (past year 9999: a hand edit), never due
             runs.filter(finished_at__gte=now - keep)
             .order_by("finished_at")
-            .values_list("finished_at", flat=True)
+            .values_list(Readable("finished_at"), flat=True)
             .first()
         )
         rows.append(RetentionRow(status.value, keep, due, None if oldest_kept is None else _due(oldest_kept, keep)))
@@ -150,32 +153,42 @@ def retention_plan(using: str, now: datetime, retention: dict[str, timedelta | N
 def next_removals(
     using: str, now: datetime, retention: dict[str, timedelta | None], limit: int = 10
 ) -> list[dict[str, Any]]:
-    """The ``limit`` runs retention removes first (those already due come first), with their due time."""
+    """The ``limit`` runs retention removes first (those already due come first), with their due time.
+    A finished_at Python cannot represent (a hand edit) is None, named under "unreadable" with its
+    stored text; whether such a run is due is compared in SQL (its due_at is None)."""
     candidates: list[dict[str, Any]] = []
     for status in TERMINAL_ORDER:
         keep = retention.get(status.value)
         if keep is None:
             continue
-        rows = (
+        rows = readable_values(
             kept_whatever_their_age(
                 Workflow.objects.using(using).filter(status=status, finished_at__isnull=False), now, using
             )
-            .order_by("finished_at")
-            .values_list("id", "workflow_type", "finished_at")[:limit]
-        )
-        for workflow_id, workflow_type, finished_at in rows:
-            if finished_at is None:  # excluded by the filter; for the type checker
-                continue
-            due_at = _due(finished_at, keep)
+            .annotate(due_in_sql=ExpressionWrapper(Q(finished_at__lt=now - keep), output_field=BooleanField()))
+            .order_by("finished_at"),
+            ("id", "workflow_type", "finished_at", "due_in_sql"),
+        )[:limit]
+        for row in rows:
+            finished_at = row["finished_at"]
+            due_at = None if finished_at is None else _due(finished_at, keep)
             candidates.append(
                 {
-                    "id": workflow_id,
-                    "workflow_type": workflow_type,
+                    "id": row["id"],
+                    "workflow_type": row["workflow_type"],
                     "status": status.value,
                     "finished_at": finished_at,
                     "due_at": due_at,
-                    "due": due_at < now,
+                    "due": due_at < now if due_at is not None else bool(row["due_in_sql"]),
+                    **({"unreadable": row["unreadable"]} if "unreadable" in row else {}),
                 }
             )
-    candidates.sort(key=lambda row: (row["due_at"], row["id"]))
+    candidates.sort(key=lambda row: (_order(row), row["id"]))
     return candidates[:limit]
+
+
+def _order(row: dict[str, Any]) -> datetime:
+    """A removal's place: its due time; one whose finished_at cannot be read first when due, else last."""
+    if row["due_at"] is not None:
+        return row["due_at"]
+    return datetime.min.replace(tzinfo=UTC) if row["due"] else datetime.max.replace(tzinfo=UTC)

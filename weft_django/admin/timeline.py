@@ -114,7 +114,8 @@ def _timer_label(timer: Timer) -> str:
 
 def build_timeline(workflow: Workflow, steps: Iterable[Step], timers: Iterable[Timer], now: datetime) -> Timeline:
     """Bars for ``steps`` (ordered by seq) and, for a live run, its pending timers and current wait."""
-    origin = workflow.started_at or workflow.created_at
+    # Both None only for a row whose timestamps Python cannot represent (a hand edit, store.moments).
+    origin = workflow.started_at or workflow.created_at or now
     live = workflow.status in ACTIVE_STATUSES
     bars: list[Bar] = []
     previous_end = origin

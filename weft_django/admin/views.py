@@ -16,7 +16,7 @@ from ..conf import get_settings
 from . import health, terminal
 from .base import WeftModelAdmin
 from .clocks import claim_now, workflow_now
-from .formatting import error_summary, format_duration, relative, state_badge, status_badge
+from .formatting import error_summary, format_duration, marked, moment_of, relative, state_badge, status_badge
 from .queues import queue_report
 
 DAYS = 14
@@ -135,7 +135,7 @@ def terminal_states(modeladmin: WeftModelAdmin, request: HttpRequest) -> Templat
             "url": _change_url(modeladmin, row.id),
             "badge": status_badge(row.status),
             "error": error_summary(row.error) or "-",
-            "ago": relative(row.finished_at, now),
+            "ago": moment_of(row, "finished_at") if row.finished_at is None else relative(row.finished_at, now),
         }
         for row in terminal.recent_failures(using)
     ]
@@ -147,11 +147,11 @@ def terminal_states(modeladmin: WeftModelAdmin, request: HttpRequest) -> Templat
         }
         for row in terminal.retention_plan(using, now, settings.retention)
     ]
-    removals = terminal.next_removals(using, now, settings.retention)
+    removals = [marked(row) for row in terminal.next_removals(using, now, settings.retention)]
     for row in removals:
         row["url"] = _change_url(modeladmin, row["id"])
         row["badge"] = status_badge(row["status"])
-        row["when"] = "due now" if row["due"] else relative(row["due_at"], now)
+        row["when"] = "due now" if row["due"] else relative(row["due_at"], now) if row["due_at"] else "never"
     context = {
         **_context(modeladmin, request, "Terminal states"),
         "now": now,
@@ -176,6 +176,7 @@ def queues_page(modeladmin: WeftModelAdmin, request: HttpRequest) -> TemplateRes
     settings = get_settings()
     report = queue_report(settings, modeladmin.weft_alias, settings.workflow_claim_ttl)
     changelist = _url(modeladmin, "weft_django_workflow_changelist") or ""
+    report["queues"] = [marked(row) for row in report["queues"]]  # a damaged oldest start: shown marked
     for row in report["queues"]:
         row["waiting_url"] = f"{changelist}?queue={quote(row['queue'])}&status__exact=pending"
     context = {

@@ -22,6 +22,7 @@ from ..exceptions import InvalidArgumentError
 from ..models import BufferedSignal, PendingUpdate, Step, Timer, Workflow
 from ..status import ACTIVE_STATUSES, TERMINAL_STATUSES, WorkflowStatus
 from ..store.claims import holder_silent
+from ..store.moments import readable_rows, readable_values, unreadable_bounds
 from ..store.visibility import read as search_attributes_of
 from ..validation import validate_reason, validate_workflow_id
 from . import actions, health, views, visibility
@@ -38,7 +39,8 @@ from .filters import (
 from .formatting import (
     claim_expiry_badge,
     error_summary,
-    moment,
+    marked,
+    moment_of,
     pretty_json,
     pretty_payload,
     relative,
@@ -49,6 +51,10 @@ from .run_chain import run_chain
 from .timeline import build_timeline
 
 CHILDREN_SHOWN = 50
+HIERARCHY_HIDDEN = (
+    "The date hierarchy is hidden: a workflow's created_at is too close to year 1 or 9999 to show in this time "
+    "zone, or not a time Python can represent (an odd row, edited by hand?). Sort by created to find it."
+)
 ROWS_SHOWN = 200
 
 
@@ -195,10 +201,13 @@ class WorkflowAdmin(WeftModelAdmin):
         changelist stays one query however many rows it shows."""
         queryset = super().get_queryset(request).using(self.weft_alias)
         now = claim_now(request)
-        return health.with_ownership(queryset, self.weft_alias).annotate(
+        annotated = health.with_ownership(queryset, self.weft_alias).annotate(
             observed_at=Value(now, output_field=DateTimeField()),
             owner_silent=holder_silent(self.weft_alias, now - claim_ttl(request), engine="owner_engine"),
         )
+        # A timestamp Python cannot represent (a hand edit) reads as None and is shown marked
+        # (obj.weft_unreadable), instead of failing the whole page.
+        return readable_rows(annotated)
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Workflow], search_term: str
@@ -231,36 +240,38 @@ class WorkflowAdmin(WeftModelAdmin):
 
     @admin.display(description="created", ordering="created_at")
     def created_display(self, obj: Workflow) -> SafeString | str:
-        return moment(obj.created_at, short=True)
+        return moment_of(obj, "created_at", short=True)
 
     @admin.display(description="created")
     def created_at_display(self, obj: Workflow) -> SafeString | str:
-        return moment(obj.created_at)
+        return moment_of(obj, "created_at")
 
     @admin.display(description="updated", ordering="updated_at")
     def updated_display(self, obj: Workflow) -> SafeString | str:
         now = obj.observed_at  # type: ignore[attr-defined]
+        if obj.updated_at is None:  # unreadable (a hand edit): shown marked
+            return moment_of(obj, "updated_at")
         return format_html('<span title="{}">{}</span>', obj.updated_at.isoformat(), relative(obj.updated_at, now))
 
     @admin.display(description="updated")
     def updated_at_display(self, obj: Workflow) -> SafeString | str:
-        return moment(obj.updated_at)
+        return moment_of(obj, "updated_at")
 
     @admin.display(description="started")
     def started_display(self, obj: Workflow) -> SafeString | str:
-        return moment(obj.started_at)
+        return moment_of(obj, "started_at")
 
     @admin.display(description="finished")
     def finished_display(self, obj: Workflow) -> SafeString | str:
-        return moment(obj.finished_at)
+        return moment_of(obj, "finished_at")
 
     @admin.display(description="delayed until")
     def start_at_display(self, obj: Workflow) -> SafeString | str:
-        return moment(obj.start_at)
+        return moment_of(obj, "start_at")
 
     @admin.display(description="execution deadline")
     def deadline_display(self, obj: Workflow) -> SafeString | str:
-        return moment(obj.execution_deadline)
+        return moment_of(obj, "execution_deadline")
 
     @admin.display(description="input")
     def input_display(self, obj: Workflow) -> SafeString:
@@ -278,8 +289,9 @@ class WorkflowAdmin(WeftModelAdmin):
     def stuck_display(self, obj: Workflow) -> SafeString | str:
         if not obj.stuck_error:
             return "-"
-        retry = f" — attempt {obj.stuck_attempts}, next retry {obj.stuck_retry_at}" if obj.stuck_retry_at else ""
-        return format_html("{}{}", _error_block(obj.stuck_error), retry)
+        retry = format_html(" — attempt {}, next retry {}", obj.stuck_attempts, moment_of(obj, "stuck_retry_at"))
+        due = obj.stuck_retry_at is not None or "stuck_retry_at" in getattr(obj, "weft_unreadable", {})
+        return format_html("{}{}", _error_block(obj.stuck_error), retry if due else "")
 
     @admin.display(description="attributes")
     def attributes_display(self, obj: Workflow) -> SafeString | str:
@@ -320,14 +332,14 @@ class WorkflowAdmin(WeftModelAdmin):
         )
         children: list[dict[str, Any]] = [
             {
-                **row,
+                **marked(row),
                 "url": reverse(f"{self.admin_site.name}:weft_django_workflow_change", args=[quote(row["id"])]),
                 "badge": status_badge(row["status"]),
             }
-            for row in Workflow.objects.using(using)
-            .filter(parent_id=workflow.pk)
-            .order_by("created_at")
-            .values("id", "workflow_type", "status", "created_at", "finished_at")[: CHILDREN_SHOWN + 1]
+            for row in readable_values(
+                Workflow.objects.using(using).filter(parent_id=workflow.pk).order_by("created_at"),
+                ("id", "workflow_type", "status", "created_at", "finished_at"),
+            )[: CHILDREN_SHOWN + 1]
         ]
         for timer in timers:
             timer.relative = relative(timer.fire_at, now)  # type: ignore[attr-defined]
@@ -470,18 +482,19 @@ class WorkflowAdmin(WeftModelAdmin):
         ]
         response = super().changelist_view(request, extra)
         if isinstance(response, TemplateResponse) and response.context_data and "cl" in response.context_data:
+            changelist = response.context_data["cl"]
             try:
                 response.render()
-            except (OverflowError, DataError):
+            except Exception as exc:
                 # Django's date hierarchy turns the oldest and newest created_at into local dates; a
-                # row a day from year 1 or 9999 (an odd row) makes that overflow. Show the list
-                # without the hierarchy rather than an error page.
-                response.context_data["cl"].date_hierarchy = None
-                self.message_user(
-                    request,
-                    "The date hierarchy is hidden: a workflow's created_at is too close to year 1 or 9999 to "
-                    "show in this time zone (an odd row, edited by hand?). Sort by created to find it.",
-                    messages.WARNING,
-                )
+                # row a day from year 1 or 9999 (an odd row) makes that overflow, and one Python cannot
+                # represent at all fails their read (DataError on PostgreSQL; on SQLite ValueError,
+                # TypeError, ... as Django parses the text). Show the list without the hierarchy
+                # rather than an error page; any other error stands.
+                odd = isinstance(exc, OverflowError | DataError)
+                if not changelist.date_hierarchy or not (odd or unreadable_bounds(changelist.queryset, "created_at")):
+                    raise
+                changelist.date_hierarchy = None
+                self.message_user(request, HIERARCHY_HIDDEN, messages.WARNING)
                 response.render()
         return response

@@ -22,6 +22,7 @@ from ..exceptions import (
 from ..models import Step, Workflow, WorkflowClaim
 from ..status import WorkflowStatus
 from ..store import runs
+from ..store.moments import readable_values
 from ..validation import validate_reason, validate_workflow_id
 from ..waits import Caller, ResultTimeoutError, afinish, finish, submit, wait_for_end
 from .common import _UNSET, SUMMARY_FIELDS, _alias, _duration, _status
@@ -84,11 +85,13 @@ class WorkflowHandle:
         created_at, started_at, finished_at, current_step, pending_timers (one query).
 
         ``status`` is a WorkflowStatus, or the stored text for a status weft does not know (an odd
-        row). Raises WorkflowNotFoundError for an unknown id."""
+        row). A timestamp the row holds but Python cannot represent (before year 1, past year 9999,
+        ``'infinity'``: a hand edit) is None, and ``"unreadable"`` maps its key to the stored text (the
+        key is there only then). Raises WorkflowNotFoundError for an unknown id."""
         using = _alias()
         claim = WorkflowClaim.objects.using(using).filter(pk=OuterRef("pk"))
         last_step = Step.objects.using(using).filter(run_id=OuterRef("run_id")).order_by("-seq")
-        row = (
+        annotated = (
             Workflow.objects.using(using)
             .filter(pk=self.id)
             .annotate(
@@ -100,14 +103,10 @@ class WorkflowHandle:
                 last_kind=Subquery(last_step.values("kind")[:1]),
                 last_name=Subquery(last_step.values("name")[:1]),
             )
-            .values(
-                *SUMMARY_FIELDS,
-                "last_seq",
-                "last_kind",
-                "last_name",
-            )
-            .first()
         )
+        # A timestamp Python cannot represent (a hand edit): None, named under "unreadable".
+        names = (*SUMMARY_FIELDS, "last_seq", "last_kind", "last_name")
+        row = readable_values(annotated, names, moments=("claim_expires_at",)).first()
         if row is None:
             raise WorkflowNotFoundError(f'No workflow "{self.id}" exists (never started, or purged).')
         described: dict[str, Any] = dict(row)

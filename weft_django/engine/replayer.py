@@ -106,6 +106,15 @@ def replay(history: StoredHistory, definition: WorkflowDefinition | None = None)
         history: the run (store/replay.py, or history_file.load).
         definition: the workflow to replay it with.
     """
+    # A hand edit Python cannot read, in what the engine loads (not created_at): it makes the run stuck.
+    damaged = {name: text for name, text in history.unreadable.items() if name != "created_at"}
+    if damaged:
+        held = "; ".join(f"{name}: {text}" for name, text in damaged.items())
+        message = (
+            f"Workflow {history.workflow_id!r}: its rows cannot be read by the engine ({held}: a value Python "
+            "cannot represent). Repair the row, or cancel the workflow."
+        )
+        return _failed(history, "EngineInternalError", message)
     if definition is None:
         found = definition_for(history)
         if isinstance(found, ReplayOutcome):

@@ -67,10 +67,31 @@ def json_default(value: Any) -> Any:
     return str(value)
 
 
-def when(value: datetime | None) -> str:
+def when(value: datetime | None, unreadable: str | None = None) -> str:
+    """A time as the admin shows it; ``unreadable``: the stored text of a timestamp Python cannot
+    represent (``store.moments``), shown marked instead."""
     from ..admin.formatting import when_text
 
+    if unreadable is not None:
+        return unreadable_text(unreadable)
     return when_text(value)  # never raises: a time out of the local zone's range is shown in UTC, marked
+
+
+def unreadable_text(stored: str) -> str:
+    """A damaged timestamp as the tools show it: "unreadable timestamp (infinity)"."""
+    from ..store.moments import UNREADABLE
+
+    return f"{UNREADABLE} ({stored})"
+
+
+def unreadable_note(unreadable: dict[str, str]) -> str:
+    """What ``weft describe`` says of a row with damaged timestamps (``describe()["unreadable"]``)."""
+    held = ", ".join(f"{name} = {stored!r}" for name, stored in unreadable.items())
+    return (
+        f"{held}: a timestamp Python cannot represent (before year 1 or after 9999, or not a date), written "
+        "by hand or by a bad migration; engines make the run stuck until the column is repaired (an UPDATE "
+        "in SQL), and the tools show the rest of the row"
+    )
 
 
 def claim_expiry(expires_at: datetime | None, now: datetime, *, lapsed: bool) -> str | None:

@@ -54,13 +54,22 @@ def list_where(command: Any, options: dict[str, Any], table: Callable[..., str],
     with the command's ``table`` and ``when`` formatters."""
     page = list_workflows(limit=min(options["limit"], 1000), cursor=options.get("cursor"), **_with_flags(options))
     if options["json"]:
-        command._print_json({"workflows": [dict(vars(summary)) for summary in page], "next_cursor": page.next_cursor})
+        # "unreadable" only for a row with a timestamp Python cannot represent, as in `weft list --json`
+        shown = [{k: v for k, v in vars(summary).items() if k != "unreadable" or v} for summary in page]
+        command._print_json({"workflows": shown, "next_cursor": page.next_cursor})
         return
     if not page.workflows:
         command._print("No workflows match.")
         return
     rows = [
-        (s.id, s.workflow_type, s.status, when(s.created_at), json.dumps(s.attributes, default=str)[:80]) for s in page
+        (
+            s.id,
+            s.workflow_type,
+            s.status,
+            when(s.created_at, s.unreadable.get("created_at")),
+            json.dumps(s.attributes, default=str)[:80],
+        )
+        for s in page
     ]
     command._print(table(("ID", "TYPE", "STATUS", "CREATED", "ATTRIBUTES"), rows))
     more = f" Next page: --cursor {page.next_cursor}" if page.next_cursor else ""

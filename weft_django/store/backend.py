@@ -184,6 +184,14 @@ class Backend:
         such bound, e.g. SQLite's file)."""
         return None
 
+    # -- reading rows a hand edit may have damaged (store/moments.py) -----------------------------
+
+    # A condition on a timestamp ``{x}`` (SQL in which ``{x}`` stands for the value, once or more): true
+    # where the driver makes a Python datetime of it, false or NULL where it would raise.
+    readable_moment_sql: ClassVar[str] = ""
+    # The stored value ``{x}`` as text, to show what a damaged row holds.
+    moment_text_sql: ClassVar[str] = "CAST({x} AS TEXT)"
+
     # -- histories: loading workflows to resume them ----------------------------------------------
 
     def datetime_reader(self) -> Callable[[Any], datetime | None]:
@@ -266,6 +274,12 @@ class PostgreSQLBackend(Backend):
             )
             return int(cursor.fetchone()[0])
 
+    # psycopg reads a timestamptz as its text in the session's time zone (UTC under Django): past year
+    # 9999, before year 1 or +-infinity it raises DataError. EXTRACT reads the year in that zone too
+    # (1 BC is -1, infinity Infinity).
+    readable_moment_sql = "EXTRACT(YEAR FROM {x}) BETWEEN 1 AND 9999"
+    moment_text_sql = "({x})::text"
+
     # -- histories: loading workflows to resume them ----------------------------------------------
 
     def datetime_reader(self) -> Callable[[Any], datetime | None]:
@@ -319,6 +333,16 @@ class SQLiteBackend(Backend):
             return False
         finally:
             probe.close()
+
+    # SQLite keeps whatever text was written; Django parses it (a date-and-time shape with a year 0,
+    # a month 13, a February 30 or an hour 25 raises ValueError; another shape, or a number, reads as
+    # None or raises TypeError). Readable: text whose date is a real one (SQLite's date() of its first
+    # ten characters, normalised by a modifier, gives them back unchanged: 2024-02-30 becomes
+    # 2024-03-01) and whose instant, in UTC, is within years 1-9999.
+    readable_moment_sql = (
+        "typeof({x}) = 'text' AND date(substr({x}, 1, 10), '+0 days') = substr({x}, 1, 10) "
+        "AND datetime({x}) BETWEEN '0001-01-01 00:00:00' AND '9999-12-31 23:59:59'"
+    )
 
     # -- histories: loading workflows to resume them ----------------------------------------------
     def datetime_reader(self) -> Callable[[Any], datetime | None]:

@@ -47,6 +47,7 @@ from . import claims
 from .backend import backend
 from .clock import db_clock, db_now
 from .commit import fenced
+from .moments import Readable, StoredText
 
 QUEUE_LOCKS = 0x77656671  # the advisory-lock namespace of queue admissions ("wefq")
 PAGE = 200  # waiting runs read per round while keys in use are skipped
@@ -232,7 +233,9 @@ def queue_stats(
     names: Iterable[str], using: str, *, now: datetime | None = None, windows: dict[str, timedelta]
 ) -> list[dict[str, Any]]:
     """Per queue: waiting, running (admitted, not ended), admitted in its rate window (``windows``),
-    the oldest waiting start, and the concurrency keys in use.
+    the oldest waiting start, the last admission and the concurrency keys in use; "unreadable" (only
+    then) names the oldest start or last admission a hand edit made a time Python cannot represent
+    (read as None), with its stored text.
 
     Args:
         names: the queues; ``using``: the connection alias; ``now``: workflow time (default now).
@@ -241,10 +244,12 @@ def queue_stats(
     when = now if now is not None else db_now(using)
     found = []
     for name in names:
+        # The oldest start and the last admission through store.moments: a damaged one (a hand edit
+        # Python cannot represent) is None, named under "unreadable", instead of failing the report.
         waiting = (
             Workflow.objects.using(using)
             .filter(queue=name, status=WorkflowStatus.PENDING, admitted_at__isnull=True)
-            .aggregate(n=Count("pk"), oldest=Min("created_at"))
+            .aggregate(n=Count("pk"), oldest=Readable(Min("created_at")), oldest_text=StoredText(Min("created_at")))
         )
         running = _active(name, using)
         keys = list(
@@ -260,18 +265,24 @@ def queue_stats(
             if window is not None
             else None
         )
-        latest = Workflow.objects.using(using).filter(queue=name).aggregate(last=Max("admitted_at"))["last"]
-        found.append(
-            {
-                "queue": name,
-                "waiting": int(waiting["n"]),
-                "oldest_waiting": waiting["oldest"],
-                "running": running.count(),
-                "in_window": recent,
-                "last_admitted": latest,
-                "keys": keys,
-            }
+        latest = (
+            Workflow.objects.using(using)
+            .filter(queue=name)
+            .aggregate(last=Readable(Max("admitted_at")), last_text=StoredText(Max("admitted_at")))
         )
+        stats = {
+            "queue": name,
+            "waiting": int(waiting["n"]),
+            "oldest_waiting": waiting["oldest"],
+            "running": running.count(),
+            "in_window": recent,
+            "last_admitted": latest["last"],
+            "keys": keys,
+        }
+        unreadable = {"oldest_waiting": waiting["oldest_text"], "last_admitted": latest["last_text"]}
+        if any(unreadable.values()):
+            stats["unreadable"] = {key: text for key, text in unreadable.items() if text is not None}
+        found.append(stats)
     return found
 
 

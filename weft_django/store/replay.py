@@ -16,7 +16,8 @@ from django.db import connections, transaction
 from ..models import Workflow
 from ..status import TERMINAL_STATUSES
 from .backend import backend
-from .histories import AppliedRecord, StepRecord, load_applied, load_steps, load_timers
+from .histories import AppliedRecord, StepRecord, UnreadableRow, load_applied, load_steps, load_timers
+from .moments import readable_values
 
 
 @dataclasses.dataclass
@@ -39,6 +40,9 @@ class StoredHistory:
     timer_seqs: set[int] = dataclasses.field(default_factory=set)
     timer_kinds: dict[int, str] = dataclasses.field(default_factory=dict)  # what armed them (older exports: none)
     fork_origin: Any = None  # weft.fork's deterministic.Lineage as JSON (older exports: none)
+    # What of the run cannot be read (a hand edit): a timestamp Python cannot represent, by column, with
+    # its stored text (the column reads as None), or "history": why its steps, updates or timers cannot.
+    unreadable: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 _COLUMNS = (
@@ -129,9 +133,22 @@ def page(
         rows = rows.exclude(status__in=list(TERMINAL_STATUSES))
     if workflow_ids is not None:
         rows = rows.filter(id__in=workflow_ids)
-    found = [_history(values) for values in rows.values_list(*_COLUMNS)[:size]]
+    found = [_history(values) for values in readable_values(rows, _COLUMNS)[:size]]
     if not found:
         return found
+    try:
+        _load_histories(found, using)
+    except UnreadableRow:  # a row of one run's history cannot be read: find whose, read the others
+        for history in found:
+            try:
+                _load_histories([history], using)
+            except UnreadableRow as exc:
+                history.unreadable["history"] = str(exc)
+    return found
+
+
+def _load_histories(found: list[StoredHistory], using: str) -> None:
+    """The steps, applied updates and timer positions of these runs, set on each."""
     run_ids = [history.run_id for history in found]
     steps = load_steps(run_ids, using)
     applied = load_applied(run_ids, using)
@@ -145,7 +162,6 @@ def page(
             if timer.seq is not None and str(timer.run_id) == history.run_id
         }
         history.timer_seqs = set(history.timer_kinds)
-    return found
 
 
 def one(workflow_id: str, using: str) -> StoredHistory | None:
@@ -159,10 +175,9 @@ def one(workflow_id: str, using: str) -> StoredHistory | None:
     return found[0] if found else None
 
 
-def _history(values: tuple[Any, ...]) -> StoredHistory:
-    wid, run_id, workflow_type, version, status, text, result, error, started_at, created_at, origin = values
-    history = StoredHistory(
-        wid, str(run_id), workflow_type, version, status, text, result, error, started_at, created_at
-    )
-    history.fork_origin = origin
+def _history(row: dict[str, Any]) -> StoredHistory:
+    history = StoredHistory(*(row[name] for name in _COLUMNS[:-1]))
+    history.run_id = str(history.run_id)
+    history.fork_origin = row["fork_origin"]
+    history.unreadable = dict(row.get("unreadable", {}))
     return history

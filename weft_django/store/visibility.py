@@ -13,10 +13,11 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet, Subquery
 
 from ..models import Workflow, WorkflowAttribute
 from .backend import backend
+from .moments import readable_values
 from .writes import WorkflowWrites
 
 COLUMN_OF_KIND = {
@@ -236,14 +237,23 @@ SUMMARY_COLUMNS = (
 )
 
 
-def page(selection: Selection, after: tuple[datetime, str] | None, limit: int, using: str) -> list[dict[str, Any]]:
+def page(
+    selection: Selection, after: tuple[datetime | None, str] | None, limit: int, using: str
+) -> list[dict[str, Any]]:
     """Up to ``limit`` matching runs, newest first (created_at, then id, descending), after the keyset
-    position ``after`` (the last row of the previous page), with their attributes under "attributes"."""
+    position ``after`` (the last row of the previous page), with their attributes under "attributes".
+
+    A timestamp Python cannot represent (a hand edit) reads as None, the row's "unreadable" naming it
+    with its stored text (``store.moments``). ``after``'s time None: that of the row ``after`` names,
+    compared in SQL (the last row of the previous page had an unreadable created_at)."""
     queryset = select(selection, using)
     if after is not None:
+        created: Any
         created, last_id = after
+        if created is None:
+            created = Subquery(Workflow.objects.using(using).filter(pk=last_id).values("created_at")[:1])
         queryset = queryset.filter(Q(created_at__lt=created) | Q(created_at=created, pk__lt=last_id))
-    rows = list(queryset.order_by("-created_at", "-pk").values(*SUMMARY_COLUMNS)[:limit])
+    rows = list(readable_values(queryset.order_by("-created_at", "-pk"), SUMMARY_COLUMNS)[:limit])
     attributes = read([row["id"] for row in rows], using) if rows else {}
     for row in rows:
         row["attributes"] = attributes.get(row["id"], {})

@@ -14,21 +14,20 @@ import json
 import pprint
 import sys
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import OperationalError
 from django.db.models import Count
 
-from ...client import SUMMARY_FIELDS
 from ...exceptions import InvalidArgumentError, WeftError
 from ...status import TERMINAL_STATUSES, WorkflowStatus
-from .. import visibility_cli
+from .. import listing, visibility_cli
 from ..cli_format import claim_expiry, duration_arg, json_default, positive_int_arg, table, when
 from ..replay_options import add_replay_arguments, workflow_type
 
-DESCRIBE_KEYS = SUMMARY_FIELDS
+DESCRIBE_KEYS = listing.DESCRIBE_KEYS
 TERMINAL = sorted(str(status) for status in TERMINAL_STATUSES)
 
 
@@ -198,6 +197,12 @@ class Command(BaseCommand):
             history = one(options["id"], self._using)
         if history is None:
             raise CommandError(f"No workflow {options['id']!r}: nothing was exported.")
+        if history.unreadable:  # a hand edit: exported, its history would replay as another run
+            held = "; ".join(f"{name}: {text}" for name, text in history.unreadable.items())
+            raise CommandError(
+                f"Workflow {options['id']!r} cannot be exported: {held} (a value Python cannot represent, "
+                "written by hand or by a bad migration). Repair the row first; nothing was exported."
+            )
         text = json.dumps(to_json(history), indent=2, ensure_ascii=False)
         if options.get("output"):
             try:
@@ -211,83 +216,13 @@ class Command(BaseCommand):
 
     # -- reading ---------------------------------------------------------------------------------
     def _list(self, options: dict[str, Any]) -> None:
-        from ...admin.formatting import short_step, status_text
-        from ...admin.health import claim_lapsed, current_step, with_ownership
-        from ...conf import get_settings
-        from ...models import Workflow
-        from ...store.clock import db_clock
-
         if options.get("where") or options.get("cursor"):
             visibility_cli.list_where(self, options, table, when)
             return
-        queryset = Workflow.objects.using(self._using).order_by("-created_at", "id")
-        if options["status"]:
-            queryset = queryset.filter(status__in=options["status"])
-        if options["workflow_type"]:
-            queryset = queryset.filter(workflow_type=options["workflow_type"])
-        rows = list(with_ownership(queryset, self._using, timers=True)[: options["limit"]])
-        described = [
-            {
-                **{key: getattr(row, key) for key in DESCRIBE_KEYS if key not in ("epoch", "current_step")},
-                "epoch": row.claim_epoch,  # type: ignore[attr-defined]
-                "current_step": current_step(row),
-            }
-            for row in rows
-        ]
-        if options["json"]:
-            self._print_json([{key: item[key] for key in DESCRIBE_KEYS} for item in described])
-            return
-        if not described:
-            self._print("No workflows match.")
-            return
-        now, ttl = db_clock(self._using), get_settings().workflow_claim_ttl
-        headers = ("ID", "TYPE", "STATUS", "OWNER", "EPOCH", "CLAIM EXPIRES", "STEP", "CREATED")
-        self._print(
-            table(
-                headers,
-                [
-                    (
-                        d["id"],
-                        d["workflow_type"],
-                        status_text(d["status"]),
-                        d["owner_engine"],
-                        d["epoch"],
-                        claim_expiry(d["claim_expires_at"], now, lapsed=claim_lapsed(row, now, ttl))
-                        if d["owner_engine"]
-                        else None,
-                        short_step(d["current_step"]),
-                        when(d["created_at"]),
-                    )
-                    for d, row in zip(described, rows, strict=True)
-                ],
-            )
-        )
-        self._print(f"\n{len(described)} workflow(s) shown (--limit {options['limit']}).")
+        listing.list_command(self, options)
 
     def _describe(self, options: dict[str, Any]) -> None:
-        from ...admin.formatting import error_text, status_text
-        from ...client import get_handle
-        from ...models import Workflow
-
-        described = get_handle(options["id"]).describe()
-        if options["json"]:
-            self._print_json(described)
-            return
-        extra = (
-            Workflow.objects.using(self._using).filter(pk=options["id"]).values("error", "stuck_error", "cancel_reason")
-        )
-        details: dict[str, Any] = dict(extra.first() or {})
-        lines = [(key, status_text(described[key]) if key == "status" else described[key]) for key in DESCRIBE_KEYS]
-        if details.get("error"):
-            lines.append(("error", error_text(details["error"])))
-        if details.get("stuck_error"):
-            lines.append(("stuck on", error_text(details["stuck_error"])))
-        if details.get("cancel_reason"):
-            lines.append(("cancel reason", details["cancel_reason"]))
-        width = max(len(key) for key, _ in lines)
-        for key, value in lines:
-            shown = when(value) if isinstance(value, datetime) else ("-" if value is None else value)
-            self._print(f"{key.ljust(width)}  {shown}")
+        listing.describe_command(self, options)
 
     def _engines(self, options: dict[str, Any]) -> None:
         from ...admin.formatting import format_duration
