@@ -22,7 +22,7 @@ from django.db import connection
 from django.utils import timezone
 
 import weft_django as weft
-from weft_django.models import Workflow
+from weft_django.models import Step, Workflow
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -173,3 +173,24 @@ def test_the_terminal_states_page_answers_for_a_failure_whose_finished_at_cannot
     page = terminal.content.decode()
     assert "/workflow/bad/change/" in page and "/workflow/ok/change/" in page
     assert f"{UNREADABLE} ({value})" in page
+
+
+STEP_DAMAGE = [*DAMAGE, "soon"] if connection.vendor == "sqlite" else DAMAGE
+
+
+@pytest.mark.parametrize("value", STEP_DAMAGE)
+def test_the_replay_check_reports_a_run_whose_step_cannot_be_read_and_replays_the_others(weft_run_until_idle, value):
+    """A step's started_at the driver cannot convert failed the page's history read (on SQLite one Django
+    reads as None passed for a time): the whole check stopped, or replayed a run an engine makes stuck."""
+    for workflow_id in ("bad", "ok"):
+        weft.start("tests.sum", args=[2, 3], id=workflow_id)
+    weft_run_until_idle(timeout=15)
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {Step._meta.db_table} SET started_at = %s WHERE workflow_id = 'bad'", [value])
+    out = StringIO()
+    with pytest.raises(CommandError, match="1 of 2 replayed run"):  # before: DataError / ValueError / DID NOT RAISE
+        call_command("weft_replay", "--json", stdout=out)
+    (failed,) = json.loads(out.getvalue())["failed"]
+    assert failed["workflow_id"] == "bad" and "cannot be read" in failed["message"], failed
+    with pytest.raises(CommandError, match="'bad' cannot be exported: history"):
+        _cli("export", "bad")

@@ -104,3 +104,32 @@ def test_the_admin_list_and_describe_answer_for_a_run_with_a_timestamp_past_year
     assert admin_client.get("/admin/weft_django/workflow/").status_code == 200
     described = weft.get_handle("bad").describe()
     assert described["started_at"] is None and described["unreadable"] == {"started_at": "infinity"}
+
+
+# SQLite keeps any value: Django reads a number or text of another shape in a datetime column as None
+# (a malformed date raises ValueError, which the load already treats per workflow).
+READ_AS_NONE = [
+    ("timer.fire_at 12345", "tests.sleeper", [3600], f"UPDATE {_T} SET fire_at = 12345"),
+    ("timer.fire_at text", "tests.sleeper", [3600], f"UPDATE {_T} SET fire_at = 'soon'"),
+    ("step.started_at 12345", ACTIVITY_THEN_SIGNAL, [], f"UPDATE {_S} SET started_at = 12345"),
+]
+
+
+@pytest.mark.sqlite
+@pytest.mark.parametrize(("case", "workflow", "args", "damage"), READ_AS_NONE, ids=[c[0] for c in READ_AS_NONE])
+def test_a_required_timestamp_sqlite_reads_as_none_makes_only_its_workflow_stuck(
+    weft_run_until_idle, case, workflow, args, damage
+):
+    """A timer whose fire_at read as None went into the engine's timer heap: every later pass failed
+    comparing it with the clock (TypeError), so no workflow of that engine ran again."""
+    bad = weft.start(workflow, args=args, id="bad")
+    weft_run_until_idle(timeout=10)
+    _sql(f"{damage} WHERE workflow_id = 'bad'")
+    if workflow == ACTIVITY_THEN_SIGNAL:
+        bad.signal("go", 1)
+    good = weft.start("tests.sum", args=[2, 3], id="good")
+    weft_run_until_idle(timeout=15)  # before the fix: TimeoutError, still busy (every pass failed)
+    assert good.result(timeout=5) == {"total": 5}
+    stuck = Workflow.objects.values_list("status", "stuck_error").get(pk="bad")
+    assert stuck[0] == "running" and stuck[1] is not None, stuck
+    assert "cannot be read" in stuck[1]["message"], stuck[1]["message"]

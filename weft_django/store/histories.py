@@ -280,8 +280,18 @@ def _rows(cursor: Any) -> list[Any]:
     """``cursor.fetchall()``, a value the driver cannot convert raised as ``UnreadableRow``."""
     try:
         return list(cursor.fetchall())
-    except DataError as exc:  # the result set is already in memory: only a conversion can fail here
+    # PostgreSQL: the result set is already in memory, only a conversion can fail here. SQLite: its
+    # converters (Django's) raise ValueError for a malformed date (a year 0, a month 13).
+    except (DataError, ValueError) as exc:
         raise UnreadableRow(f"{exc} (a value the database holds but Python cannot represent)") from exc
+
+
+def _required(value: datetime | None, what: str) -> datetime:
+    """A NOT NULL timestamp as read: None only when SQLite holds a value Django does not parse (a
+    number, text of another shape), which the engine must not take for a time."""
+    if value is None:
+        raise UnreadableRow(f"{what} holds a value that is not a time (written by hand?)")
+    return value
 
 
 def _decode_runs(values: list[Any], aware: _Aware, into: dict[str, RunRow]) -> None:
@@ -303,8 +313,9 @@ def _decode_steps(values: list[Any], aware: _Aware, into: dict[str, dict[int, St
         steps = into.get(_uuid_text(run_id))
         if steps is None:  # a run that began after the runs were read (PostgreSQL: a later statement)
             continue
+        started = _required(aware(started), f"step {seq}'s started_at")
         steps[seq] = StepRecord(
-            seq, kind, name, status, result, _json_value(error), attempts, aware(started), aware(completed)
+            seq, kind, name, status, result, _json_value(error), attempts, started, aware(completed)
         )
 
 
@@ -321,7 +332,7 @@ def _decode_timers(values: list[Any], aware: _Aware, using: str, into: dict[str,
     for columns in values:
         fields = dict(zip(_TIMER_FIELDS, columns, strict=True))
         fields["run_id"] = uuid.UUID(str(fields["run_id"])) if fields["run_id"] else None
-        fields["fire_at"] = aware(fields["fire_at"])
+        fields["fire_at"] = _required(aware(fields["fire_at"]), "a timer's fire_at")
         timer = Timer.from_db(using, _TIMER_FIELDS, [fields[name] for name in _TIMER_FIELDS])
         into.setdefault(timer.workflow_id, []).append(timer)
 
