@@ -44,9 +44,8 @@ TIMER_OPERATIONS: dict[str | None, str] = {
 
 def error_to_exception(error: Any) -> Exception:
     """Rebuild the exception recorded for a step, identically live and on replay. A recorded error
-    that is not an object of the expected shape raises CorruptPayloadError (the run gets stuck)."""
-    if error is None:
-        error = {}
+    that is not an object of the expected shape, or names no exception weft records (``exc``),
+    raises CorruptPayloadError (the run gets stuck)."""
     if not isinstance(error, dict):
         raise CorruptPayloadError(f"the recorded error is a JSON {_json_kind(error)}, not an object")
     kind = error.get("exc")
@@ -64,7 +63,11 @@ def error_to_exception(error: Any) -> Exception:
             status=_text(error, "status", ""),
             error=inner,
         )
-    return WaitTimeoutError(_text(error, "message", "The wait timed out."))
+    if kind == "WaitTimeoutError":
+        return WaitTimeoutError(_text(error, "message", "The wait timed out."))
+    # Not an error weft records (a hand edit, another program's row): throwing some exception into the
+    # workflow would fail it for a reason it never had.
+    raise CorruptPayloadError(f"the recorded error names no exception weft records ('exc' is {kind!r})")
 
 
 def _text(error: dict[str, Any], key: str, default: str) -> str:

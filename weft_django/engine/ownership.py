@@ -291,11 +291,13 @@ def check_mode_marker(engine_id: str, mode: str, using: str) -> None:
     Raises:
         OwnershipModeMismatchError: the database runs under another OWNERSHIP mode.
     """
-    marker, created = engines.mode_marker(engine_id, mode, using)
-    if not created and marker.mode != mode:
+    stored, set_by, created = engines.mode_marker(engine_id, mode, using)
+    if not created and stored != mode:
+        set_at = engines.mode_set_at(using)
+        when = f"{set_at:%Y-%m-%d %H:%M:%S}" if set_at is not None else "a time Python cannot represent"
         raise OwnershipModeMismatchError(
-            f"This database runs under OWNERSHIP={marker.mode!r} (set by engine {marker.set_by!r} at "
-            f"{marker.set_at:%Y-%m-%d %H:%M:%S}), but this engine is configured with OWNERSHIP={mode!r}. "
+            f"This database runs under OWNERSHIP={stored!r} (set by engine {set_by!r} at "
+            f"{when}), but this engine is configured with OWNERSHIP={mode!r}. "
             f"Engines with different fencing modes must not share a database. To change the mode, stop every "
             f"engine, run `python manage.py weft_engine --reset-ownership-mode`, then start them with the new setting."
         )

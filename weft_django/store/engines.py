@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 import socket
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
-from django.db import IntegrityError, transaction
+from django.db import DataError, IntegrityError, transaction
 from django.db.models import Q
 from django.utils.dateparse import parse_datetime
 
@@ -108,19 +108,32 @@ def silent_engines(*, within: timedelta, using: str) -> list[str]:
     )
 
 
-def mode_marker(engine_id: str, mode: str, using: str) -> tuple[OwnershipMarker, bool]:
+def mode_marker(engine_id: str, mode: str, using: str) -> tuple[str, str, bool]:
     """The one-row ownership-mode marker, created with ``mode`` (set by ``engine_id``) if missing.
+    Its ``set_at`` is not read (``mode_set_at``): a hand-edited one the driver cannot convert (past
+    year 9999) must not keep every engine from starting.
 
     Returns:
-        (the marker, whether this call created it).
+        (its mode, the engine that set it, whether this call created it).
     """
+    markers = OwnershipMarker.objects.using(using)
     with transaction.atomic(using=using):
-        marker, created = (
-            OwnershipMarker.objects.using(using)
-            .select_for_update()
-            .get_or_create(id=1, defaults={"mode": mode, "set_by": engine_id, "set_at": db_clock(using)})
+        found = markers.select_for_update().filter(id=1).values_list("mode", "set_by").first()
+        if found is not None:
+            return found[0], found[1], False
+        marker, created = markers.get_or_create(
+            id=1, defaults={"mode": mode, "set_by": engine_id, "set_at": db_clock(using)}
         )
-    return marker, created
+    return marker.mode, marker.set_by, created
+
+
+def mode_set_at(using: str) -> datetime | None:
+    """When the ownership-mode marker was set; None when there is none or the driver cannot convert it."""
+    try:
+        found: datetime | None = OwnershipMarker.objects.using(using).values_list("set_at", flat=True).first()
+    except (DataError, ValueError, TypeError):  # a value Python cannot represent (a hand edit)
+        return None
+    return found
 
 
 def reset_mode_marker(using: str) -> None:
@@ -144,12 +157,16 @@ def reset_mode_marker_unless_alive(*, within: timedelta, using: str) -> list[str
 
 def acquire_store_lease(engine_id: str, *, ttl: timedelta, grace: timedelta, using: str) -> int | None:
     """Take the store-wide lease if nobody holds it, we do, or its holder's lease expired more than
-    ``grace`` ago (the same rule as a workflow claim).
+    ``grace`` ago (the same rule as a workflow claim, store/claims/lapse.py): or its expiry is further
+    ahead than a renewal ever sets it (more than ``ttl``: a hand edit, ``'infinity'``) and its holder's
+    heartbeat is more than ``ttl`` + ``grace`` old. Such a row held by a dead engine kept every engine
+    from starting, for ever.
 
     Returns:
         The new lease epoch, or None (another engine holds it).
     """
     found = backend(using)
+    engines = Engine._meta.db_table
     with transaction.atomic(using=using), found.connection.cursor() as cursor:
         if found.has_clock:
             cursor.execute(f"INSERT INTO {LEASE_TABLE} (id, epoch) VALUES (1, 0) ON CONFLICT (id) DO NOTHING")
@@ -157,9 +174,12 @@ def acquire_store_lease(engine_id: str, *, ttl: timedelta, grace: timedelta, usi
                 f"""UPDATE {LEASE_TABLE} SET epoch = {next_epoch_sql("postgresql")}, engine_id = %s,
                         claimed_at = clock_timestamp(), expires_at = clock_timestamp() + %s * interval '1 millisecond'
                     WHERE id = 1 AND (engine_id IS NULL OR engine_id = %s
-                        OR expires_at + %s * interval '1 millisecond' < clock_timestamp())
+                        OR expires_at + %s * interval '1 millisecond' < clock_timestamp()
+                        OR (expires_at > clock_timestamp() + %s * interval '1 millisecond' AND EXISTS (
+                            SELECT 1 FROM {engines} e WHERE e.id = {LEASE_TABLE}.engine_id
+                            AND e.heartbeat_at < clock_timestamp() - %s * interval '1 millisecond')))
                     RETURNING epoch""",
-                [engine_id, _ms(ttl), engine_id, _ms(grace)],
+                [engine_id, _ms(ttl), engine_id, _ms(grace), _ms(ttl), _ms(ttl + grace)],
             )
             row = cursor.fetchone()
             return int(row[0]) if row else None
@@ -167,8 +187,13 @@ def acquire_store_lease(engine_id: str, *, ttl: timedelta, grace: timedelta, usi
         cursor.execute(f"INSERT OR IGNORE INTO {LEASE_TABLE} (id, epoch) VALUES (1, 0)")
         cursor.execute(f"SELECT engine_id, expires_at FROM {LEASE_TABLE} WHERE id = 1")
         holder, expires_at = cursor.fetchone()
-        expires: datetime | None = parse_datetime(expires_at) if isinstance(expires_at, str) else expires_at
-        if holder not in (None, engine_id) and expires is not None and expires + grace >= now:
+        cursor.execute(f"SELECT heartbeat_at FROM {engines} WHERE id = %s", [holder])
+        heartbeat = _moment((cursor.fetchone() or (None,))[0])
+        expires = _moment(expires_at)
+        dormant = (
+            expires is not None and expires > now + ttl and heartbeat is not None and heartbeat < now - ttl - grace
+        )
+        if holder not in (None, engine_id) and expires is not None and expires + grace >= now and not dormant:
             return None
         epoch = next_epoch(using)
         cursor.execute(
@@ -176,6 +201,18 @@ def acquire_store_lease(engine_id: str, *, ttl: timedelta, grace: timedelta, usi
             [epoch, engine_id, now, now + ttl],
         )
         return epoch
+
+
+def _moment(value: object) -> datetime | None:
+    """A timestamp SQLite returned (text, or a datetime; naive is UTC); None for text that is no date
+    (a hand edit)."""
+    try:
+        moment = parse_datetime(value) if isinstance(value, str) else value
+    except ValueError:
+        return None
+    if not isinstance(moment, datetime):
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def renew_store_lease(engine_id: str, epoch: int, *, ttl: timedelta, using: str) -> bool:

@@ -358,21 +358,27 @@ def answer_accepted(update_id: str, run_id: Any, text: str, now: datetime, using
 
 
 def admitted_updates(workflow_ids: list[str], using: str) -> list[tuple[Any, str, Any, str]]:
-    """The admitted updates of these workflows, in (created_at, id) order: (id, workflow id, run id, name)."""
+    """The admitted updates of these workflows, each workflow's in (created_at, id) order: (id, workflow
+    id, run id, name). A workflow's updates are all read by one query (the chunks split workflows), so
+    the database orders them; ``created_at`` is never read into Python: a hand-edited one it cannot
+    convert (past year 9999) would fail the read of every workflow's updates, on every pass."""
     rows = PendingUpdate.objects.using(using).filter(status=UpdateStatus.ADMITTED).order_by("created_at", "id")
-    found = [
-        row
-        for chunk in backend(using).chunks(workflow_ids)
-        for row in rows.filter(workflow_id__in=chunk).values_list("id", "workflow_id", "run_id", "name", "created_at")
-    ]
-    found.sort(key=lambda row: (row[4], str(row[0])))  # the order of one query, across chunks
-    return [row[:4] for row in found]
+    fields = ("id", "workflow_id", "run_id", "name")
+    found: list[tuple[Any, str, Any, str]] = []
+    for chunk in backend(using).chunks(workflow_ids):
+        try:
+            found += rows.filter(workflow_id__in=chunk).values_list(*fields)
+        except (ValueError, TypeError):  # a row the ORM cannot convert (SQLite: any text in a uuid column)
+            for wid in chunk:  # read again one workflow at a time: what raises names its workflow in ``wid``,
+                found += rows.filter(workflow_id=wid).values_list(*fields)  # (engine/containment.culprit)
+    return found
 
 
 def lock_admitted(update_ids: list[str], using: str) -> list[tuple[Any, str, str, str, str | None]]:
     """Inside the settling transaction: lock these updates while still admitted (SKIP LOCKED where
-    rows are locked; SQLite's one-writer transaction holds them already), in (created_at, id) order.
-    Returns (id, workflow id, name, payload, trace context) rows."""
+    rows are locked; SQLite's one-writer transaction holds them already), in the order of
+    ``update_ids`` (each workflow's in (created_at, id) order: ``admitted_updates``; ``created_at`` is
+    not read into Python, as there). Returns (id, workflow id, name, payload, trace context) rows."""
     found = backend(using)
     rows = PendingUpdate.objects.using(using).filter(status=UpdateStatus.ADMITTED)
     if found.skips_locked:
@@ -382,10 +388,11 @@ def lock_admitted(update_ids: list[str], using: str) -> list[tuple[Any, str, str
         for chunk in found.chunks(update_ids)
         for row in rows.filter(pk__in=chunk)
         .order_by("created_at", "id")
-        .values_list("id", "workflow_id", "name", "payload", "trace_context", "created_at")
+        .values_list("id", "workflow_id", "name", "payload", "trace_context")
     ]
-    locked.sort(key=lambda row: (row[5], str(row[0])))  # the order of one query, across chunks
-    return [row[:5] for row in locked]
+    position = {str(pk): index for index, pk in enumerate(update_ids)}
+    locked.sort(key=lambda row: position.get(str(row[0]), len(position)))  # the caller's order, across chunks
+    return locked
 
 
 def queries_waiting(engine_id: str, limit: int, using: str) -> set[str]:
