@@ -12,6 +12,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from celery import Celery, current_app
 from django.db import DatabaseError, connections
@@ -262,7 +263,7 @@ class CeleryExecutor:
             )
             return
         retryable = remote.is_retryable(task.definition.retry, outcome.error_types)
-        self.outcomes.put(AttemptOutcome(task, ok=False, error=outcome.error or {}, retryable=retryable))
+        self.outcomes.put(AttemptOutcome(task, ok=False, error=_worker_error(outcome.error), retryable=retryable))
 
     def _forget(self, key: remote.AttemptKey, *, done: bool = False) -> None:
         """Stop waiting for the attempt; ``done``: its outcome is settled or it expired, so no context
@@ -333,6 +334,19 @@ def _due(sent: _Sent, clock: float) -> bool:
     timed out, or timed out (its fate in the database) and SENT_KEPT_FOR past its deadline."""
     assert sent.deadline is not None
     return clock > sent.deadline + SENT_KEPT_FOR if sent.settled else clock >= sent.deadline
+
+
+def _worker_error(error: Any) -> dict[str, Any]:
+    """The error a worker recorded for a failed attempt. One that is not a JSON object (a hand edit of
+    its RemoteAttempt row) fails the attempt saying so, as any attempt failure; it used to raise in the
+    engine's pass, which made the workflow stuck as a bug in weft."""
+    if error is None or isinstance(error, dict):
+        return error or {}
+    return {
+        "type": "CorruptPayloadError",
+        "message": f"the error the worker recorded for this attempt cannot be read: {error!r:.80} is not a JSON "
+        "object (its RemoteAttempt row was edited?)",
+    }
 
 
 def _key(task: AttemptTask) -> remote.AttemptKey:

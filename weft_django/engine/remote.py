@@ -51,6 +51,7 @@ from ..store.backend import backend
 from ..store.clock import db_clock, db_now
 from ..store.commit import fenced
 from ..store.notify import send
+from ..store.timestamps import readable
 from .activities import attempt_span
 from .driver import describe_exception
 
@@ -503,7 +504,7 @@ def expire_many(
             if row[0] == RemoteAttemptState.FAILED:
                 found[key.ident] = (
                     Expiry.SETTLED,
-                    RemoteOutcome(ok=False, error=row[1], error_types=tuple(row[2] or ())),
+                    RemoteOutcome(ok=False, error=row[1], error_types=_names(row[2])),
                 )
             else:
                 expiring.append(key)
@@ -530,7 +531,8 @@ def _steps(keys: list[AttemptKey], using: str) -> dict[tuple[str, int], tuple[An
         for run_id, seq, *rest in (
             Step.objects.using(using)
             .filter(where)
-            .values_list("run_id", "seq", "status", "attempts", "epoch", "result", "completed_at")
+            .annotate(done_at=readable("completed_at"))  # a hand edit past year 9999: None, not DataError
+            .values_list("run_id", "seq", "status", "attempts", "epoch", "result", "done_at")
         ):
             steps[(str(run_id), seq)] = tuple(rest)
     return steps
@@ -565,7 +567,8 @@ def poll(keys: list[AttemptKey], using: str) -> dict[AttemptKey, RemoteOutcome]:
         completed = (
             Step.objects.using(using)
             .filter(where, status=StepStatus.COMPLETED)
-            .values_list("run_id", "seq", "attempts", "epoch", "result", "completed_at")
+            .annotate(done_at=readable("completed_at"))  # a hand edit past year 9999: None, not DataError
+            .values_list("run_id", "seq", "attempts", "epoch", "result", "done_at")
         )
         for run_id, seq, attempt, epoch, result, completed_at in completed:
             done = wanted.get((str(run_id), seq, attempt, epoch))
@@ -582,8 +585,13 @@ def poll(keys: list[AttemptKey], using: str) -> dict[AttemptKey, RemoteOutcome]:
                 if state == RemoteAttemptState.EXPIRED:
                     found[raised] = RemoteOutcome(ok=False, expired=True)
                 else:
-                    found[raised] = RemoteOutcome(ok=False, error=error, error_types=tuple(types or ()))
+                    found[raised] = RemoteOutcome(ok=False, error=error, error_types=_names(types))
     return found
+
+
+def _names(types: Any) -> tuple[str, ...]:
+    """A worker's recorded exception class names; none for a value of another shape (a hand edit)."""
+    return tuple(types) if isinstance(types, list) and all(isinstance(n, str) for n in types) else ()
 
 
 def latest_details(key: AttemptKey, using: str) -> Any:
