@@ -447,12 +447,22 @@ def _why_unapplied(run_status: str | None, name: str) -> str:
     return f'is an engine running and does the workflow handle "{name}"?'
 
 
+def _stored_issues(issues: Any) -> list[dict[str, Any]]:
+    """A rejected update's stored issues as UpdateValidationError takes them: ``{"message", "path"}``
+    dicts. A value of another shape (a hand edit) is one issue saying so, not an AttributeError."""
+    if issues is None:
+        return []
+    if not isinstance(issues, list):
+        return [{"message": f"the stored issues cannot be read: {issues!r:.80} is not a JSON array", "path": []}]
+    return [issue if isinstance(issue, dict) else {"message": str(issue), "path": []} for issue in issues]
+
+
 def _update_outcome(workflow_id: str, name: str, row: Mapping[str, Any]) -> Any:
     status = row["status"]
     if status == UpdateStatus.COMPLETED:
         return codec.decode(row["result"])
     if status == UpdateStatus.REJECTED:
-        raise UpdateValidationError(name, list(row["issues"] or []))
+        raise UpdateValidationError(name, _stored_issues(row["issues"]))
     if status == UpdateStatus.EXPIRED:
         raise UpdateTimeoutError(
             f'Update "{name}" to workflow "{workflow_id}" expired before it was applied (its caller stopped '

@@ -542,7 +542,8 @@ def wait_for_end(workflow_id: str, alias: str, seen: tuple[str, datetime] | None
                     f'No workflow "{workflow_id}" exists (never started, purged, or started in a transaction '
                     f"that has not committed yet: result() reads committed data on its own connection)."
                 )
-            if seen is not None and run_id != seen[0] and row["created_at"] < seen[1]:
+            created = row["created_at"]  # None: a value Python cannot hold (a hand edit), not older
+            if seen is not None and run_id != seen[0] and created is not None and created < seen[1]:
                 raise WorkflowNotFoundError(
                     f'Run {seen[0]} of workflow "{workflow_id}" was started in a transaction that has not committed '
                     f"yet (yours, around this call?), over run {run_id} ({row['status']}). result() reads committed "

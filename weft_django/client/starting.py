@@ -13,6 +13,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.db import IntegrityError, transaction
+from django.db.models import BooleanField, ExpressionWrapper, Q
 
 from .. import codec, events, tracing, transitions
 from ..conf import warn_if_invalid
@@ -30,6 +31,7 @@ from ..registry import WorkflowDefinition, resolve_workflow
 from ..search_attributes import check_values
 from ..status import TERMINAL_STATUSES
 from ..store import runs, visibility
+from ..store.timestamps import readable
 from ..validation import validate_workflow_id
 from ..waits import Wait, finish, submit
 from .common import (
@@ -180,22 +182,31 @@ def _start_with_id(plan: _Plan, workflow_id: str, on_conflict: str, using: str) 
 
 
 def _existing_for_key(key: str, definition: WorkflowDefinition, using: str) -> WorkflowHandle | None:
-    mapping = IdempotencyKey.objects.using(using).filter(pk=key).first()
+    # Only the columns used, purged_at through readable(): a key row whose timestamps a hand edit put
+    # past year 9999 must not make every start with that key raise DataError.
+    mapping = (
+        IdempotencyKey.objects.using(using)
+        .filter(pk=key)
+        .annotate(purged=ExpressionWrapper(Q(purged_at__isnull=False), BooleanField()), on=readable("purged_at"))
+        .values_list("workflow_id", "run_id", "purged", "on")
+        .first()
+    )
     if mapping is None:
         return None
-    current = Workflow.objects.using(using).filter(pk=mapping.workflow_id).values("run_id", "workflow_type").first()
+    workflow_id, run_id, purged, purged_on = mapping
+    current = Workflow.objects.using(using).filter(pk=workflow_id).values("run_id", "workflow_type").first()
     # The run it started may have continued as new: its chain (ContinuedRun rows, deleted when a new run
     # replaces the workflow) is still this workflow's.
-    continued = ContinuedRun.objects.using(using).filter(workflow_id=mapping.workflow_id, run_id=mapping.run_id)
-    moved = current is not None and current["run_id"] != mapping.run_id and not continued.exists()
-    if mapping.purged_at is not None or current is None or moved:
-        when = f" on {mapping.purged_at:%Y-%m-%d %H:%M:%S %Z}" if mapping.purged_at else ""
+    continued = ContinuedRun.objects.using(using).filter(workflow_id=workflow_id, run_id=run_id)
+    moved = current is not None and current["run_id"] != run_id and not continued.exists()
+    if purged or current is None or moved:
+        when = f" on {purged_on:%Y-%m-%d %H:%M:%S %Z}" if purged_on else ""
         raise IdempotencyKeyPurgedError(
-            f'Idempotency key "{key}" started workflow "{mapping.workflow_id}", whose run was '
+            f'Idempotency key "{key}" started workflow "{workflow_id}", whose run was '
             f"purged{when} or replaced. Use a new key to start another run."
         )
-    _check_type(mapping.workflow_id, current["workflow_type"], definition)
-    return WorkflowHandle(mapping.workflow_id)
+    _check_type(workflow_id, current["workflow_type"], definition)
+    return WorkflowHandle(workflow_id)
 
 
 def _start_with_key(plan: _Plan, key: str, using: str) -> WorkflowHandle:

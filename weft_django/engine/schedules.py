@@ -29,6 +29,7 @@ from ..schedules import (
     Timing,
     active_runs,
     cancel_waiting,
+    check_timing_readable,
     fire,
     occurrence_id,
     release_waiting,
@@ -95,6 +96,8 @@ class ScheduleFiring:
             released = release_waiting(active_runs(schedule_id, using), now, using)
             if released is not None:
                 logger.info("queued run released schedule=%s workflow=%s", schedule_id, released)
+            if not row.paused:
+                check_timing_readable(row)  # a next fire time Python cannot hold: backed off, with its reason
             if row.paused or row.next_fire_at is None or row.next_fire_at > now:
                 return released is not None
             if schedule_id in self._failed:  # backed off, here for its queued run: released, not fired

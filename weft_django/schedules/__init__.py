@@ -61,6 +61,7 @@ from .timing import (  # noqa: F401
     Timing,
     _ceil_second,
     _instants,
+    check_timing_readable,
     manual_id,
     occurrence_id,
     unusable,

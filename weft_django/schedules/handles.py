@@ -21,7 +21,7 @@ from ..store.clock import db_now
 from ..validation import validate_note
 from .fields import _TIMING_FIELDS, _fields, retime, stored_argument, stored_arguments, validate_schedule_id
 from .occurrences import active_runs, cancel_waiting, fire
-from .timing import _UNSET, QUEUED, STARTED, Timing, manual_id
+from .timing import _UNSET, QUEUED, STARTED, Timing, check_timing_readable, manual_id
 
 
 def _alias() -> str:
@@ -44,7 +44,7 @@ def _save(row: Schedule, values: dict[str, Any], now: datetime, using: str) -> N
     timing = set(changed) & set(_TIMING_FIELDS)
     if row.cron is None:  # only a cron is read in the time zone: an interval keeps its phase
         timing.discard("timezone")
-    if timing:
+    if timing or rows.unreadable(row) & set(rows.TIMING_MOMENTS):  # a next fire time Python cannot hold
         retime(row, now)
     row.updated_at = now
     rows.save_schedule(row, [*changed, "next_nominal_at", "next_fire_at", "updated_at"], using)
@@ -234,6 +234,8 @@ class ScheduleHandle:
         row = rows.read_schedule(self.id, using)
         if row is None:
             raise ScheduleNotFoundError(f'No schedule "{self.id}" exists (never created, or deleted). Check the id.')
+        if not row.paused:
+            check_timing_readable(row)
         next_fire_times = _next_fire_times(row, using)
         args, kwargs = stored_arguments(row)
         return {

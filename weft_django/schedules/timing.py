@@ -58,6 +58,7 @@ _REPAIRS = {
     "args": "update(args=..., kwargs=...)",
     "kwargs": "update(args=..., kwargs=...)",
     "next_nominal_at": "a change of its timing in update() (which plans again from now)",
+    "next_fire_at": "pause() then resume() (which plans again from now)",
 }
 
 
@@ -71,6 +72,16 @@ def unusable(schedule_id: str, column: str, problem: str) -> UnusableScheduleErr
         schedule_id,
         column,
     )
+
+
+def check_timing_readable(row: Any) -> None:
+    """UnusableScheduleError when the row's next fire time or next nominal time holds a time Python
+    cannot represent (a hand edit: past year 9999, ``'infinity'``; ``store.schedules.lock_schedule``
+    reads it as None and names it in ``row.unreadable``). resume(), or update() of the timing, plans
+    again from now (and so does pause() then resume())."""
+    for column in ("next_nominal_at", "next_fire_at"):
+        if column in getattr(row, "unreadable", ()):
+            raise unusable(row.id, column, "holds a time Python cannot represent (past year 9999, or before year 1)")
 
 
 def zone_problem(value: object) -> str | None:

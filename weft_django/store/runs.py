@@ -17,6 +17,7 @@ from . import claims, notify, prepared
 from .backend import backend
 from .clock import db_now, workflow_now_sql
 from .epochs import next_epoch, next_epoch_sql
+from .timestamps import readable, readable_sql
 
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
 
@@ -410,13 +411,24 @@ def pending_timers(using: str) -> Coalesce:
 
 
 RESULT_FIELDS = ("status", "result", "error", "cancel_reason", "execution_deadline", "run_id", "created_at")
-_RESULT_SQL = f"SELECT {', '.join(RESULT_FIELDS)} FROM {Workflow._meta.db_table} WHERE id = %s"
+# The two timestamps through store/timestamps.readable: one a hand edit put past year 9999 reads as None
+# (result() needs neither to return the run's outcome), not as DataError from every result() call.
+_RESULT_MOMENTS = ("execution_deadline", "created_at")
+_RESULT_SQL = "SELECT {} FROM {} WHERE id = %s".format(
+    ", ".join(readable_sql(name)[0] if name in _RESULT_MOMENTS else name for name in RESULT_FIELDS),
+    Workflow._meta.db_table,
+)
+_RESULT_PARAMS = [param for name in RESULT_FIELDS if name in _RESULT_MOMENTS for param in readable_sql(name)[1]]
 
 
 def read_end(workflow_id: str, using: str) -> dict[str, Any] | None:
     """The fields ``result()`` reads of run ``workflow_id`` (``RESULT_FIELDS``), or None: no such run."""
-    found: dict[str, Any] | None = Workflow.objects.using(using).filter(pk=workflow_id).values(*RESULT_FIELDS).first()
-    return found
+    moments = {f"readable_{name}": readable(name) for name in _RESULT_MOMENTS}
+    plain = [name for name in RESULT_FIELDS if name not in _RESULT_MOMENTS]
+    found = Workflow.objects.using(using).filter(pk=workflow_id).values(*plain, **moments).first()
+    if found is None:
+        return None
+    return {name: found[f"readable_{name}" if name in _RESULT_MOMENTS else name] for name in RESULT_FIELDS}
 
 
 def read_start(workflow_id: str, using: str) -> tuple[str, datetime] | None:
@@ -428,7 +440,7 @@ def read_start(workflow_id: str, using: str) -> tuple[str, datetime] | None:
 
 def read_end_on(reader: Any, workflow_id: str) -> dict[str, Any] | None:
     """As ``read_end``, on ``reader``: a psycopg connection of ``notify.open_reader`` (no Django)."""
-    row = reader.execute(_RESULT_SQL, [workflow_id]).fetchone()
+    row = reader.execute(_RESULT_SQL, [*_RESULT_PARAMS, workflow_id]).fetchone()
     return None if row is None else dict(zip(RESULT_FIELDS, row, strict=True))
 
 

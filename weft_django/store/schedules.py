@@ -6,27 +6,53 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Q
+from django.db.models import BooleanField, ExpressionWrapper, Q, QuerySet
 
 from ..models import Schedule, Timer, Workflow
 from ..status import ACTIVE_STATUSES, TimerKind, WorkflowStatus
+from .timestamps import readable
 
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
 
 
+MOMENTS = ("next_fire_at", "next_nominal_at", "last_fired_at", "created_at", "updated_at")
+TIMING_MOMENTS = ("next_fire_at", "next_nominal_at")
+
+
+def _guarded(rows: QuerySet[Schedule]) -> Schedule | None:
+    """The first row of ``rows`` with each timestamp read through ``store.timestamps.readable``: one a
+    hand edit put out of Python's reach (past year 9999, ``'infinity'``) is None on the instance and
+    named in its ``unreadable`` set, so the row can still be repaired, deleted or skipped with a reason
+    (a plain read raised DataError from every handle method and every engine pass)."""
+    stored = {f"stored_{name}": ExpressionWrapper(Q(**{f"{name}__isnull": False}), BooleanField()) for name in MOMENTS}
+    readable_values = {f"readable_{name}": readable(name) for name in MOMENTS}
+    row: Schedule | None = rows.defer(*MOMENTS).annotate(**readable_values, **stored).first()
+    if row is not None:
+        row.unreadable = set()  # type: ignore[attr-defined]
+        for name in MOMENTS:
+            value = getattr(row, f"readable_{name}")
+            row.__dict__[name] = value  # loaded, not deferred any more
+            if value is None and getattr(row, f"stored_{name}"):
+                row.unreadable.add(name)  # type: ignore[attr-defined]
+    return row
+
+
+def unreadable(row: Schedule) -> set[str]:
+    """The timestamp columns of a row from ``lock_schedule`` / ``read_schedule`` that Python cannot hold."""
+    return set(getattr(row, "unreadable", ()))
+
+
 def lock_schedule(schedule_id: str, using: str, *, skip_locked: bool = False) -> Schedule | None:
     """Inside a transaction: the schedule row, locked until the transaction ends; None when there is
-    none (or, with ``skip_locked``, when another transaction holds it: the firing chore's case)."""
-    row: Schedule | None = (
-        Schedule.objects.using(using).select_for_update(skip_locked=skip_locked).filter(pk=schedule_id).first()
-    )
-    return row
+    none (or, with ``skip_locked``, when another transaction holds it: the firing chore's case).
+    Timestamps Python cannot hold are None (``unreadable``)."""
+    return _guarded(Schedule.objects.using(using).select_for_update(skip_locked=skip_locked).filter(pk=schedule_id))
 
 
 def read_schedule(schedule_id: str, using: str) -> Schedule | None:
-    """The schedule row as committed (no lock); None when there is none."""
-    row: Schedule | None = Schedule.objects.using(using).filter(pk=schedule_id).first()
-    return row
+    """The schedule row as committed (no lock); None when there is none. Timestamps Python cannot hold
+    are None (``unreadable``)."""
+    return _guarded(Schedule.objects.using(using).filter(pk=schedule_id))
 
 
 def schedule_exists(schedule_id: str, using: str) -> bool:

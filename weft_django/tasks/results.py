@@ -37,6 +37,7 @@ from weft_django.models import Engine, Step, Timer, Workflow, WorkflowClaim
 from weft_django.status import StepStatus, TimerKind, WorkflowStatus
 from weft_django.store.claims import has_lapsed
 from weft_django.store.clock import db_clock
+from weft_django.store.timestamps import readable
 
 from ._compat import Task, TaskError, TaskResult, TaskResultDoesNotExist, TaskResultStatus
 from .names import WORKFLOW_NAME, is_weft_backend
@@ -106,7 +107,7 @@ def _error(error: Any) -> TaskError:
     return TaskError(exception_class_path=path, traceback=text)
 
 
-def _last_attempted(step: Mapping[str, Any]) -> datetime:
+def _last_attempted(step: Mapping[str, Any]) -> datetime | None:
     """When the step last changed (``completed_at``), else when its latest attempt began: a retry's
     dispatch time, which the engine keeps in the failed attempt's error (``next_attempt_at``), else the
     step's ``started_at``."""
@@ -114,13 +115,14 @@ def _last_attempted(step: Mapping[str, Any]) -> datetime:
         ended: datetime = step["completed_at"]
         return ended
     error = step["error"] if isinstance(step["error"], dict) else {}
-    began: datetime = step["started_at"]
+    began: datetime | None = step["started_at"]  # None: a time Python cannot hold (a hand edit)
     retried = error.get("next_attempt_at")
     if isinstance(retried, str):
         try:
-            return max(began, datetime.fromisoformat(retried))
+            moment = datetime.fromisoformat(retried)
         except (TypeError, ValueError):
             return began
+        return moment if began is None else max(began, moment)
     return began
 
 
@@ -146,11 +148,21 @@ def _request_of(input_text: Any) -> dict[str, Any] | None:
     return request if shaped else None
 
 
+def _moments(*names: str) -> dict[str, Any]:
+    """``values()`` keyword arguments reading these timestamp columns through ``readable`` (as
+    ``m_<name>``: an annotation may not take a field's name); ``_renamed`` gives them their names back."""
+    return {f"m_{name}": readable(name) for name in names}
+
+
+def _renamed(row: Any) -> Any:
+    return None if row is None else {name[2:] if name.startswith("m_") else name: value for name, value in row.items()}
+
+
 def enqueued_at(result_id: str, using: str) -> datetime | None:
     """The stored ``created_at`` of task run ``result_id`` (the database clock), or None when there is
     no such row: what ``TaskResult.enqueued_at`` is, from ``enqueue`` as from ``get_result``."""
     created: datetime | None = (
-        Workflow.objects.using(using).filter(pk=result_id).values_list("created_at", flat=True).first()
+        Workflow.objects.using(using).filter(pk=result_id).values_list(readable("created_at"), flat=True).first()
     )
     return created
 
@@ -160,7 +172,7 @@ def _held(claim: tuple[str | None, str | None, datetime | None] | None, using: s
     read-only): an attempt of a run whose engine died is not running, whatever its step says."""
     if claim is None or claim[0] is None:
         return False
-    heartbeat = Engine.objects.using(using).filter(pk=claim[0]).values_list("heartbeat_at", flat=True).first()
+    heartbeat = Engine.objects.using(using).filter(pk=claim[0]).values_list(readable("heartbeat_at"), flat=True).first()
     return not has_lapsed(claim[2], heartbeat, db_clock(using), get_settings().workflow_claim_ttl)
 
 
@@ -169,10 +181,14 @@ def load_result(result_id: str, using: str) -> TaskResult[Any, Any]:
 
     Raises TaskResultDoesNotExist when no task run has that id (never enqueued, purged, or a workflow that
     is not a task), or when its task can no longer be imported."""
-    row = (
+    # Timestamps through readable(): one a hand edit put out of Python's reach (past year 9999) is None
+    # in the TaskResult, not a DataError from get_result().
+    row = _renamed(
         Workflow.objects.using(using)
         .filter(pk=result_id, workflow_type=WORKFLOW_NAME)
-        .values("id", "run_id", "status", "input", "result", "error", "start_at", "created_at", "finished_at")
+        .values(
+            "id", "run_id", "status", "input", "result", "error", **_moments("start_at", "created_at", "finished_at")
+        )
         .first()
     )
     if row is None:
@@ -184,16 +200,16 @@ def load_result(result_id: str, using: str) -> TaskResult[Any, Any]:
         task = _task_of(request, _run_after(request, row["start_at"]))
     except TaskNotFoundError as exc:
         raise TaskResultDoesNotExist(f"Task result {result_id!r} exists, but {exc}") from exc
-    step = (
+    step = _renamed(
         Step.objects.using(using)
         .filter(workflow_id=result_id, run_id=row["run_id"], seq=0)
-        .values("status", "error", "attempts", "started_at", "completed_at")
+        .values("status", "error", "attempts", **_moments("started_at", "completed_at"))
         .first()
     )
     claim = (
         WorkflowClaim.objects.using(using)
         .filter(pk=result_id)
-        .values_list("engine_id", "last_engine_id", "expires_at")
+        .values_list("engine_id", "last_engine_id", readable("expires_at"))
         .first()
     )
     engine = next((name for name in (claim or ())[:2] if name), "weft")
