@@ -315,8 +315,9 @@ class UnusableScheduleError(InvalidScheduleError):
     """A stored schedule row cannot be used as it is (edited by hand, restored from elsewhere): both or
     neither of cron / every, an invalid cron (or one that never matches), time zone, interval or jitter,
     args / kwargs that do not decode (or are not a list / a dict), or a next occurrence too close to year
-    9999 to compute (or a next fire time Python cannot hold at all). Raised by ScheduleHandle.resume() (the timing), trigger() (args / kwargs),
-    describe() (args / kwargs and, unless paused, the timing) and update() (args / kwargs it keeps); the
+    9999 to compute (or a next fire time Python cannot hold at all). Raised by ScheduleHandle.resume()
+    (the timing), trigger() (args / kwargs), describe() (args / kwargs and, unless paused, the timing)
+    and update() (args / kwargs it keeps); the
     engines skip the row and retry it later; nothing was written. ``.schedule_id`` and ``.column`` name
     the row and the column; repair it with ScheduleHandle.update() (the admin's form) or delete it."""
 

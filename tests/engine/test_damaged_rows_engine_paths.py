@@ -210,7 +210,8 @@ def test_a_timer_whose_fire_at_is_no_date_makes_only_its_run_stuck(errors, text)
     run_until_idle(timeout=15)
     assert good.result(timeout=5) == {"total": 5}
     stuck = _stuck("damaged")
-    assert stuck["type"] == "EngineInternalError" and "a timer's fire_at holds a value that is not a time" in stuck["message"]
+    assert stuck["type"] == "EngineInternalError"
+    assert "a timer's fire_at holds a value that is not a time" in stuck["message"]
 
 
 @pytest.mark.sqlite

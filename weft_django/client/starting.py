@@ -31,7 +31,7 @@ from ..registry import WorkflowDefinition, resolve_workflow
 from ..search_attributes import check_values
 from ..status import TERMINAL_STATUSES
 from ..store import runs, visibility
-from ..store.timestamps import readable
+from ..store.moments import readable
 from ..validation import validate_workflow_id
 from ..waits import Wait, finish, submit
 from .common import (

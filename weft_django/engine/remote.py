@@ -50,8 +50,8 @@ from ..store import claims
 from ..store.backend import backend
 from ..store.clock import db_clock, db_now
 from ..store.commit import fenced
+from ..store.moments import readable
 from ..store.notify import send
-from ..store.timestamps import readable
 from .activities import attempt_span
 from .driver import describe_exception
 

@@ -19,10 +19,10 @@ from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
 from django.db import models
-from django.db.models import DateTimeField, Func, QuerySet, TextField
+from django.db.models import DateTimeField, F, Func, QuerySet, TextField
 from django.db.models.query import ModelIterable, ValuesIterable
 
-from .backend import backend
+from .backend import PostgreSQLBackend, backend
 
 UNREADABLE = "unreadable timestamp"
 """How the tools mark a column whose value Python cannot represent."""
@@ -62,6 +62,19 @@ class StoredText(Readable):
 
     output_field = TextField()  # type: ignore[assignment]
     _stored_text = True
+
+
+def readable(column: str) -> Readable:
+    """An ORM expression: the timestamp ``column`` where Python can hold it, else NULL (the readers
+    that need such a column only on the side: a Celery worker's outcome, ``result()``, a task's
+    ``get_result()``)."""
+    return Readable(F(column))
+
+
+def readable_sql(column: str) -> tuple[str, list[Any]]:
+    """``readable`` as PostgreSQL SQL for a SELECT list, with its parameters (none): for the reads
+    made outside Django's connection (``result()``'s reader)."""
+    return f"CASE WHEN {PostgreSQLBackend.readable_moment_sql.replace('{x}', column)} THEN {column} END", []
 
 
 def moment_fields(model: type[models.Model]) -> tuple[str, ...]:

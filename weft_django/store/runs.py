@@ -17,7 +17,7 @@ from . import claims, notify, prepared
 from .backend import backend
 from .clock import db_now, workflow_now_sql
 from .epochs import next_epoch, next_epoch_sql
-from .timestamps import readable, readable_sql
+from .moments import readable, readable_sql
 
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
 
@@ -411,7 +411,7 @@ def pending_timers(using: str) -> Coalesce:
 
 
 RESULT_FIELDS = ("status", "result", "error", "cancel_reason", "execution_deadline", "run_id", "created_at")
-# The two timestamps through store/timestamps.readable: one a hand edit put past year 9999 reads as None
+# The two timestamps through store/moments.readable: one a hand edit put past year 9999 reads as None
 # (result() needs neither to return the run's outcome), not as DataError from every result() call.
 _RESULT_MOMENTS = ("execution_deadline", "created_at")
 _RESULT_SQL = "SELECT {} FROM {} WHERE id = %s".format(

@@ -10,7 +10,7 @@ from django.db.models import BooleanField, ExpressionWrapper, Q, QuerySet
 
 from ..models import Schedule, Timer, Workflow
 from ..status import ACTIVE_STATUSES, TimerKind, WorkflowStatus
-from .timestamps import readable
+from .moments import readable
 
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
 
@@ -20,7 +20,7 @@ TIMING_MOMENTS = ("next_fire_at", "next_nominal_at")
 
 
 def _guarded(rows: QuerySet[Schedule]) -> Schedule | None:
-    """The first row of ``rows`` with each timestamp read through ``store.timestamps.readable``: one a
+    """The first row of ``rows`` with each timestamp read through ``store.moments.readable``: one a
     hand edit put out of Python's reach (past year 9999, ``'infinity'``) is None on the instance and
     named in its ``unreadable`` set, so the row can still be repaired, deleted or skipped with a reason
     (a plain read raised DataError from every handle method and every engine pass)."""

@@ -37,7 +37,7 @@ from weft_django.models import Engine, Step, Timer, Workflow, WorkflowClaim
 from weft_django.status import StepStatus, TimerKind, WorkflowStatus
 from weft_django.store.claims import has_lapsed
 from weft_django.store.clock import db_clock
-from weft_django.store.timestamps import readable
+from weft_django.store.moments import readable
 
 from ._compat import Task, TaskError, TaskResult, TaskResultDoesNotExist, TaskResultStatus
 from .names import WORKFLOW_NAME, is_weft_backend
