@@ -28,6 +28,7 @@ from weft_django.engine.engine import Engine
 from weft_django.models import PendingUpdate, Workflow
 from weft_django.store.claims import expire_claims
 
+from .test_signal_backlog_passes import collecting as collect  # one signal wait after another
 from .ticking import tick_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
@@ -43,14 +44,6 @@ def counted(ctx: Any, n: int, handler_at: int) -> Any:
         items.append((yield ctx.wait_for_signal("item")))
     yield ctx.wait_for_signal("done")
     return items
-
-
-@weft.workflow(name="tests.kmo_collect")
-def collect(ctx: Any, n: int) -> Any:
-    seen = []
-    for _ in range(n):
-        seen.append((yield ctx.wait_for_signal("item")))
-    return seen
 
 
 @weft.workflow(name="tests.kmo_race_sleep")

@@ -38,18 +38,11 @@ from weft_django.store.claims import expire_claims
 from weft_django.testing import replay
 
 from .test_commit_locks import holding
+from .test_signal_backlog_passes import collecting as collect  # one signal wait after another
 from .ticking import tick_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 QUIET = {"POLL_INTERVAL": "60s"}  # no maintenance pass: wake-ups and armed waits drive the engine
-
-
-@weft.workflow(name="tests.kmr_collect")
-def collect(ctx: Any, n: int) -> Any:
-    seen = []
-    for _ in range(n):
-        seen.append((yield ctx.wait_for_signal("item")))
-    return seen
 
 
 @weft.workflow(name="tests.kmr_collect_t0")
