@@ -29,17 +29,11 @@ from django.db.models import QuerySet
 from . import conf, events
 from .exceptions import UnknownQueueError, WorkflowNotFoundError, WorkflowStateError, WorkflowTerminalError
 from .models import (
-    AppliedUpdate,
-    BufferedSignal,
-    ContinuedRun,
     IdempotencyKey,
-    PendingUpdate,
     QueryRequest,
-    RemoteAttempt,
     Step,
     Timer,
     Workflow,
-    WorkflowAttribute,
     WorkflowClaim,
 )
 from .status import (
@@ -48,7 +42,7 @@ from .status import (
     ParentClosePolicy,
     WorkflowStatus,
 )
-from .store import claims, mailbox, notify, runs
+from .store import claims, mailbox, maintenance, notify, runs, sessions
 from .store.backend import backend
 
 # moved to weft_django.store.claims (issue 15): re-export until callers move
@@ -75,16 +69,7 @@ _WORKFLOW_FIELDS = (
     "queue",
 )
 # Rows that belong to a run and go with it (Workflow itself and its claim are handled separately).
-_RUN_TABLES = (
-    Step,
-    Timer,
-    BufferedSignal,
-    PendingUpdate,
-    AppliedUpdate,
-    RemoteAttempt,
-    WorkflowAttribute,
-    ContinuedRun,
-)
+_RUN_TABLES = maintenance.RUN_TABLES
 
 
 def _alias(using: str | None) -> str:
@@ -553,7 +538,26 @@ def _purge_batch(
     ]
     if not rows:
         return 0
-    purged = [pk for pk, _ in rows]
+    if wait or not found.bounds_sessions:
+        return _delete_runs(rows, using)
+    # The retention sweep, on the engine's loop: a row of these runs (a step, a signal...) that another
+    # transaction holds must not keep the loop waiting for lock_timeout, nor the batch's other runs from
+    # going. Nothing held (the usual case): one bounded try. Else the runs with a held row are left.
+    try:
+        with sessions.lock_wait_bounded(using):
+            return _delete_runs(rows, using)
+    except DatabaseError as exc:
+        if not sessions.lock_wait_ended(exc):
+            raise
+    held = maintenance.held_elsewhere([pk for pk, _ in rows], {key: pk for pk, key in rows if key}, using)
+    with sessions.lock_wait_bounded(using):  # the others' rows are locked now
+        return _delete_runs([row for row in rows if row[0] not in held], using)
+
+
+def _delete_runs(rows: list[tuple[str, str | None]], using: str) -> int:
+    """Delete these locked terminal runs ((id, idempotency key)) and every row they own; mark their
+    idempotency keys purged. Returns how many."""
+    found, purged = backend(using), [pk for pk, _ in rows]
     keys = sorted({key for _, key in rows if key})
     if keys:  # the keys of these runs that still name one of them
         now, ours = db_now(using), set(purged)

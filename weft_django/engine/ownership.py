@@ -249,7 +249,7 @@ def release_at_shutdown(engine: Stopping, held: dict[str, int]) -> bool:
     steps: tuple[tuple[str, Callable[[], object]], ...] = (
         ("release claims", lambda: release(engine.engine_id, held, engine.using)),
         ("release the store lease", engine.lease.release),
-        ("mark the engine stopped", lambda: engines.stop_engine(engine.engine_id, engine.using)),
+        ("mark the engine stopped", lambda: _mark_stopped(engine)),
     )
     done = []
     for what, step in steps:
@@ -271,6 +271,15 @@ def release_at_shutdown(engine: Stopping, held: dict[str, int]) -> bool:
             done.append(what)
             break
     return "release claims" in done
+
+
+def _mark_stopped(engine: Stopping) -> None:
+    if not engines.stop_engine(engine.engine_id, engine.using):
+        _engine_log.warning(
+            "engine row left unmarked at shutdown engine=%s: another transaction holds it "
+            "(a user's open transaction?); it reads as silent once its heartbeat is older than the claim TTL",
+            engine.engine_id,
+        )
 
 
 def fire_delayed_starts(engine_id: str, *, limit: int, ttl: timedelta, using: str) -> dict[str, int]:

@@ -34,6 +34,7 @@ from ..status import ACTIVE_STATUSES, SignalState, UpdateStatus, WorkflowStatus
 from . import claims, mailbox
 from .mailbox import CHILD_MAILBOX_PREFIX
 from .notify import send_many
+from .sessions import write_unlocked
 
 
 def continue_runs(engine_id: str, batch: list[Any], now: datetime, using: str, hooks: Any = None) -> None:
@@ -163,5 +164,5 @@ def _move_late(rows: Any, state: str, waiting: str, key: str, current: Any, usin
     # still active at the write; a row another transaction holds (a cancel() in a user's open
     # transaction closes every run's mail of the workflow) is left for a later pass, never waited for
     still = rows.model.objects.using(using).filter(Exists(current), pk__in=list(found), **{state: waiting})
-    moved = mailbox.write_unlocked(still, {"run_id": Subquery(current.values("run_id")[:1])}, using)
+    moved = write_unlocked(still, {"run_id": Subquery(current.values("run_id")[:1])}, using)
     return set(found.values()), moved

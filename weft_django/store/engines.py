@@ -77,12 +77,27 @@ def heartbeat_engine(engine_id: str, using: str) -> bool:
         return bool(cursor.rowcount)
 
 
-def stop_engine(engine_id: str, using: str) -> None:
+def stop_engine(engine_id: str, using: str) -> bool:
     """Record that ``engine_id`` stopped, at the database clock: only while the row is still this
     process's registration. A successor that registered the id again while this one drained (a
-    supervisor started again, a restart that did not wait) is alive and must not be shown stopped."""
-    rows = Engine.objects.using(using).filter(id=engine_id, host=socket.gethostname(), pid=os.getpid())
-    rows.update(stopped_at=db_clock(using))
+    supervisor started again, a restart that did not wait) is alive and must not be shown stopped.
+    A row another transaction holds (a user's open transaction) is waited for COMMIT_LOCK_WAIT_MS at
+    most, then left unmarked (its heartbeat stops: it reads as silent after the TTL): waiting out the
+    session's lock_timeout, twice (the shutdown tries a failed step again), kept a stopping engine for
+    a whole claim TTL past its drain.
+
+    Returns:
+        False when the row was left unmarked (locked elsewhere), else True.
+    """
+    found = backend(using)
+    table, now = Engine._meta.db_table, found.connection.ops.adapt_datetimefield_value(db_clock(using))
+    sql = f"UPDATE {table} SET stopped_at = %s WHERE id = %s AND host = %s AND pid = %s"
+    params = [now, engine_id, socket.gethostname(), os.getpid()]
+    with found.connection.cursor() as cursor:
+        if not found.skips_locked:  # one writer: nothing to wait for
+            cursor.execute(sql, params)
+            return True
+        return write_within_lock_wait(cursor, sql, params, using)
 
 
 def other_live_engines(engine_id: str, *, within: timedelta, using: str) -> list[str]:

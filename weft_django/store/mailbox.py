@@ -17,6 +17,7 @@ from ..validation import CHILD_MAILBOX_PREFIX
 from . import notify, prepared
 from .backend import backend
 from .clock import db_now, workflow_now_sql
+from .sessions import write_unlocked
 
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
 
@@ -495,7 +496,7 @@ def drop_late_signals(using: str) -> int:
     deleted = 0
     if gone:
         exists = Workflow.objects.using(using).filter(pk=OuterRef("workflow_id"))
-        deleted = int(signals.filter(pk__in=gone).exclude(Exists(exists)).delete()[0])
+        deleted = write_unlocked(signals.filter(pk__in=gone).exclude(Exists(exists)), None, using)
     kept = [(pk, wid) for pk, wid in late if wid in existing]
     return deleted + (
         _close_late(BufferedSignal, kept, _late_signals, {"state": SignalState.DROPPED}, using) if kept else 0
@@ -554,20 +555,6 @@ def cleanup(now: datetime, cutoff: datetime, grace: timedelta, using: str) -> in
     if old_queries:
         done += write_unlocked(QueryRequest.objects.using(using).filter(pk__in=old_queries), None, using)
     return done
-
-
-def write_unlocked(rows: Any, fields: dict[str, Any] | None, using: str) -> int:
-    """Update ``rows`` with ``fields`` (None: delete them), leaving out those another transaction holds
-    (a user's open transaction around ``cancel()`` or ``purge()``): locked first with SKIP LOCKED, in one
-    transaction, so the cleanup on the engine's loop never waits for a row (the next pass takes them).
-    The write keeps ``rows``' conditions: those on other rows (a workflow still active) may have changed
-    since the lock (``continuation._move_late``: a run that ended meanwhile made its ``run_id`` NULL).
-    Where the database has one writer (SQLite) its transaction holds them all. Returns the rows changed."""
-    with transaction.atomic(using=using):
-        if backend(using).skips_locked:
-            free = list(rows.select_for_update(skip_locked=True).order_by("pk").values_list("pk", flat=True))
-            rows = rows.filter(pk__in=free)
-        return int(rows.update(**fields) if fields is not None else rows.delete()[0])
 
 
 def held_with_mail(engine_id: str, using: str) -> dict[str, tuple[tuple[str, int, str], ...]]:

@@ -8,13 +8,74 @@ from typing import Any
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from ..conf import queues
-from ..models import Workflow
+from ..models import (
+    AppliedUpdate,
+    BufferedSignal,
+    ContinuedRun,
+    IdempotencyKey,
+    PendingUpdate,
+    QueryRequest,
+    RemoteAttempt,
+    Step,
+    Timer,
+    Workflow,
+    WorkflowAttribute,
+    WorkflowClaim,
+)
 from ..status import ACTIVE_STATUSES
+from .backend import backend
+
+# Rows that belong to a run and go with it (Workflow itself and its claim are handled separately).
+RUN_TABLES = (
+    Step,
+    Timer,
+    BufferedSignal,
+    PendingUpdate,
+    AppliedUpdate,
+    RemoteAttempt,
+    WorkflowAttribute,
+    ContinuedRun,
+)
 
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
 
 
 # -- engine side (ownership, the fenced commit, messages, chores) ----------------------------
+
+
+def held_elsewhere(workflow_ids: list[str], keys: dict[str, str], using: str) -> set[str]:
+    """Inside the retention sweep's purge, which found a row it deletes held by another transaction (a
+    user's open one): lock every row the purge of these runs deletes or writes (their claims, their run's
+    rows, their query requests, ``keys``: {idempotency key: run} of the keys it marks purged), ``FOR
+    UPDATE`` (the lock a DELETE takes, blocked by any other) skipping those another transaction holds.
+    One statement per table (and chunk). PostgreSQL only.
+
+    Returns:
+        The runs with a row held elsewhere: left for a later purge (the others' rows are locked now).
+    """
+    found, held = backend(using), set[str]()
+    tables = [(model._meta.db_table, model._meta.pk.column) for model in (*RUN_TABLES, QueryRequest)]
+    tables.append((WorkflowClaim._meta.db_table, "workflow_id"))
+    with found.connection.cursor() as cursor:
+        for table, key in tables:
+            for chunk in found.chunks(workflow_ids, per_item=2):
+                marks = ", ".join(["%s"] * len(chunk))
+                cursor.execute(
+                    f"SELECT DISTINCT t.workflow_id FROM {table} t WHERE t.workflow_id IN ({marks}) AND t.{key} NOT IN "
+                    f"(SELECT s.{key} FROM {table} s WHERE s.workflow_id IN ({marks}) FOR UPDATE SKIP LOCKED)",
+                    [*chunk, *chunk],
+                )
+                held.update(row[0] for row in cursor.fetchall())
+        table = IdempotencyKey._meta.db_table
+        for chunk in found.chunks(sorted(keys), per_item=2):
+            marks = ", ".join(["%s"] * len(chunk))
+            cursor.execute(
+                f"SELECT k.key FROM {table} k WHERE k.key IN ({marks}) AND k.key NOT IN "
+                f"(SELECT s.key FROM {table} s WHERE s.key IN ({marks}) FOR UPDATE SKIP LOCKED)",
+                [*chunk, *chunk],
+            )
+            held.update(keys[row[0]] for row in cursor.fetchall())
+    return held
 
 
 def rate_windows(now: datetime) -> dict[str, datetime]:

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar
 
@@ -117,6 +118,21 @@ def write_within_lock_wait(cursor: Any, sql: str, params: Any, using: str) -> bo
     return written
 
 
+def write_unlocked(rows: Any, fields: dict[str, Any] | None, using: str) -> int:
+    """Update ``rows`` with ``fields`` (None: delete them), leaving out those another transaction holds
+    (a user's open transaction around ``cancel()`` or ``purge()``): locked first with SKIP LOCKED
+    (``FOR UPDATE``: it conflicts with every row lock, ``FOR KEY SHARE`` included, which a DELETE waits
+    for), in one transaction, so a chore on the engine's loop never waits for a row (the next pass takes
+    them). The write keeps ``rows``' conditions: those on other rows (a workflow still active) may have changed
+    since the lock (``continuation._move_late``: a run that ended meanwhile made its ``run_id`` NULL).
+    Where the database has one writer (SQLite) its transaction holds them all. Returns the rows changed."""
+    with transaction.atomic(using=using):
+        if backend(using).skips_locked:
+            free = list(rows.select_for_update(skip_locked=True).order_by("pk").values_list("pk", flat=True))
+            rows = rows.filter(pk__in=free)
+        return int(rows.update(**fields) if fields is not None else rows.delete()[0])
+
+
 def bound_commit_lock_wait(using: str) -> None:
     """Inside the fenced commit's transaction, as a statement of its own (where the lock's query string
     cannot carry it): its statements wait COMMIT_LOCK_WAIT_MS at most for a row lock.
@@ -126,6 +142,39 @@ def bound_commit_lock_wait(using: str) -> None:
     """
     with backend(using).connection.cursor() as cursor:
         cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{COMMIT_LOCK_WAIT_MS}ms"])
+
+
+@contextmanager
+def lock_wait_bounded(using: str) -> Iterator[None]:
+    """A savepoint (a transaction of its own outside one) whose statements wait COMMIT_LOCK_WAIT_MS at
+    most for a row lock, then fail with an error ``lock_wait_ended`` recognises (the savepoint is rolled
+    back); the session's lock_timeout is put back after it either way. For an engine chore whose writes
+    span several tables (a schedule's firing, a retention batch): a row a user's open transaction holds
+    must not keep the engine's loop waiting for the session's lock_timeout (half the claim TTL). A plain
+    savepoint where the backend has no sessions to bound (SQLite).
+
+    Args:
+        using: the connection alias.
+    """
+    found = backend(using)
+    if not found.bounds_sessions:
+        with transaction.atomic(using=using):
+            yield
+        return
+    session_wait = None
+    if found.connection.in_atomic_block:  # a caller's transaction: the SET LOCAL would outlive the savepoint
+        with found.connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('lock_timeout')")
+            (session_wait,) = cursor.fetchone()
+    try:
+        with transaction.atomic(using=using):
+            with found.connection.cursor() as cursor:
+                cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{COMMIT_LOCK_WAIT_MS}ms"])
+            yield
+    finally:
+        if session_wait is not None and not found.connection.needs_rollback:
+            with found.connection.cursor() as cursor:
+                cursor.execute("SELECT set_config('lock_timeout', %s, true)", [session_wait])
 
 
 def _ms(limit: timedelta) -> str:

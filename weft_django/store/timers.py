@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..models import Timer, Workflow
 from ..status import TERMINAL_STATUSES, TimerKind
 from .backend import backend
+from .sessions import write_unlocked
 
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
 
@@ -34,7 +35,11 @@ def live_workflows(workflow_ids: set[str], using: str) -> set[str]:
     }
 
 
-def delete_timers(pks: list[int], using: str) -> None:
-    """Delete these timers."""
-    for chunk in backend(using).chunks(pks):
-        Timer.objects.using(using).filter(pk__in=chunk).delete()
+def delete_timers(pks: list[int], using: str) -> int:
+    """Delete these timers, leaving those another transaction holds (a user's open transaction) for a
+    later sweep: the sweep runs on the engine's loop, which must never wait for a row. Returns how many
+    were deleted."""
+    return sum(
+        write_unlocked(Timer.objects.using(using).filter(pk__in=chunk), None, using)
+        for chunk in backend(using).chunks(pks)
+    )

@@ -98,6 +98,11 @@ def start_delayed(engine_id: str, *, limit: int, ttl: timedelta, now: datetime, 
             rows.update(
                 runs.select_for_update(skip_locked=found.skips_locked).filter(id__in=chunk).values_list("id", "status")
             )
+        # And their delayed-start timers, SKIP LOCKED: a run one of whose timers a user's open transaction
+        # holds is left, whole, for a later pass (the DELETE below waited for it: the pass stalled, and its
+        # failure reloaded every workflow of the engine, pass after pass).
+        timers = _lock_delayed_timers(sorted(rows), using)
+        rows = {wid: status for wid, status in rows.items() if wid in timers}
         pending = sorted(wid for wid, status in rows.items() if status == WorkflowStatus.PENDING)
         for chunk in found.chunks(pending):
             runs.filter(id__in=chunk).update(status=WorkflowStatus.RUNNING, started_at=now, updated_at=now)
@@ -118,6 +123,25 @@ def start_delayed(engine_id: str, *, limit: int, ttl: timedelta, now: datetime, 
                     [epoch, engine_id, engine_id, clock, clock + ttl, wid],
                 )
             started[wid] = epoch
-        for chunk in found.chunks(sorted(rows)):
-            Timer.objects.using(using).filter(workflow_id__in=chunk, kind=TimerKind.DELAYED_START).delete()
+        doomed = sorted(pk for wid in rows for pk in timers[wid])
+        for pks in found.chunks(doomed):
+            Timer.objects.using(using).filter(pk__in=pks).delete()
     return started
+
+
+def _lock_delayed_timers(workflow_ids: list[str], using: str) -> dict[str, list[int]]:
+    """Inside the delayed starts' transaction: lock the delayed-start timers of these runs, skipping rows
+    another transaction holds. Returns {workflow id: its timers' pks} of the runs none of whose timers
+    is held elsewhere (all locked now)."""
+    found = backend(using)
+    timers = Timer.objects.using(using).filter(kind=TimerKind.DELAYED_START)
+    every: dict[str, list[int]] = {wid: [] for wid in workflow_ids}
+    locked: set[int] = set()
+    for chunk in found.chunks(workflow_ids):
+        for pk, wid in timers.filter(workflow_id__in=chunk).values_list("pk", "workflow_id"):
+            every[wid].append(pk)
+        free = timers.filter(workflow_id__in=chunk).order_by("pk")
+        if found.skips_locked:
+            free = free.select_for_update(skip_locked=True)
+        locked.update(free.values_list("pk", flat=True))
+    return {wid: pks for wid, pks in every.items() if locked.issuperset(pks)}
