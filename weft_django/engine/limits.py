@@ -122,10 +122,13 @@ class ActivityLimiter:
             del self.held[key]
         slots = [slot for _, slot in done.values()]
         try:
-            release_slots(slots, self.using)
+            held = release_slots(slots, self.using)
         except DatabaseError as exc:  # they stop counting when the claim moves; try again next time
             logger.warning("activity slots not released slots=%s error=%s", slots, exc)
             self.held.update(done)
+            return
+        if held:  # their rows are held by another transaction (a user's): released on a later poll
+            self.held.update({key: entry for key, entry in done.items() if entry[1] in held})
 
     def _retry_later(self) -> None:
         if self._timer is not None and self._timer.is_alive():

@@ -23,6 +23,7 @@ from ..flow import Rate
 from ..models import ActivitySlot, WorkflowClaim
 from .backend import backend
 from .clock import db_now
+from .sessions import write_unlocked
 
 SLOT_LOCKS = 0x77656661  # the advisory-lock namespace of activity slots ("wefa")
 KEEP = timedelta(minutes=1)  # released slots stay at least this long (longer for a longer rate window)
@@ -84,7 +85,8 @@ def take_slot(engine_id: str, request: SlotRequest, using: str) -> tuple[int | N
             return None, "key"
         keep = max(KEEP, request.rate.period if request.rate is not None else KEEP)
         old = slots.filter(acquired_at__lt=now - keep)
-        old.filter(Q(released_at__isnull=False) | ~Q(pk__in=live.values("pk"))).delete()
+        # One a user's open transaction holds is left for a later take: never waited for (the engine's loop).
+        write_unlocked(old.filter(Q(released_at__isnull=False) | ~Q(pk__in=live.values("pk"))), None, using)
         slot = ActivitySlot.objects.using(using).create(
             activity=request.activity,
             key=request.key,
@@ -99,12 +101,22 @@ def take_slot(engine_id: str, request: SlotRequest, using: str) -> tuple[int | N
         return int(slot.pk), ""
 
 
-def release_slots(slot_ids: list[int], using: str) -> None:
-    """Release these slots (their attempts ended or were dropped), at the database clock."""
-    if slot_ids:
-        ActivitySlot.objects.using(using).filter(pk__in=slot_ids, released_at__isnull=True).update(
-            released_at=db_now(using)
-        )
+def release_slots(slot_ids: list[int], using: str) -> set[int]:
+    """Release these slots (their attempts ended or were dropped), at the database clock, but those whose
+    row another transaction holds (a user's open transaction): never waited for, on the engine's loop.
+    Returns the slots left unreleased for that reason (to be released later)."""
+    if not slot_ids:
+        return set()
+    rows = ActivitySlot.objects.using(using).filter(pk__in=slot_ids)
+    with transaction.atomic(using=using):
+        if not backend(using).skips_locked:
+            rows.filter(released_at__isnull=True).update(released_at=db_now(using))
+            return set()
+        free = sorted(rows.select_for_update(skip_locked=True, no_key=True).values_list("pk", flat=True))
+        if free:
+            rows.filter(pk__in=free, released_at__isnull=True).update(released_at=db_now(using))
+        held = sorted(set(slot_ids) - set(free))
+        return set(rows.filter(pk__in=held).values_list("pk", flat=True)) if held else set()
 
 
 def slot_stats(using: str) -> list[dict[str, object]]:

@@ -18,8 +18,10 @@ The transaction, in this order:
 3. the waiting runs in order (priority, then start time, then id), skipping keys in use;
 4. their claims, locked in workflow_id order in one statement, SKIP LOCKED (``store.commit.fenced``,
    nested: the one entry point of workflow-scoped writes);
-5. the runs still waiting among them (a cancel may have won their claim lock) made ``running``, their
-   ``execution_deadline`` set from their start's ``execution_timeout`` (it counts from admission);
+5. the runs still waiting among them (a cancel may have won their claim lock), their rows locked SKIP
+   LOCKED (a row a user's open transaction holds is never waited for: that run waits for a later
+   admission), made ``running``, their ``execution_deadline`` set from their start's
+   ``execution_timeout`` (it counts from admission);
 6. their claims held by this engine (``store.claims.hold_admitted``).
 
 A frozen engine's admitted runs keep their slots until they end (after a takeover); a frozen engine
@@ -98,17 +100,21 @@ def admit(
         # workflow_id order, skipping rows another transaction holds (nested: a savepoint of this one).
         with fenced(chosen, using, wait=False) as fence:
             # ``limit`` is CLAIM_BATCH_SIZE: its ids go in chunks past the database's parameter limit.
-            runs, chunks = Workflow.objects.using(using), backend(using).chunks
+            runs, found = Workflow.objects.using(using), backend(using)
             unadmitted = runs.filter(status=WorkflowStatus.PENDING, admitted_at__isnull=True, queue=queue.name)
+            # Their rows too, SKIP LOCKED: a run whose row a user's open transaction holds waits for a later
+            # admission (the UPDATE below waited for it, on the engine's loop, then failed the admission).
+            if found.skips_locked:
+                unadmitted = unadmitted.select_for_update(skip_locked=True, no_key=True).order_by("id")
             timeouts = {
                 wid: timeout
-                for chunk in chunks(sorted(fence.held))
+                for chunk in found.chunks(sorted(fence.held))
                 for wid, timeout in unadmitted.filter(id__in=chunk).values_list("id", _BOUNDED_TIMEOUT)
             }
             waiting = sorted(timeouts)
             if not waiting:
                 return {}
-            for chunk in chunks(waiting):
+            for chunk in found.chunks(waiting):
                 runs.filter(id__in=chunk).update(
                     status=WorkflowStatus.RUNNING, admitted_at=now, started_at=now, updated_at=now
                 )
@@ -151,15 +157,19 @@ def enter_queue(workflow_id: str, queue: str, priority: int, concurrency_key: st
     """A pending run waiting outside any queue (a schedule's overlap="queue" occurrence, released) enters
     ``queue`` with ``priority`` and ``concurrency_key``, to wait for its admission like a new start; its
     claim locked first (SKIP LOCKED: never waits), then no longer runnable until admitted. In the
-    caller's transaction. Returns whether it entered (False: its claim was locked elsewhere, try again
-    next pass, or a cancel ended it)."""
+    caller's transaction. Returns whether it entered (False: its claim or its row was locked elsewhere,
+    try again next pass, or a cancel ended it)."""
     with fenced([workflow_id], using, wait=False) as fence:
         if workflow_id not in fence.held:
             return False
-        entered = (
-            Workflow.objects.using(using)
-            .filter(pk=workflow_id, status=WorkflowStatus.PENDING, admitted_at__isnull=True)
-            .update(queue=queue, priority=priority, concurrency_key=concurrency_key, execution_deadline=None)
+        waiting = Workflow.objects.using(using).filter(
+            pk=workflow_id, status=WorkflowStatus.PENDING, admitted_at__isnull=True
+        )
+        locked = waiting.select_for_update(skip_locked=True, no_key=True).values_list("pk", flat=True)
+        if backend(using).skips_locked and not list(locked):
+            return False  # ended, or its row is held elsewhere (a user's open transaction): next pass
+        entered = waiting.update(
+            queue=queue, priority=priority, concurrency_key=concurrency_key, execution_deadline=None
         )
         if entered:
             claims.rotate_epoch(workflow_id, using, runnable=False)
