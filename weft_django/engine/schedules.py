@@ -18,7 +18,7 @@ import logging
 import time
 from datetime import datetime, timedelta
 
-from django.db import InterfaceError, OperationalError, transaction
+from django.db import InterfaceError, OperationalError
 
 from ..exceptions import UnusableScheduleError
 from ..models import Schedule
@@ -36,6 +36,7 @@ from ..schedules import (
     retime,
 )
 from ..store import schedules as store
+from ..store.sessions import lock_wait_bounded, lock_wait_ended
 from .host import EngineHost
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ BACKFILL_PER_PASS = 100  # catch-up runs per schedule and pass
 STEPS_PER_PASS = 1000  # occurrences looked at per schedule and pass (counting missed cron fires)
 MAX_MISSED_COUNT = 2**31 - 1  # missed_fire_count is an integer column: the count stays at its maximum
 FAILED_BACKOFF = 60.0  # seconds before this engine retries a schedule whose firing raised
+HELD_BACKOFF = (0.5, 8.0)  # seconds before a firing that met a held row is tried again, doubling to the second
 # Database errors that pass (a lock or statement timeout, a deadlock, a serialization failure, a lost
 # connection): retried on the next pass. Any other error, DataError and IntegrityError included (a
 # value of the row that the database refuses), is the schedule's own: backed off FAILED_BACKOFF.
@@ -60,6 +62,8 @@ class ScheduleFiring:
     def __init__(self) -> None:
         self._unknown_types: set[str] = set()
         self._failed: dict[str, float] = {}  # schedule id -> monotonic time of its next attempt
+        # schedule id -> (monotonic time of its next attempt, its back-off): its firing met a row held elsewhere
+        self._held: dict[str, tuple[float, float]] = {}
 
     def interval(self, engine: EngineHost) -> float:
         return engine.settings.poll_interval.total_seconds()
@@ -69,14 +73,25 @@ class ScheduleFiring:
         using = engine.using
         clock = time.monotonic()
         self._failed = {key: retry_at for key, retry_at in self._failed.items() if retry_at > clock}
+        waiting = {key for key, (retry_at, _) in self._held.items() if retry_at > clock}
         due = store.due_schedules(
-            now, skip_types=self._unknown_types, skip_ids=self._failed, limit=SCHEDULES_PER_PASS, using=using
+            now,
+            skip_types=self._unknown_types,
+            skip_ids=[*self._failed, *waiting],
+            limit=SCHEDULES_PER_PASS,
+            using=using,
         )
         busy = False
         for schedule_id in dict.fromkeys([*_with_waiting_runs(using, self._unknown_types), *due]):
+            if schedule_id in waiting:  # backed off: a row its firing writes was held elsewhere
+                continue
             try:
                 busy |= self._process(schedule_id, now, using)
+                self._held.pop(schedule_id, None)
             except TRANSIENT_ERRORS as exc:
+                if lock_wait_ended(exc):
+                    self._back_off_held(schedule_id)
+                    continue
                 logger.warning("schedule pass failed schedule=%s error=%s; retried next pass", schedule_id, exc)
             except UnusableScheduleError as exc:
                 logger.warning("schedule cannot be fired: %s; retried in %ss", exc, FAILED_BACKOFF)
@@ -86,8 +101,23 @@ class ScheduleFiring:
                 self._failed[schedule_id] = time.monotonic() + FAILED_BACKOFF
         return busy
 
+    def _back_off_held(self, schedule_id: str) -> None:
+        """Its firing met a row another transaction holds (a user's open transaction: the claim, row or
+        mail of a run it cancels or releases): tried again after a back-off doubling up to HELD_BACKOFF[1].
+        Logged once per stretch of back-offs, not on every pass."""
+        backoff = min(self._held.get(schedule_id, (0.0, HELD_BACKOFF[0] / 2))[1] * 2, HELD_BACKOFF[1])
+        if schedule_id not in self._held:
+            logger.warning(
+                "schedule not fired yet schedule=%s: a row it writes is locked by another transaction "
+                "(a user's open transaction?); tried again with back-off",
+                schedule_id,
+            )
+        self._held[schedule_id] = (time.monotonic() + backoff, backoff)
+
     def _process(self, schedule_id: str, now: datetime, using: str) -> bool:
-        with transaction.atomic(using=using):
+        # A row a user's open transaction holds (a run to cancel or release) ends the pass's wait for it
+        # after COMMIT_LOCK_WAIT_MS, not the session's lock_timeout: the engine's loop runs this.
+        with lock_wait_bounded(using):
             row = store.lock_schedule(schedule_id, using, skip_locked=True)
             if row is None:
                 if not store.schedule_exists(schedule_id, using):  # deleted, not locked
