@@ -416,7 +416,7 @@ class Expiry(enum.Enum):
     EXPIRED = "expired"  # fenced out: the worker can no longer commit this attempt
     SETTLED = "settled"  # the worker committed first: use the outcome
     NOT_HELD = "not held"  # this engine no longer holds the workflow at the attempt's epoch
-    BUSY = "busy"  # still ours, but another transaction holds the claim row: try again on a later poll
+    BUSY = "busy"  # still ours, but another transaction holds the claim or attempt row: try again on a later poll
 
 
 class RemoteControl(AttemptControl):
@@ -497,10 +497,13 @@ def expire_many(
         RemoteAttempt.objects.using(using).bulk_create(
             [_row(key, activity, "", now) for key, activity in waiting], ignore_conflicts=True
         )
-        rows = _rows([key for key, _ in waiting], using)
+        rows = _rows([key for key, _ in waiting], using, lock=True)
         expiring: list[AttemptKey] = []
         for key, _ in waiting:
-            row = rows.get(key.ident) or (None, None, None)
+            if key.ident not in rows:  # its row (there now) is held elsewhere, a user's transaction: a later poll
+                found[key.ident] = Expiry.BUSY, None
+                continue
+            row = rows[key.ident]
             if row[0] == RemoteAttemptState.FAILED:
                 found[key.ident] = (
                     Expiry.SETTLED,
@@ -538,14 +541,19 @@ def _steps(keys: list[AttemptKey], using: str) -> dict[tuple[str, int], tuple[An
     return steps
 
 
-def _rows(keys: list[AttemptKey], using: str) -> dict[tuple[str, int, int, int], tuple[Any, ...]]:
-    """(state, error, error_types) of these attempts' RemoteAttempt rows, by ``AttemptKey.ident``."""
+def _rows(
+    keys: list[AttemptKey], using: str, *, lock: bool = False
+) -> dict[tuple[str, int, int, int], tuple[Any, ...]]:
+    """(state, error, error_types) of these attempts' RemoteAttempt rows, by ``AttemptKey.ident``;
+    ``lock``: locked, leaving out those another transaction holds (the engine's loop never waits)."""
     rows: dict[tuple[str, int, int, int], tuple[Any, ...]] = {}
-    for chunk in backend(using).chunks(keys, per_item=4):
-        for run_id, seq, attempt, epoch, *rest in (
-            RemoteAttempt.objects.using(using)
-            .filter(_where_attempts(chunk))
-            .values_list("run_id", "seq", "attempt", "epoch", "state", "error", "error_types")
+    found = backend(using)
+    for chunk in found.chunks(keys, per_item=4):
+        attempts = RemoteAttempt.objects.using(using).filter(_where_attempts(chunk))
+        if lock and found.skips_locked:
+            attempts = attempts.select_for_update(skip_locked=True, no_key=True).order_by("pk")
+        for run_id, seq, attempt, epoch, *rest in attempts.values_list(
+            "run_id", "seq", "attempt", "epoch", "state", "error", "error_types"
         ):
             rows[(str(run_id), seq, attempt, epoch)] = tuple(rest)
     return rows
