@@ -20,6 +20,7 @@ from weft_django.conf import get_settings
 from weft_django.engine import remote
 from weft_django.engine.activities import AttemptTask
 from weft_django.engine.executors import ActivityExecutors
+from weft_django.engine.worker_errors import is_retryable
 from weft_django.exceptions import ConfigurationError
 from weft_django.models import RemoteAttempt, RemoteAttemptState, Step, Workflow, WorkflowClaim
 from weft_django.store.clock import db_now
@@ -156,8 +157,8 @@ def test_run_attempt_records_errors_with_their_class_names():
     assert remote.run_attempt(key, testflows.celery_refuses.name, args) == remote.Disposition.RECORDED
     outcome = remote.poll([key], USING)[key]
     assert outcome.error is not None and outcome.error["type"] == "ValueError"
-    assert not remote.is_retryable(testflows.celery_refuses.retry, outcome.error_types)
-    assert remote.is_retryable(weft.RetryPolicy(), outcome.error_types)
+    assert not is_retryable(testflows.celery_refuses.retry, outcome.error_types)
+    assert is_retryable(weft.RetryPolicy(), outcome.error_types)
 
 
 def test_a_delivery_naming_another_activity_than_the_step_is_not_run():

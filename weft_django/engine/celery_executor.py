@@ -21,6 +21,7 @@ from ..exceptions import ConfigurationError
 from ..store import histories
 from . import remote
 from .activities import AttemptOutcome, AttemptTask
+from .worker_errors import is_retryable
 
 logger = logging.getLogger("weft_django.contrib.celery")
 
@@ -262,7 +263,7 @@ class CeleryExecutor:
                 AttemptOutcome(task, ok=True, result=outcome.result, committed=True, completed_at=outcome.completed_at)
             )
             return
-        retryable = remote.is_retryable(task.definition.retry, outcome.error_types)
+        retryable = is_retryable(task.definition.retry, outcome.error_types)
         self.outcomes.put(AttemptOutcome(task, ok=False, error=_worker_error(outcome.error), retryable=retryable))
 
     def _forget(self, key: remote.AttemptKey, *, done: bool = False) -> None:

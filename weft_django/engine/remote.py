@@ -44,7 +44,7 @@ from ..codec import decode, encode, encode_payload
 from ..conf import database_alias, payload_max_bytes
 from ..exceptions import ActivityCancelledError
 from ..models import RemoteAttempt, RemoteAttemptState, Step
-from ..registry import RetryPolicy, registry
+from ..registry import registry
 from ..status import StepStatus
 from ..store import claims
 from ..store.backend import backend
@@ -54,6 +54,7 @@ from ..store.moments import readable
 from ..store.notify import send
 from .activities import attempt_span
 from .driver import describe_exception
+from .worker_errors import exception_types, recorded_types
 
 logger = logging.getLogger(__name__)
 HEARTBEAT_INTERVAL = 1.0  # seconds: a worker writes heartbeat details at most this often
@@ -92,19 +93,6 @@ class RemoteOutcome:
     # A result's: its step's completed_at as the worker wrote it (ctx.now() reads it); metadata, not
     # part of what the outcome is, so two outcomes compare equal whatever time they carry.
     completed_at: datetime | None = dataclasses.field(default=None, compare=False)
-
-
-def exception_types(exc: BaseException) -> list[str]:
-    """The names a RetryPolicy's ``non_retryable`` is matched against, for every class in the MRO."""
-    names: list[str] = []
-    for klass in type(exc).__mro__:
-        names += [klass.__name__, f"{klass.__module__}.{klass.__qualname__}"]
-    return names
-
-
-def is_retryable(policy: RetryPolicy, types: tuple[str, ...]) -> bool:
-    """RetryPolicy.is_retryable for an exception known only by its class names (raised on a worker)."""
-    return not set(policy.non_retryable) & set(types)
 
 
 # -- the worker's side ------------------------------------------------------------------------------
@@ -507,7 +495,7 @@ def expire_many(
             if row[0] == RemoteAttemptState.FAILED:
                 found[key.ident] = (
                     Expiry.SETTLED,
-                    RemoteOutcome(ok=False, error=row[1], error_types=_names(row[2])),
+                    RemoteOutcome(ok=False, error=row[1], error_types=recorded_types(row[2])),
                 )
             else:
                 expiring.append(key)
@@ -593,13 +581,8 @@ def poll(keys: list[AttemptKey], using: str) -> dict[AttemptKey, RemoteOutcome]:
                 if state == RemoteAttemptState.EXPIRED:
                     found[raised] = RemoteOutcome(ok=False, expired=True)
                 else:
-                    found[raised] = RemoteOutcome(ok=False, error=error, error_types=_names(types))
+                    found[raised] = RemoteOutcome(ok=False, error=error, error_types=recorded_types(types))
     return found
-
-
-def _names(types: Any) -> tuple[str, ...]:
-    """A worker's recorded exception class names; none for a value of another shape (a hand edit)."""
-    return tuple(types) if isinstance(types, list) and all(isinstance(n, str) for n in types) else ()
 
 
 def latest_details(key: AttemptKey, using: str) -> Any:
