@@ -241,5 +241,5 @@ def test_an_admitted_update_whose_id_is_no_uuid_makes_its_own_run_stuck_not_anot
     assert made_stuck == {"damaged"}, made_stuck  # before: healthy ones too (retried later, so they end)
     stuck = dict(Workflow.objects.filter(stuck_error__isnull=False).values_list("id", "stuck_error"))
     assert list(stuck) == ["damaged"], stuck
-    assert "badly formed hexadecimal UUID string" in stuck["damaged"]["message"]
+    assert "its id holds 'not-a-uuid', not a uuid" in stuck["damaged"]["message"]
     assert set(Workflow.objects.filter(pk__in=healthy).values_list("status", flat=True)) == {"completed"}

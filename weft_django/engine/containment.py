@@ -38,6 +38,7 @@ from django.db import DatabaseError, DataError
 from ..exceptions import EngineInternalError
 from ..store import runs
 from ..store.commit import WorkflowWrites
+from ..store.damaged_rows import UnreadableRow
 from ..store.histories import Loaded, RunRow, load
 from ..store.sessions import lock_wait_ended
 from .activities import AttemptTask
@@ -260,7 +261,10 @@ _sticking = _Sticking()
 
 
 def internal_error(wid: str, exc: Exception) -> EngineInternalError:
-    """The error a workflow is stuck with when the engine failed handling it (a bug in weft)."""
+    """The error a workflow is stuck with when the engine failed handling it (a bug in weft), or found
+    one of its rows damaged (``UnreadableRow``: not a bug, ``unreadable_error``)."""
+    if isinstance(exc, UnreadableRow):
+        return unreadable_error(wid, exc)
     return EngineInternalError(
         f"Workflow {wid!r}: the engine failed while handling it ({type(exc).__name__}: {exc}). This is a bug in "
         "weft_django, not in the workflow code; the workflow is retried with back-off and the engine serves "
@@ -311,13 +315,17 @@ def _unloadable(
     engine_id: str, using: str, wid: str, epoch: int, exc: Exception, now: datetime, writes: dict[str, WorkflowWrites]
 ) -> bool:
     run = runs.run_of_unreadable(wid, using)
-    message = (
+    logger.error("workflow rows unreadable workflow=%s engine=%s error=%s", wid, engine_id, exc)
+    if run is None:
+        return False
+    mark_stuck(engine_id, wid, run[0], epoch, run[1], unreadable_error(wid, exc), now, writes)
+    return True
+
+
+def unreadable_error(wid: str, exc: Exception) -> EngineInternalError:
+    """The error a workflow is stuck with when one of its rows cannot be read (a hand edit)."""
+    return EngineInternalError(
         f"Workflow {wid!r}: its rows cannot be read by the engine ({type(exc).__name__}: {exc}). Repair the row "
         "(a column holding a value of the wrong type or out of range), or cancel the workflow; it is retried "
         "with back-off."
     )
-    logger.error("workflow rows unreadable workflow=%s engine=%s error=%s", wid, engine_id, exc)
-    if run is None:
-        return False
-    mark_stuck(engine_id, wid, run[0], epoch, run[1], EngineInternalError(message), now, writes)
-    return True

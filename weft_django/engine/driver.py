@@ -27,7 +27,7 @@ from ..operations import All, ContinueAsNew, Inert, Memo, Operation, Race, WaitF
 from ..registry import WorkflowDefinition
 from ..status import TimerKind
 from ..store.histories import AppliedRecord, Outcome, StepRecord
-from . import markers
+from . import inconsistent, markers
 from .frontier import Frontier, Leaf
 
 CORRUPT_RECORD = "CorruptRecord"  # a step error meaning: what settled this step could not be read (stuck)
@@ -442,6 +442,9 @@ class WorkflowRun:
                 value, exc = resolved
                 continue
             self.ctx.is_replaying = False
+            if self._last_applied > seq:  # an update recorded where the run never was: replay would diverge
+                self._get_stuck(inconsistent.applied_past(self.ctx.workflow_id, self.applied, seq))
+                return
             self.frontier = self._frontier(seq, op)
             if isinstance(op, Race) and any(leaf.outcome is not None for leaf in self.frontier.leaves):
                 self._settle_frontier()

@@ -20,6 +20,7 @@ from ..models import AppliedUpdate, BufferedSignal, ContinuedRun, PendingUpdate,
 from ..status import SignalState, UpdateStatus
 from . import prepared
 from .backend import backend
+from .damaged_rows import UnreadableRow, check_timer, number, uuid_text
 from .mailbox import BUFFERED_STATE_SQL
 from .notify import BufferedRow
 
@@ -269,13 +270,6 @@ def _uuid_text(value: Any) -> str:
     return str(uuid.UUID(str(value)))  # uuid on PostgreSQL, hex text on SQLite
 
 
-class UnreadableRow(ValueError):
-    """The database returned a row its driver cannot convert to Python: on PostgreSQL a timestamp past
-    year 9999 or ``'infinity'`` (a hand edit, a bad migration), an interval past ``timedelta``'s range.
-    Not a failure of the database (psycopg raises ``DataError`` for it while converting a result it
-    already holds), so only that row's workflow is left out (engine/containment.load_each)."""
-
-
 def _rows(cursor: Any) -> list[Any]:
     """``cursor.fetchall()``, a value the driver cannot convert raised as ``UnreadableRow``."""
     try:
@@ -313,6 +307,8 @@ def _decode_steps(values: list[Any], aware: _Aware, into: dict[str, dict[int, St
         steps = into.get(_uuid_text(run_id))
         if steps is None:  # a run that began after the runs were read (PostgreSQL: a later statement)
             continue
+        seq = number(seq, f"a step ({kind} {name!r}) of run {_uuid_text(run_id)}: its seq")
+        attempts = number(attempts, f"step {seq} of run {_uuid_text(run_id)}: its attempts")
         started = _required(aware(started), f"step {seq}'s started_at")
         steps[seq] = StepRecord(
             seq, kind, name, status, result, _json_value(error), attempts, started, aware(completed)
@@ -321,9 +317,11 @@ def _decode_steps(values: list[Any], aware: _Aware, into: dict[str, dict[int, St
 
 def _decode_applied(values: list[Any], into: dict[str, list[AppliedRecord]]) -> None:
     for run_id, seq, n, name, payload, result, error, update_id in values:
-        record = AppliedRecord(
-            seq, n, name, payload, result, _json_value(error), _uuid_text(update_id) if update_id else None
-        )
+        where = f"update {name!r} applied to run {_uuid_text(run_id)}"
+        seq, n = number(seq, f"{where}: its seq"), number(n, f"{where}: its n")
+        if update_id:
+            update_id = uuid_text(update_id, f"{where} at step {seq}: its update_id")
+        record = AppliedRecord(seq, n, name, payload, result, _json_value(error), update_id or None)
         into.setdefault(_uuid_text(run_id), []).append(record)
 
 
@@ -331,7 +329,9 @@ def _decode_timers(values: list[Any], aware: _Aware, using: str, into: dict[str,
     """Timer instances as the ORM builds them (no query: from_db marks them saved, on ``using``)."""
     for columns in values:
         fields = dict(zip(_TIMER_FIELDS, columns, strict=True))
-        fields["run_id"] = uuid.UUID(str(fields["run_id"])) if fields["run_id"] else None
+        check_timer(fields)  # a kind weft never writes, a step timer with no step: that workflow is stuck
+        if fields["run_id"]:
+            fields["run_id"] = uuid.UUID(uuid_text(fields["run_id"], f"timer {fields['id']!r}: its run_id"))
         fields["fire_at"] = _required(aware(fields["fire_at"]), "a timer's fire_at")
         timer = Timer.from_db(using, _TIMER_FIELDS, [fields[name] for name in _TIMER_FIELDS])
         into.setdefault(timer.workflow_id, []).append(timer)

@@ -14,7 +14,7 @@ from ..codec import encode
 from ..models import BufferedSignal, ContinuedRun, PendingUpdate, QueryRequest, Timer, Workflow, WorkflowClaim
 from ..status import ACTIVE_STATUSES, QueryStatus, SignalState, UpdateStatus, WorkflowStatus
 from ..validation import CHILD_MAILBOX_PREFIX
-from . import notify, prepared
+from . import damaged_rows, notify, prepared
 from .backend import backend
 from .clock import db_now, workflow_now_sql
 from .sessions import write_unlocked
@@ -370,8 +370,8 @@ def admitted_updates(workflow_ids: list[str], using: str) -> list[tuple[Any, str
         try:
             found += rows.filter(workflow_id__in=chunk).values_list(*fields)
         except (ValueError, TypeError):  # a row the ORM cannot convert (SQLite: any text in a uuid column)
-            for wid in chunk:  # read again one workflow at a time: what raises names its workflow in ``wid``,
-                found += rows.filter(workflow_id=wid).values_list(*fields)  # (engine/containment.culprit)
+            for wid in chunk:  # read again one workflow at a time: what raises names its row and workflow
+                found += damaged_rows.admitted_of(rows.filter(workflow_id=wid), fields, wid)  # (containment.culprit)
     return found
 
 

@@ -16,7 +16,8 @@ from django.db import connections, transaction
 from ..models import Workflow
 from ..status import TERMINAL_STATUSES
 from .backend import backend
-from .histories import AppliedRecord, StepRecord, UnreadableRow, load_applied, load_steps, load_timers
+from .damaged_rows import UnreadableRow
+from .histories import AppliedRecord, StepRecord, load_applied, load_steps, load_timers
 from .moments import readable_values
 
 
