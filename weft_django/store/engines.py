@@ -174,8 +174,8 @@ def acquire_store_lease(engine_id: str, *, ttl: timedelta, grace: timedelta, usi
     """Take the store-wide lease if nobody holds it, we do, or its holder's lease expired more than
     ``grace`` ago (the same rule as a workflow claim, store/claims/lapse.py): or its expiry is further
     ahead than a renewal ever sets it (more than ``ttl``: a hand edit, ``'infinity'``) and its holder's
-    heartbeat is more than ``ttl`` + ``grace`` old. Such a row held by a dead engine kept every engine
-    from starting, for ever.
+    heartbeat is more than ``ttl`` + ``grace`` old, or its holder has no engine row. Such a row held by
+    a dead engine kept every engine from starting, for ever.
 
     Returns:
         The new lease epoch, or None (another engine holds it).
@@ -190,9 +190,10 @@ def acquire_store_lease(engine_id: str, *, ttl: timedelta, grace: timedelta, usi
                         claimed_at = clock_timestamp(), expires_at = clock_timestamp() + %s * interval '1 millisecond'
                     WHERE id = 1 AND (engine_id IS NULL OR engine_id = %s
                         OR expires_at + %s * interval '1 millisecond' < clock_timestamp()
-                        OR (expires_at > clock_timestamp() + %s * interval '1 millisecond' AND EXISTS (
+                        OR (expires_at > clock_timestamp() + %s * interval '1 millisecond' AND (EXISTS (
                             SELECT 1 FROM {engines} e WHERE e.id = {LEASE_TABLE}.engine_id
-                            AND e.heartbeat_at < clock_timestamp() - %s * interval '1 millisecond')))
+                            AND e.heartbeat_at < clock_timestamp() - %s * interval '1 millisecond')
+                            OR NOT EXISTS (SELECT 1 FROM {engines} e WHERE e.id = {LEASE_TABLE}.engine_id))))
                     RETURNING epoch""",
                 [engine_id, _ms(ttl), engine_id, _ms(grace), _ms(ttl), _ms(ttl + grace)],
             )
@@ -203,11 +204,10 @@ def acquire_store_lease(engine_id: str, *, ttl: timedelta, grace: timedelta, usi
         cursor.execute(f"SELECT engine_id, expires_at FROM {LEASE_TABLE} WHERE id = 1")
         holder, expires_at = cursor.fetchone()
         cursor.execute(f"SELECT heartbeat_at FROM {engines} WHERE id = %s", [holder])
-        heartbeat = _moment((cursor.fetchone() or (None,))[0])
-        expires = _moment(expires_at)
-        dormant = (
-            expires is not None and expires > now + ttl and heartbeat is not None and heartbeat < now - ttl - grace
-        )
+        registered = cursor.fetchone()
+        heartbeat, expires = _moment(registered[0]) if registered else None, _moment(expires_at)
+        silent = registered is None or (heartbeat is not None and heartbeat < now - ttl - grace)
+        dormant = expires is not None and expires > now + ttl and silent
         if holder not in (None, engine_id) and expires is not None and expires + grace >= now and not dormant:
             return None
         epoch = next_epoch(using)

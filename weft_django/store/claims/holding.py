@@ -88,13 +88,17 @@ def _held_pg(holder: str) -> str:
 # rarely (engine/renewal.py, "dormant" claims, ADR 0014), and its heartbeat is what keeps them. A claim
 # renewed with the TTL is kept by its expiry alone: a heartbeat skipped behind a locked engine row (a
 # user's transaction) must not take the claims a live engine keeps renewing (its renewal renews its
-# dormant claims with the TTL meanwhile). The lapsed holders are read once per statement (an InitPlan
-# over the few engine rows), not once per claim.
+# dormant claims with the TTL meanwhile). A holder with no engine row has no heartbeat to keep such a
+# claim (a hand edit, a row copied from another database: 'infinity' never expires), so it lapses as
+# one whose heartbeat is old; a live engine whose row was deleted fails its heartbeat and renews every
+# claim with the TTL. The lapsed and the registered holders are read once per statement (InitPlans over
+# the few engine rows), not once per claim.
 _HELD_BY_OTHERS = "c.engine_id IS NOT NULL AND c.engine_id <> %s"
 _LAPSED_PG = (
     "(c.expires_at + %s * interval '1 millisecond' < clock_timestamp() OR ("
-    "c.expires_at > clock_timestamp() + %s * interval '1 millisecond' AND c.engine_id = ANY(ARRAY("
-    f"SELECT e.id FROM {ENGINE_TABLE} e WHERE e.heartbeat_at + %s * interval '1 millisecond' < clock_timestamp()))))"
+    "c.expires_at > clock_timestamp() + %s * interval '1 millisecond' AND (c.engine_id = ANY(ARRAY("
+    f"SELECT e.id FROM {ENGINE_TABLE} e WHERE e.heartbeat_at + %s * interval '1 millisecond' < clock_timestamp())) "
+    f"OR c.engine_id <> ALL(ARRAY(SELECT e.id FROM {ENGINE_TABLE} e)))))"
 )
 _EXPIRED_PG = _held_pg(f"c.engine_id IS NOT NULL AND {_LAPSED_PG}")
 _OTHERS_PG = _held_pg(_HELD_BY_OTHERS)
@@ -103,8 +107,9 @@ _OTHERS_PG = _held_pg(_HELD_BY_OTHERS)
 _EXPIRED_OF_PG = _held_pg(f"c.engine_id = ANY(%s) AND {_LAPSED_PG}")
 # Where one writer runs (SQLite): the same rule, its times computed by the caller.
 _LAPSED_ONE_WRITER = (
-    f"c.engine_id IS NOT NULL AND (c.expires_at < %s OR (c.expires_at > %s AND c.engine_id IN "
-    f"(SELECT e.id FROM {ENGINE_TABLE} e WHERE e.heartbeat_at < %s)))"
+    f"c.engine_id IS NOT NULL AND (c.expires_at < %s OR (c.expires_at > %s AND (c.engine_id IN "
+    f"(SELECT e.id FROM {ENGINE_TABLE} e WHERE e.heartbeat_at < %s) "
+    f"OR c.engine_id NOT IN (SELECT e.id FROM {ENGINE_TABLE} e))))"
 )
 
 

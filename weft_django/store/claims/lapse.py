@@ -3,9 +3,10 @@ rule of ``holding.py`` in ORM form, read-only.
 
 A held claim has lapsed when its expiry is past, or, renewed as dormant (its expiry more than the claim
 TTL ahead), when its holder's heartbeat is more than the claim TTL old (the expiry a claim renewed at
-that heartbeat would have had): an engine renews the claims of its evicted workflows only once per nine
-TTLs (ADR 0014), so a dead engine's dormant claims expire late and only its heartbeat shows that they
-are orphaned. A claim renewed with the TTL is kept by its expiry alone: a live engine whose heartbeat
+that heartbeat would have had) or its holder has no engine row at all (a hand edit: nothing would ever
+free a claim of expiry 'infinity'): an engine renews the claims of its evicted workflows only once per
+nine TTLs (ADR 0014), so a dead engine's dormant claims expire late and only its heartbeat shows that
+they are orphaned. A claim renewed with the TTL is kept by its expiry alone: a live engine whose heartbeat
 is skipped behind a locked engine row keeps renewing it (and its dormant claims with the TTL meanwhile).
 Another engine takes a lapsed claim over once the takeover grace (``TAKEOVER_GRACE_MULTIPLIER`` renew
 intervals) has passed as well.
@@ -50,6 +51,12 @@ def holder_silent(using: str, since: datetime, *, engine: str = "engine_id") -> 
     return Exists(Engine.objects.using(using).filter(pk=OuterRef(engine), heartbeat_at__lt=since))
 
 
+def holder_registered(using: str, *, engine: str = "engine_id") -> Exists:
+    """An expression for querysets of claims (or of rows annotated with their holder): whether the
+    holder named by the field ``engine`` has an engine row."""
+    return Exists(Engine.objects.using(using).filter(pk=OuterRef(engine)))
+
+
 def lapsed(
     using: str,
     now: datetime,
@@ -68,14 +75,15 @@ def lapsed(
         grace: how long past the lapse (0: lapsed at all; the takeover grace: due for takeover).
         expires, engine: the fields (or annotations) of the claim's expiry and holder.
     """
+    silent = Q(holder_silent(using, now - ttl - grace, engine=engine)) | ~Q(holder_registered(using, engine=engine))
     return Q(**{f"{engine}__isnull": False}) & (
-        Q(**{f"{expires}__lt": now - grace})
-        | (Q(**{f"{expires}__gt": now + ttl}) & Q(holder_silent(using, now - ttl - grace, engine=engine)))
+        Q(**{f"{expires}__lt": now - grace}) | (Q(**{f"{expires}__gt": now + ttl}) & silent)
     )
 
 
 def has_lapsed(expires_at: datetime | None, heartbeat_at: datetime | None, now: datetime, ttl: timedelta) -> bool:
-    """The same rule for one held claim already read, with its holder's heartbeat (None: no engine row)."""
+    """The same rule for one held claim already read, with its holder's heartbeat (None: no engine row,
+    so nothing keeps a dormant claim)."""
     expired = expires_at is not None and expires_at < now
     dormant = expires_at is not None and expires_at > now + ttl
-    return expired or (dormant and heartbeat_at is not None and heartbeat_at < now - ttl)
+    return expired or (dormant and (heartbeat_at is None or heartbeat_at < now - ttl))
