@@ -18,6 +18,7 @@ from django.db.models import Exists, OuterRef, Subquery
 
 from . import codec, transitions
 from .exceptions import (
+    CorruptPayloadError,
     InvalidArgumentError,
     QueryFailedError,
     QueryNotFoundError,
@@ -221,6 +222,7 @@ def _raise_query_failure(workflow_id: str, name: str, error: dict[str, Any]) -> 
 
 
 _SETTLED = (UpdateStatus.COMPLETED, UpdateStatus.REJECTED, UpdateStatus.FAILED, UpdateStatus.EXPIRED)
+_OPEN = (UpdateStatus.ADMITTED, UpdateStatus.ACCEPTED)  # an engine settles it (or a wait_for_update took it)
 
 
 def admit(
@@ -413,6 +415,12 @@ def await_update(workflow_id: str, name: str, update_id: str, wait: Wait) -> Any
             )
         if row["status"] in _SETTLED:
             return _update_outcome(workflow_id, name, row)
+        if row["status"] not in _OPEN:  # a hand edit: nothing would ever settle it
+            raise CorruptPayloadError(
+                f'Update "{name}" to workflow "{workflow_id}": its row (id {update_id}) holds status '
+                f"{row['status']!r}, which is no status weft writes, so no engine will settle it. Repair the row's "
+                "status, or send the update with another idempotency_key."
+            )
         ended = row["run_status"] is None and not carried.exists()
         # The run ended without answering (a transition, or an admission that raced the end): nothing
         # can apply it any more (no engine holds a finished run), so close it. If it changed meanwhile

@@ -110,7 +110,8 @@ def update(id: str, name: str, payload: Any = None, *, idempotency_key: str | No
     Raises UpdateValidationError (``.issues``; the run is unchanged), UpdateFailedError (the handler
     or validator raised; ``.error``; the run goes on), UpdateTimeoutError (not applied within
     ``timeout``: the request is marked expired and never applied), WorkflowTerminalError and
-    WorkflowNotFoundError. A repeated ``idempotency_key`` (per run) returns the stored response and
+    WorkflowNotFoundError; CorruptPayloadError when the update's stored row holds a status weft never
+    writes (a hand edit). A repeated ``idempotency_key`` (per run) returns the stored response and
     applies once; after a timeout it re-admits the request."""
     with _update_span(id, name):
         return finish(*_submit_update(id, name, payload, idempotency_key, timeout), _update_unstarted(id, name))
