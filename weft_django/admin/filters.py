@@ -28,8 +28,8 @@ def _lapsed(request: HttpRequest, *, expires: str, engine: str) -> Q:
 class OwnershipFilter(admin.SimpleListFilter):
     """owned: an engine holds a claim that has not lapsed; lapsed: the claim expired or its holder has
     been silent for longer than the TTL (an engine will take it over, or none is alive); unowned: no
-    engine holds it. Reads the ``owner_engine`` and ``claim_expires_at`` annotations of
-    WorkflowAdmin.get_queryset."""
+    engine holds it. Reads the ``owner_engine`` annotation and the ``claim_expiry_stored`` alias (the
+    expiry as stored, one Python cannot represent included) of WorkflowAdmin.get_queryset."""
 
     title = "ownership"
     parameter_name = "ownership"
@@ -42,7 +42,7 @@ class OwnershipFilter(admin.SimpleListFilter):
         if value == "unowned":
             return queryset.filter(owner_engine__isnull=True)
         if value in ("owned", "lapsed"):
-            gone = _lapsed(request, expires="claim_expires_at", engine="owner_engine")
+            gone = _lapsed(request, expires="claim_expiry_stored", engine="owner_engine")
             return queryset.filter(gone if value == "lapsed" else Q(owner_engine__isnull=False) & ~gone)
         return None
 

@@ -9,13 +9,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import CharField, Count, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models import CharField, Count, F, OuterRef, Q, QuerySet, Subquery, Value
 from django.db.models.functions import Cast, Concat
 
 from ..models import Engine, Step, Workflow, WorkflowClaim
 from ..status import WorkflowStatus
 from ..store import runs
 from ..store.claims import has_lapsed, holder_heartbeat, holder_silent, lapsed
+from ..store.moments import Readable, StoredText
 
 ALIVE, STOPPED, DEAD = "alive", "stopped", "dead"
 
@@ -24,7 +25,11 @@ def with_ownership(queryset: QuerySet[Workflow], using: str, *, timers: bool = F
     """Annotate workflows with their claim (``owner_engine``, ``claim_epoch``, ``claim_expires_at``, and
     ``owner_heartbeat``: the holder's last heartbeat, for ``claim_lapsed``),
     their last recorded step (``last_step``, "#seq kind name") and, with ``timers``, their
-    ``pending_timers`` count: correlated subqueries, so a page of rows stays one query."""
+    ``pending_timers`` count: correlated subqueries, so a page of rows stays one query.
+
+    An expiry or heartbeat a hand edit put out of Python's reach (``store.moments``) reads as None, the
+    expiry's stored text in ``claim_expires_unreadable`` (else None); filters and ordering use the expiry
+    as stored, the alias ``claim_expiry_stored``."""
     claim = WorkflowClaim.objects.using(using).filter(pk=OuterRef("pk"))
     last_step = (
         Step.objects.using(using)
@@ -37,12 +42,17 @@ def with_ownership(queryset: QuerySet[Workflow], using: str, *, timers: bool = F
         )
         .values("label")[:1]
     )
-    queryset = queryset.annotate(
-        owner_engine=Subquery(claim.values("engine_id")[:1]),
-        claim_epoch=Subquery(claim.values("epoch")[:1]),
-        claim_expires_at=Subquery(claim.values("expires_at")[:1]),
-        last_step=Subquery(last_step, output_field=CharField()),
-    ).annotate(owner_heartbeat=holder_heartbeat(using, engine="owner_engine"))
+    queryset = (
+        queryset.alias(claim_expiry_stored=Subquery(claim.values("expires_at")[:1]))
+        .annotate(
+            owner_engine=Subquery(claim.values("engine_id")[:1]),
+            claim_epoch=Subquery(claim.values("epoch")[:1]),
+            claim_expires_at=Readable(F("claim_expiry_stored")),
+            claim_expires_unreadable=StoredText(F("claim_expiry_stored")),
+            last_step=Subquery(last_step, output_field=CharField()),
+        )
+        .annotate(owner_heartbeat=Readable(holder_heartbeat(using, engine="owner_engine")))
+    )
     if timers:
         queryset = queryset.annotate(pending_timers=runs.pending_timers(using))
     return queryset

@@ -18,6 +18,7 @@ from django.utils.safestring import SafeString
 from ..conf import database_alias
 from ..models import BufferedSignal, Engine, PendingUpdate, Timer, WorkflowClaim
 from ..store.claims import holder_heartbeat, holder_silent
+from ..store.moments import Readable, readable_rows
 from .base import GuardedChangelist
 from .clocks import claim_now, claim_ttl, workflow_now
 from .filters import ClaimStateFilter
@@ -25,7 +26,7 @@ from .formatting import (
     claim_expiry_badge,
     error_summary,
     format_duration,
-    moment,
+    moment_of,
     pretty_json,
     pretty_payload,
     relative,
@@ -71,11 +72,11 @@ def _pre(text: str) -> SafeString:
 def moment_column(field: str, description: str) -> Callable[[Any, Any], SafeString | str]:
     """A sortable column (and read-only field) for the timestamp ``field``: Django's own rendering
     raises OverflowError for a time a day from the ends of Python's dates (an odd row); ``moment``
-    shows it in UTC, marked."""
+    shows it in UTC, marked; one Python cannot represent at all, "unreadable timestamp (<stored>)"."""
 
     @admin.display(description=description, ordering=field)
     def show(self: Any, obj: Any) -> SafeString | str:
-        return moment(getattr(obj, field))
+        return moment_of(obj, field)
 
     show.__name__ = f"{field}_display"
     return show
@@ -102,18 +103,21 @@ class WorkflowClaimAdmin(ReadOnlyAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         using, now = database_alias(), claim_now(request)
-        return (
+        annotated = (
             super()
             .get_queryset(request)
             .annotate(
                 observed_at=Value(now, output_field=DateTimeField()),
-                holder_heartbeat=holder_heartbeat(using),
+                holder_heartbeat=Readable(holder_heartbeat(using)),
                 holder_silent=holder_silent(using, now - claim_ttl(request)),
             )
         )
+        return readable_rows(annotated)  # an expiry Python cannot represent (a hand edit): shown marked
 
     @admin.display(description="expires")
     def expiry_display(self, obj: WorkflowClaim) -> SafeString | str:
+        if obj.engine_id is not None and "expires_at" in obj.weft_unreadable:  # type: ignore[attr-defined]
+            return moment_of(obj, "expires_at")
         if obj.engine_id is None or obj.expires_at is None:
             return "released" if obj.engine_id is None else "-"
         return claim_expiry_badge(obj.expires_at, obj.holder_heartbeat, obj.holder_silent, obj.observed_at)  # type: ignore[attr-defined]

@@ -46,6 +46,7 @@ from .formatting import (
     relative,
     short_step,
     status_badge,
+    unreadable_moment,
 )
 from .run_chain import run_chain
 from .timeline import build_timeline
@@ -60,6 +61,8 @@ ROWS_SHOWN = 200
 
 def _claim_expiry(obj: Any) -> SafeString | str:
     expires_at = getattr(obj, "claim_expires_at", None)
+    if getattr(obj, "owner_engine", None) is not None and obj.claim_expires_unreadable is not None:
+        return unreadable_moment(obj.claim_expires_unreadable)  # a hand edit Python cannot represent
     if getattr(obj, "owner_engine", None) is None or expires_at is None:
         return "-"
     return claim_expiry_badge(expires_at, obj.owner_heartbeat, obj.owner_silent, obj.observed_at)
@@ -86,6 +89,8 @@ def _error_block(error: Any) -> SafeString | str:
 
 
 def _attribute_text(value: Any) -> str:
+    if isinstance(value, SafeString):  # marked already (a time Python cannot represent)
+        return value
     if isinstance(value, list):
         return ", ".join(str(item) for item in value)
     if isinstance(value, datetime):
@@ -230,7 +235,7 @@ class WorkflowAdmin(WeftModelAdmin):
         epoch = getattr(obj, "claim_epoch", None)
         return "-" if epoch is None else epoch
 
-    @admin.display(description="claim expiry", ordering="claim_expires_at")
+    @admin.display(description="claim expiry", ordering="claim_expiry_stored")
     def claim_expiry_display(self, obj: Workflow) -> SafeString | str:
         return _claim_expiry(obj)
 
@@ -296,7 +301,10 @@ class WorkflowAdmin(WeftModelAdmin):
     @admin.display(description="attributes")
     def attributes_display(self, obj: Workflow) -> SafeString | str:
         """The run's search attributes (``ctx.set_attributes``, ``start(attributes=)``), by name."""
-        found = search_attributes_of([obj.pk], self.weft_alias).get(obj.pk, {})
+        damaged: dict[str, dict[str, str]] = {}
+        found = search_attributes_of([obj.pk], self.weft_alias, damaged).get(obj.pk, {})
+        for name, stored in damaged.get(obj.pk, {}).items():  # a time Python cannot represent (a hand edit)
+            found[name.removeprefix("attributes.")] = unreadable_moment(stored)
         if not found:
             return "-"
         return format_html_join(

@@ -39,7 +39,7 @@ def list_command(command: Any, options: dict[str, Any]) -> None:
             **{key: getattr(row, key) for key in DESCRIBE_KEYS if key not in ("epoch", "current_step")},
             "epoch": row.claim_epoch,  # type: ignore[attr-defined]
             "current_step": current_step(row),
-            **({"unreadable": row.weft_unreadable} if row.weft_unreadable else {}),  # type: ignore[attr-defined]
+            **({"unreadable": damaged} if (damaged := _unreadable(row)) else {}),
         }
         for row in rows
     ]
@@ -63,9 +63,7 @@ def list_command(command: Any, options: dict[str, Any]) -> None:
                     status_text(d["status"]),
                     d["owner_engine"],
                     d["epoch"],
-                    claim_expiry(d["claim_expires_at"], now, lapsed=claim_lapsed(row, now, ttl))
-                    if d["owner_engine"]
-                    else None,
+                    _claim_expires(d, row, now, ttl, claim_lapsed) if d["owner_engine"] else None,
                     short_step(d["current_step"]),
                     when(d["created_at"], d.get("unreadable", {}).get("created_at")),
                 )
@@ -74,6 +72,21 @@ def list_command(command: Any, options: dict[str, Any]) -> None:
         )
     )
     command._print(f"\n{len(described)} workflow(s) shown (--limit {options['limit']}).")
+
+
+def _unreadable(row: Any) -> dict[str, str]:
+    """The timestamps of a listed row Python cannot represent (a hand edit), the claim's expiry included."""
+    found: dict[str, str] = dict(row.weft_unreadable)
+    if row.claim_expires_unreadable is not None:
+        found["claim_expires_at"] = row.claim_expires_unreadable
+    return found
+
+
+def _claim_expires(described: dict[str, Any], row: Any, now: datetime, ttl: Any, lapsed: Any) -> str | None:
+    stored = described.get("unreadable", {}).get("claim_expires_at")
+    if stored is not None:
+        return unreadable_text(stored)
+    return claim_expiry(described["claim_expires_at"], now, lapsed=lapsed(row, now, ttl))
 
 
 def describe_command(command: Any, options: dict[str, Any]) -> None:

@@ -20,6 +20,7 @@ from django.core.management.base import CommandError
 from ..bulk import APPLIES_TO, bulk_cancel, bulk_count, bulk_purge, bulk_retry
 from ..forking import fork
 from ..visibility import list_workflows, parse_where
+from .cli_format import unreadable_text
 
 
 def add_where(parser: argparse.ArgumentParser) -> None:
@@ -67,13 +68,21 @@ def list_where(command: Any, options: dict[str, Any], table: Callable[..., str],
             s.workflow_type,
             s.status,
             when(s.created_at, s.unreadable.get("created_at")),
-            json.dumps(s.attributes, default=str)[:80],
+            json.dumps(_attributes_shown(s.attributes, s.unreadable), default=str)[:80],
         )
         for s in page
     ]
     command._print(table(("ID", "TYPE", "STATUS", "CREATED", "ATTRIBUTES"), rows))
     more = f" Next page: --cursor {page.next_cursor}" if page.next_cursor else ""
     command._print(f"\n{len(page)} workflow(s) shown.{more}")
+
+
+def _attributes_shown(attributes: dict[str, Any], unreadable: dict[str, str]) -> dict[str, Any]:
+    """A run's attributes as the table shows them: a time Python cannot represent (a hand edit, named
+    ``"attributes.<name>"`` in ``unreadable``) as "unreadable timestamp (<stored text>)"."""
+    prefix = "attributes."
+    damaged = {key[len(prefix) :]: unreadable_text(text) for key, text in unreadable.items() if key.startswith(prefix)}
+    return {**attributes, **damaged}
 
 
 def _with_flags(options: dict[str, Any]) -> dict[str, Any]:

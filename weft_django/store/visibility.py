@@ -83,19 +83,28 @@ def has_attributes(batch: list[WorkflowWrites]) -> bool:
     return any(writes.attributes for writes in batch)
 
 
-def read(workflow_ids: Iterable[str], using: str) -> dict[str, dict[str, Any]]:
+ATTRIBUTE_COLUMNS = ("workflow_id", "name", "kind", "str_value", "num_value", "time_value", "bool_value")
+
+
+def read(
+    workflow_ids: Iterable[str], using: str, unreadable: dict[str, dict[str, str]] | None = None
+) -> dict[str, dict[str, Any]]:
     """The attributes of these workflows (id -> name -> value; a keyword list as a list), one query
-    (per chunk past the database's parameter limit)."""
+    (per chunk past the database's parameter limit).
+
+    A time a hand edit put out of Python's reach (``store.moments``) reads as None; with ``unreadable``,
+    its stored text is added there (workflow id -> ``"attributes.<name>"`` -> text)."""
     found: dict[str, dict[str, Any]] = {}
     attributes = WorkflowAttribute.objects.using(using).order_by("workflow_id", "name", "position")
     rows = (
         row
         for chunk in backend(using).chunks(sorted(set(workflow_ids)))
-        for row in attributes.filter(workflow_id__in=chunk).values_list(
-            "workflow_id", "name", "kind", "str_value", "num_value", "time_value", "bool_value"
-        )
+        for row in readable_values(attributes.filter(workflow_id__in=chunk), ATTRIBUTE_COLUMNS)
     )
-    for workflow_id, name, kind, text, number, moment, flag in rows:
+    for row in rows:
+        workflow_id, name, kind, text, number, moment, flag = (row[column] for column in ATTRIBUTE_COLUMNS)
+        if "unreadable" in row and unreadable is not None:
+            unreadable.setdefault(workflow_id, {})[f"attributes.{name}"] = row["unreadable"]["time_value"]
         named = found.setdefault(workflow_id, {})
         if kind == "keywords":
             named.setdefault(name, []).append(text)
@@ -244,8 +253,9 @@ def page(
     position ``after`` (the last row of the previous page), with their attributes under "attributes".
 
     A timestamp Python cannot represent (a hand edit) reads as None, the row's "unreadable" naming it
-    with its stored text (``store.moments``). ``after``'s time None: that of the row ``after`` names,
-    compared in SQL (the last row of the previous page had an unreadable created_at)."""
+    with its stored text (``store.moments``; an attribute's as ``"attributes.<name>"``). ``after``'s
+    time None: that of the row ``after`` names, compared in SQL (the last row of the previous page had
+    an unreadable created_at)."""
     queryset = select(selection, using)
     if after is not None:
         created: Any
@@ -254,9 +264,12 @@ def page(
             created = Subquery(Workflow.objects.using(using).filter(pk=last_id).values("created_at")[:1])
         queryset = queryset.filter(Q(created_at__lt=created) | Q(created_at=created, pk__lt=last_id))
     rows = list(readable_values(queryset.order_by("-created_at", "-pk"), SUMMARY_COLUMNS)[:limit])
-    attributes = read([row["id"] for row in rows], using) if rows else {}
+    damaged: dict[str, dict[str, str]] = {}
+    attributes = read([row["id"] for row in rows], using, damaged) if rows else {}
     for row in rows:
         row["attributes"] = attributes.get(row["id"], {})
+        if row["id"] in damaged:  # an attribute's time Python cannot represent, named as the row's own
+            row["unreadable"] = {**row.get("unreadable", {}), **damaged[row["id"]]}
     return rows
 
 
