@@ -4,9 +4,9 @@ engine's other workflows over to other engines, and keeps the one it is stuck in
 Before, claim renewal (a thread of its own) went on renewing every claim the engine held while its
 loop was stuck: the engine looked alive to its peers, and a workflow it held waited for as long as the
 loop did (here a signalled workflow never finished while another's local step ran for minutes).
-Now renewal stops renewing them once a pass has run for twice the claim TTL (engine/stall.py):
-they lapse and a peer takes them over, as from a frozen engine; the stuck workflow's own claim stays
-renewed, so it does not stall the next engine too.
+Now renewal stops renewing them once the loop has been inside one call for twice the claim TTL
+(engine/stall.py): they lapse and a peer takes them over, as from a frozen engine; the stuck
+workflow's own claim stays renewed, so it does not stall the next engine too.
 """
 
 from __future__ import annotations

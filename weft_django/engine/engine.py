@@ -158,7 +158,7 @@ class Engine:
                 self.claimer.take_over_now = True  # the lease holder takes every claim at once
         elif self.mode == OwnershipMode.NONE:
             self.claimer.take_over_now = True  # the single engine: its predecessor's claims are taken at once
-        self._threads.append(self.renewal.thread(self._threads_stop))
+        self._threads.append(self.renewal.thread(self._threads_stop, self.owned, self.residency.evicted))
         if backend(self.using).listens:
             self._threads.append(Listener(self.using, self.wake.on_notify, self._threads_stop))
         for thread in self._threads:

@@ -12,7 +12,8 @@ with reason ``not_owned`` (WorkflowNotLocallyOwnedError); one for a workflow nob
 
 Updates: exactly once against the caller's timeout. The caller's timeout writes ``status = 'expired'
 WHERE status = 'admitted'``. The owner settles admitted updates in a fenced transaction of their own
-(store.commit.fenced_messages, through store.commit.fenced): it locks its claims, then takes the
+(store.commit.fenced_messages, through store.commit.fenced; one per workflow whose update runs a
+handler or validator, so one that does not return holds only its own claim): it locks its claims, then takes the
 admitted rows ``FOR UPDATE SKIP LOCKED`` (on SQLite the IMMEDIATE transaction holds the write lock),
 and only then runs validators and handlers and writes each outcome (conditioned on the row still
 being admitted) plus the AppliedUpdate row, in the same transaction. A claim or update row another
@@ -225,12 +226,15 @@ def deliver_updates(
     unknown = [wid for wid in live if wid not in known]
     if unknown:
         admitted += mailbox.admitted_updates(unknown, using)
+    coded: set[str] = set()  # the workflows with an update that runs user code (its validator, its handler)
     for pk, wid, run_id, name in admitted:
         owned = live[wid]
         if str(run_id) != owned.run_id:
             continue
         if _handles(owned, name):
             ready.setdefault(wid, []).append(str(pk))
+            if name in owned.run.ctx.update_handlers:
+                coded.add(wid)
         elif owned.run.frontier is not None:
             state.parked[wid] = owned.run.frontier.seq
     if not ready:
@@ -314,25 +318,32 @@ def deliver_updates(
         return list(batch.values())
 
     epochs = {wid: live[wid].epoch for wid in ready}
-    try:
-        result = fenced_messages(engine.engine_id, epochs, build, now, using)
-    except DatabaseError:
-        raise  # the tick reloads every workflow of this engine
-    except Exception as exc:  # UpdateRaceLost, or a bug: nothing committed, so replay from the durable log
-        if not isinstance(exc, UpdateRaceLost):
-            logger.exception("update settlement failed engine=%s; reloading", engine.engine_id)
-        else:
-            logger.warning("update settlement rolled back engine=%s (%s); reloading", engine.engine_id, exc)
-        for wid in touched:
-            engine._reload[wid] = live[wid].epoch
-            engine._drop(wid, reason=None)
-        return True
-    if result.lost:
+    # A handler or validator that does not return holds its transaction's claim locks (engine/stall.py): each
+    # workflow whose update runs one settles in a transaction of its own, so that only its own claim stays
+    # locked and peers can take the others over; the updates waited for (wait_for_update) share one.
+    groups = [{wid} for wid in sorted(coded & set(ready))] + [set(ready) - coded]
+    lost: set[str] = set()
+    for group in filter(None, groups):
+        try:
+            result = fenced_messages(engine.engine_id, {wid: epochs[wid] for wid in group}, build, now, using)
+        except DatabaseError:
+            raise  # the tick reloads every workflow of this engine
+        except Exception as exc:  # UpdateRaceLost, or a bug: nothing committed, so replay from the durable log
+            if not isinstance(exc, UpdateRaceLost):
+                logger.exception("update settlement failed engine=%s; reloading", engine.engine_id)
+            else:
+                logger.warning("update settlement rolled back engine=%s (%s); reloading", engine.engine_id, exc)
+            for wid in touched & group:
+                engine._reload[wid] = live[wid].epoch
+                engine._drop(wid, reason=None)
+            continue
+        lost.update(result.lost)
+        for wid in result.busy:  # its claim row was locked by another transaction: nothing was settled
+            _look_again(engine, wid)
+    if lost:
         with engine._lock:
-            engine._lost.update({wid: epochs[wid] for wid in result.lost})
+            engine._lost.update({wid: epochs[wid] for wid in lost})
         engine._wake.set()
-    for wid in result.busy:  # its claim row was locked by another transaction: nothing was settled
-        _look_again(engine, wid)
     for wid in handled:
         owned = engine.owned.get(wid)
         if owned is not None:

@@ -208,7 +208,7 @@ class Progress:
         """Turn a workflow's new frontier into writes: its end, or the operations to arm (one
         ``weft.workflow.turn`` span)."""
         owned = self.owned.get(wid)
-        if owned is None:
+        if owned is None or self.wake.gone(wid, owned.epoch):  # lost meanwhile (a stuck pass: engine/stall.py)
             return
         if not tracing.enabled():  # the common case: no span, and no attributes built for it
             self._advance(owned, now, writes, changed)

@@ -17,7 +17,7 @@ from django.db import DatabaseError, close_old_connections, connections
 from ..conf import WeftSettings
 from ..exceptions import EngineLeaseAcquisitionTimeoutError
 from ..status import OwnershipMode
-from ..store import engines
+from ..store import claims, engines
 from ..store import sessions as store_sessions
 from ..store.claims.renewal import RENEW_CHUNK, RenewalPass
 from . import ownership
@@ -191,8 +191,8 @@ class Renewal:
         # evicted claim is renewed with the TTL, as a resident one, until the heartbeat is written again.
         self.beating = True
         self._random = random.Random()
-        self.watch = LoopWatch()  # the loop's passes (engine/stall.py): a stuck one hands its claims over
-        self._stuck_logged: str | None = None  # the stuck workflow already logged (None: none, or not stuck)
+        self.watch = LoopWatch(self._after_stuck)  # the loop's passes (engine/stall.py): a stuck one hands claims over
+        self._stuck_logged: object = _UNSTUCK  # the workflow (None: none) the stuck pass was last logged inside
 
     def publish(self, held: Mapping[str, Held], evicted: dict[str, int] | None = None) -> None:
         """The loop's dicts of the claims it holds, read at each renewal: ``held``, its live contexts
@@ -242,8 +242,11 @@ class Renewal:
                 due[wid] = epoch
         return resident, due
 
-    def thread(self, stop: threading.Event) -> threading.Thread:
-        """The renewal thread (not started), running until ``stop`` is set."""
+    def thread(self, stop: threading.Event, held: Mapping[str, Held], evicted: dict[str, int]) -> threading.Thread:
+        """The renewal thread (not started), running until ``stop`` is set, renewing the claims of the
+        loop's dicts ``held`` and ``evicted`` (``publish``) from its first pass: the loop's first pass
+        (its first load, a replay that does not return) is renewed too."""
+        self.publish(held, evicted)
         return threading.Thread(target=self._loop, args=(stop,), name="weft-renew", daemon=True)
 
     def _loop(self, stop: threading.Event) -> None:
@@ -282,7 +285,7 @@ class Renewal:
             return False
         stuck = self.watch.stuck(STUCK_PASS_TTLS * self.settings.workflow_claim_ttl.total_seconds(), time.monotonic())
         if stuck is None:
-            self._stuck_logged = None
+            self._stuck_logged = _UNSTUCK
             return False
         if self._stuck_logged != stuck.workflow:
             self._stuck_logged = stuck.workflow
@@ -298,7 +301,36 @@ class Renewal:
         keep = {wid: epoch for wid, epoch in resident.items() if wid == stuck.workflow}
         if keep:
             self._renew(keep, {}, interval, stop)
+        self._report_taken({wid: epoch for wid, epoch in resident.items() if wid != stuck.workflow})
         return True
+
+    def _report_taken(self, epochs: dict[str, int]) -> None:
+        """While the loop is stuck: the claims it no longer renews that peers have taken over are reported
+        lost as soon as seen (a plain read), so that what is left of the stuck pass, once its call returns,
+        advances none of them (``Progress.advance``), and the next pass drops them first."""
+        if not epochs:
+            return
+        current = claims.holders(set(epochs), self.using)
+        taken = self._still_held(
+            {wid for wid, epoch in epochs.items() if current.get(wid) != (epoch, self.engine_id)}, epochs
+        )
+        if taken:
+            self.wake.report_lost({wid: epochs[wid] for wid in taken})
+
+    def _after_stuck(self) -> None:
+        """On the loop thread, once a pass found stuck is over: renew the resident claims still held at
+        once and report the others lost, so the next pass stops driving what peers took over before it
+        drives anything (the renewal thread would find them only at its next pass). Never raises: a
+        failure leaves them to the renewal thread."""
+        resident, _ = self._published()
+        try:
+            _, lost = ownership.renew_each(self.engine_id, resident, self.settings.workflow_claim_ttl, self.using)
+        except Exception as exc:  # the loop's own error handling sees a database error on its next statement
+            logger.warning("renewal after a stuck pass failed engine=%s error=%s", self.engine_id, exc)
+            return
+        lost = self._still_held(lost, resident)
+        if lost:
+            self.wake.report_lost({wid: resident[wid] for wid in lost})
 
     def _renew(self, resident: dict[str, int], dormant: dict[str, int], interval: float, stop: threading.Event) -> None:
         """Renew the ``resident`` claims with the TTL and the ``dormant`` ones with DORMANT_TTL_MULTIPLIER
@@ -354,10 +386,13 @@ class Renewal:
         return {wid for wid in lost if current[wid] == epochs[wid]}
 
 
-# A pass that has run this many claim TTLs is stuck (engine/stall.py): its engine's other claims are no
-# longer renewed. Two: a long pass of a loaded machine under the short TTLs of tests is not mistaken
-# for one (the claims it holds keep their expiry, and the grace, after that too).
+# A pass whose loop has been inside one call for this many claim TTLs is stuck (engine/stall.py): its
+# engine's other claims are no longer renewed. One call, not the pass: a long pass of many short calls
+# (load) never is; and two TTLs, so a call slowed down by a loaded machine under the short TTLs of tests
+# is not mistaken for one (the claims it holds keep their expiry, and the grace, after that too).
 STUCK_PASS_TTLS = 2
+
+_UNSTUCK = object()  # Renewal._stuck_logged while no pass is stuck (None: one stuck outside any workflow)
 
 # An evicted workflow's claim is "dormant": renewed with this many times the TTL, so once per that
 # many TTLs less one, instead of every renew interval. At a million parked workflows, renewing every

@@ -100,6 +100,11 @@ class Wake:
             self.lost.update(lost)
         self._arrived()
 
+    def gone(self, workflow_id: str, epoch: int) -> bool:
+        """Whether this workflow's claim was reported lost at ``epoch`` since the pass began (the loop
+        stops driving it now: the next pass drops it)."""
+        return self.lost.get(workflow_id) == epoch  # one read of a dict: no lock needed
+
     def take(self) -> tuple[dict[str, int], set[str], bool, dict[str, list[BufferedRow]], set[str]]:
         """What arrived since the last pass, cleared: (lost claims, every workflow named, rescan, the
         signals ``S:`` wake-ups carried by workflow id, the workflows whose mailbox must be read: a
