@@ -24,39 +24,15 @@ import pytest
 from django.db import connection
 
 import weft_django as weft
-from tests.testapp.workflows import add
 from weft_django.models import AppliedUpdate, PendingUpdate, Step, Timer, Workflow
 from weft_django.testing import run_until_idle, running_engine
+
+from .test_damaged_rows_engine_paths import _sql  # and its workflows: counter, activity_then_signal
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ROWS_UNREADABLE = "its rows cannot be read by the engine"
 NOT_OURS = "bug in weft_django"
-
-
-@weft.workflow(name="tests.damaged_history.counter")
-def counter(ctx: Any) -> Any:
-    state = {"n": 0}
-
-    def bump(amount: int) -> int:
-        state["n"] += amount
-        return state["n"]
-
-    ctx.on_update("bump", bump)
-    yield ctx.wait_for_signal("go")
-    return state["n"]
-
-
-@weft.workflow(name="tests.damaged_history.activity_then_signal")
-def activity_then_signal(ctx: Any) -> Any:
-    total = yield ctx.run(add, 1, 2)
-    extra = yield ctx.wait_for_signal("go")
-    return [total, extra]
-
-
-def _sql(statement: str, params: Any = None) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute(statement, params)
 
 
 def _now_sql() -> str:
@@ -120,7 +96,7 @@ def test_a_timer_whose_seq_is_null_makes_its_run_stuck_with_the_row_named(errors
     """An activity_retry timer with seq NULL, due, beside a signal wait at step 0. Before: the engine
     took it for a retry of step 0 and failed an assertion: "This is a bug in weft_django"
     (AssertionError). A sleep's NULL seq was taken for step 0."""
-    _parked("tests.damaged_history.counter")
+    _parked("tests.damaged_engine_paths.counter")
     _sql(
         f"INSERT INTO {Timer._meta.db_table} (workflow_id, run_id, kind, seq, attempt, fire_at) "
         f"SELECT id, run_id, %s, NULL, 2, {_now_sql()} FROM {Workflow._meta.db_table} WHERE id = 'damaged'",
@@ -134,7 +110,7 @@ def test_a_timer_whose_seq_is_null_makes_its_run_stuck_with_the_row_named(errors
 # -- item 2: an applied update past the run's history ------------------------------------------------
 def _bumped() -> None:
     """The counter parked at its signal wait (step 0) with its update "bump" 2 applied there."""
-    _parked("tests.damaged_history.counter")
+    _parked("tests.damaged_engine_paths.counter")
     with running_engine("bumps"):
         assert weft.get_handle("damaged").update("bump", 2, timeout=15) == 2
 
@@ -165,7 +141,7 @@ def test_an_applied_update_at_the_frontier_is_sound(errors):
 def test_a_step_whose_seq_is_text_makes_its_run_stuck_with_the_row_named(errors):
     """Before: "the engine failed while handling it (TypeError: '>' not supported between instances of
     'str' and 'int'). This is a bug in weft_django"."""
-    _parked("tests.damaged_history.activity_then_signal")
+    _parked("tests.damaged_engine_paths.activity_then_signal")
     _sql(f"UPDATE {Step._meta.db_table} SET seq = 'zero' WHERE workflow_id = 'damaged'")
     weft.get_handle("damaged").signal("go", 1)
     _good_one_completes(errors)
@@ -175,7 +151,7 @@ def test_a_step_whose_seq_is_text_makes_its_run_stuck_with_the_row_named(errors)
 
 @pytest.mark.sqlite
 def test_an_admitted_update_whose_id_is_no_uuid_is_named_not_called_a_bug(errors):
-    _parked("tests.damaged_history.counter")
+    _parked("tests.damaged_engine_paths.counter")
     _sql(
         f"INSERT INTO {PendingUpdate._meta.db_table} (id, workflow_id, run_id, name, payload, status, created_at) "
         f"SELECT 'not-a-uuid', id, run_id, 'bump', '2', 'admitted', datetime('now') "
@@ -188,7 +164,7 @@ def test_an_admitted_update_whose_id_is_no_uuid_is_named_not_called_a_bug(errors
 
 @pytest.mark.sqlite
 def test_an_applied_update_whose_update_id_is_no_uuid_is_named(errors):
-    _parked("tests.damaged_history.counter")
+    _parked("tests.damaged_engine_paths.counter")
     _sql(
         f"INSERT INTO {AppliedUpdate._meta.db_table} (workflow_id, run_id, seq, n, name, payload, update_id) "
         f"SELECT id, run_id, 0, 0, 'bump', '2', 'not-a-uuid' FROM {Workflow._meta.db_table} WHERE id = 'damaged'"
