@@ -497,6 +497,11 @@ def find(cursor, ids, vendor):
 # SQL the scan cannot follow, reviewed by hand; an entry that stops matching fails the test, so the
 # list cannot go stale. Review again whenever one of these functions changes.
 REVIEWED = {
+    "weft_django/store/maintenance.py:held_elsewhere": (
+        "identifiers only from Model._meta (each table's db_table and pk column, the claim table's "
+        "workflow_id column) and a run of %s placeholders; every value (the run ids, the idempotency keys) "
+        "is a parameter"
+    ),
     "weft_django/store/runs.py:_insert_run_sql": (
         "runs the statement _build_start_statement() builds once per shape and caches: identifiers from "
         "Model._meta (db_table, column), enum constants and the *_sql clock/epoch fragments; every value "
