@@ -43,11 +43,12 @@ from .executors import ActivityExecutors
 from .fencing import fenced_commit
 from .loader import Loader
 from .messages import _state as mailbox_state
-from .messages import deliver_messages, mailbox_sweep_due, prefetch_admitted, unchecked_mailboxes
+from .messages import deliver_messages, mailbox_sweep_due, prefetch_admitted
 from .owned import Owned, collect_recorded, commit_time, mark_stuck, note_children
 from .passclock import PassClock
 from .periodic import Chores, builtin_tasks
 from .progress import Progress
+from .quiet import quiet
 from .renewal import Renewal, StoreLease
 from .residency import Residency
 from .timers import TimerHeap
@@ -364,43 +365,8 @@ class Engine:
         return self.clock.now(fresh=fresh, reuse=CLOCK_REUSE)
 
     def _quiet(self, claim: bool) -> bool:
-        """Whether a pass with no wake-up would find nothing to do: no outcome, no scan due, no timer
-        or attempt deadline near, no mailbox to look at. Such a pass (as after every commit) skips
-        even its clock read; deadlines are judged by the last database clock reading plus the local
-        time since, and a reading is never carried forward more than CLOCK_REUSE (see _workflow_now)."""
-        clock = time.monotonic()
-        poll = self.settings.poll_interval.total_seconds()
-        if (
-            self.clock.reading is None
-            or clock - self._last_maintenance >= poll
-            or self.claimer.last_claim_scan == 0.0
-            or self._reload
-            or self.progress.unsettled  # a settle cascade goes on (engine/cascade.py)
-            or self.claimer.take_over_now
-            or self.wake.queries_waiting
-            or self.lease.lost
-            or (self.mode == OwnershipMode.LEASE and self.lease.epoch is None)
-            or not self.executor.outcomes.empty()
-            or self.executor.polls  # remote outcomes are found by polling
-            or (self._carried and clock >= self._carry_retry_at)
-        ):
-            return False
-        if claim and self.claimer.takeover_due(clock):
-            return False
-        for owned in self.attention.in_flight(self.owned):
-            if any(task.deadline is not None and clock >= task.deadline for task in owned.inflight.values()):
-                return False
-        next_fire, estimate = self.timers.next_fire_at(), self.clock.estimate(clock)
-        if next_fire is not None and estimate is not None and next_fire <= estimate:
-            return False
-        mailboxes = mailbox_state(self)  # deliver_messages looks at new contexts and moved frontiers
-        if unchecked_mailboxes(self):
-            return False
-        for wid, seq in mailboxes.parked.items():
-            parked = self.owned.get(wid)
-            if parked is None or (parked.run.frontier is not None and parked.run.frontier.seq != seq):
-                return False
-        return True
+        """Whether a pass with no wake-up would find nothing to do (engine/quiet.py)."""
+        return quiet(self, claim)
 
     # -- claiming ------------------------------------------------------------------------------
     def _claim(
