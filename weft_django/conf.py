@@ -42,6 +42,7 @@ DEFAULTS: dict[str, Any] = {
     "AUTODISCOVER_MODULE": "workflows",
     "DATABASE": "default",
     "PREPARED_STATEMENTS": True,
+    "CLAIM_AHEAD": True,
     "HISTORY_WARN_STEPS": 10000,
     "MAX_RESIDENT_WORKFLOWS": None,
     "QUEUES": {},
@@ -84,6 +85,7 @@ class WeftSettings:
     autodiscover_module: str
     database: str
     prepared_statements: bool = True
+    claim_ahead: bool = True  # a backlog's next batch is claimed and run while the commit is in flight
     history_warn_steps: int | None = 10000  # None: never warn
     max_resident_workflows: int | None = None  # None: every held workflow stays in memory
     queues: Mapping[str, QueueConfig] = field(default_factory=dict)  # WEFT["QUEUES"], by name
@@ -262,6 +264,9 @@ class _Validation:
     def prepared_statements(self) -> bool:
         return self.boolean("PREPARED_STATEMENTS", "E026", "Set PREPARED_STATEMENTS to True (the default) or False.")
 
+    def claim_ahead(self) -> bool:
+        return self.boolean("CLAIM_AHEAD", "E033", "Set CLAIM_AHEAD to True (the default) or False.")
+
     def history_warn_steps(self) -> int | None:
         value = self.value("HISTORY_WARN_STEPS")
         if value is None:
@@ -387,6 +392,7 @@ def _evaluate() -> tuple[WeftSettings | None, list[SettingsProblem]]:
     module = check.autodiscover_module()
     database = check.database()
     prepared = check.prepared_statements()
+    claim_ahead = check.claim_ahead()
     history_warn = check.history_warn_steps()
     max_resident = check.max_resident_workflows()
     queues = check.queues()
@@ -412,6 +418,7 @@ def _evaluate() -> tuple[WeftSettings | None, list[SettingsProblem]]:
         autodiscover_module=module,
         database=database,
         prepared_statements=prepared,
+        claim_ahead=claim_ahead,
         history_warn_steps=history_warn,
         max_resident_workflows=max_resident,
         queues=queues,

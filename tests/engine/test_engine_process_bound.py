@@ -1,6 +1,6 @@
 """weft_engine --processes N is bounded: at most 4 engine processes per CPU core of the machine,
 refused when the options are parsed (nothing read, written or forked), and on PostgreSQL at most what
-the server's max_connections holds at 3 connections per engine, refused before the fork.
+the server's max_connections holds at 4 connections per engine, refused before the fork.
 
 Before the fix any N of at least 1 was taken: a probe with --processes 100000 forked engines until
 PostgreSQL refused connections ("sorry, too many clients already") to them and to every other client.
@@ -63,7 +63,7 @@ def test_more_processes_than_the_servers_connections_hold_are_refused() -> None:
     assert connection_shortfall(2, "default") is None
     message = connection_shortfall(int(max_connections), "default")
     assert message is not None
-    assert message.startswith(f"--processes {max_connections} needs at least {3 * int(max_connections)} database")
+    assert message.startswith(f"--processes {max_connections} needs at least {4 * int(max_connections)} database")
     assert "or raise max_connections" in message
 
 

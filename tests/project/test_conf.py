@@ -116,6 +116,10 @@ CASES: dict[str, tuple[Any, str]] = {
         {"PREPARED_STATEMENTS": 1},
         "PREPARED_STATEMENTS must be True or False (got 1).",
     ),
+    "weft.E033": (
+        {"CLAIM_AHEAD": "on"},
+        "CLAIM_AHEAD must be True or False (got 'on').",
+    ),
     "weft.E027": (
         {"HISTORY_WARN_STEPS": 0},
         "HISTORY_WARN_STEPS must be a positive integer (got 0).",
@@ -167,6 +171,7 @@ def test_defaults_are_the_documented_ones() -> None:
         "AUTODISCOVER_MODULE": "workflows",
         "DATABASE": "default",
         "PREPARED_STATEMENTS": True,
+        "CLAIM_AHEAD": True,
         "HISTORY_WARN_STEPS": 10000,
         "MAX_RESIDENT_WORKFLOWS": None,
         "QUEUES": {},

@@ -30,3 +30,14 @@ def settle(progress: Progress, changed: set[str], now: datetime, writes: dict[st
             progress.advance(wid, now, writes, changed)
     progress.unsettled = {wid for wid in changed if wid in progress.owned}
     return bool(progress.unsettled)
+
+
+def settle_new(progress: Progress, changed: set[str], now: datetime, writes: dict[str, WorkflowWrites]) -> bool:
+    """``settle`` for ``changed`` only (the workflows a claim ahead just loaded, engine.py): the ones the
+    last pass left unsettled may be in the commit in flight and wait for the next pass. Returns whether
+    any was left unsettled."""
+    earlier, progress.unsettled = progress.unsettled, set()
+    try:
+        return settle(progress, changed, now, writes)
+    finally:
+        progress.unsettled |= earlier

@@ -77,6 +77,8 @@ class Claimer:
         self.mode = settings.ownership
         self.on_taken_over = on_taken_over
         self.last_claim_scan = 0.0  # time.monotonic() of the last acquire scan; 0.0: scan on the next pass
+        self.backlog = False  # the last acquire was a full batch: more may be waiting (claim_ahead)
+        self._ahead = False  # claim_ahead took this pass's full-batch rescan: claim() skips it once
         self.last_takeover_scan = 0.0
         self.last_full_takeover_scan = 0.0
         self.take_over_now = False  # take the claims of other engines on the next pass
@@ -151,15 +153,17 @@ class Claimer:
         # A full batch or new children: look again now; so too once a throttle that held work back ends.
         requested = self.last_claim_scan == 0.0 or (self._held_back and not throttled)
         scan_due = requested or (scan and clock - self.last_claim_scan >= poll)
+        ahead, self._ahead = self._ahead, False  # this pass's acquire ran beside the last commit
         if force or scan_due:
             self._held_back = throttled and not scan
-            if not self._held_back:  # a backlog of attempts: one batch per maintenance pass only
+            if not (self._held_back or ahead):  # a backlog of attempts: one batch per maintenance pass only
                 # (a pass held back leaves last_claim_scan alone: the next maintenance pass is due)
                 self.last_claim_scan = clock
                 got = self._acquire_free(claimed)
                 events.claims_acquired(self.engine_id, got, self.using)
                 claimed.update({wid: epoch for wid, (epoch, _) in got.items()})
-                if len(got) >= self.capacity:  # a full batch: more may be waiting, scan again next tick
+                self.backlog = len(got) >= self.capacity
+                if self.backlog:  # a full batch: more may be waiting, scan again next tick
                     self._held_back = throttled
                     self.last_claim_scan = clock if throttled else 0.0
             claimed.update(self._admit())  # queues bound themselves (their limits, per_engine)
@@ -198,6 +202,27 @@ class Claimer:
             claimed.update({wid: epoch for wid, (epoch, _) in got.items()})
             if len(got) >= self.capacity:
                 self.last_takeover_scan = 0.0  # a full pass: start the next one at once
+
+    def claim_ahead(self) -> Claimed:
+        """The next batch of a backlog (the last acquire was full), taken while the pass's commit is in
+        flight (engine.py): unheld runnable workflows only, no takeover, admission or delayed start.
+        It is the full-batch rescan of the next pass, which then does not acquire again unless a
+        wake-up or a maintenance pass asks. Returns what it claimed (with its load, as ``claim``).
+
+        Raises:
+            DatabaseError: the acquire failed (nothing claimed: one transaction).
+        """
+        claimed = Claimed()
+        clock = time.monotonic()
+        if not self.backlog or self._throttled(clock):
+            return claimed
+        got = self._acquire_free(claimed)
+        events.claims_acquired(self.engine_id, got, self.using)
+        claimed.update({wid: epoch for wid, (epoch, _) in got.items()})
+        self.backlog = len(got) >= self.capacity
+        self.last_claim_scan = 0.0 if self.backlog else clock
+        self._ahead = True
+        return claimed
 
     def _throttled(self, clock: float) -> bool:
         """Whether new unheld workflows are acquired only once per maintenance pass (about once per

@@ -34,10 +34,11 @@ from ..store import sessions as store_sessions
 from ..store.backend import backend
 from ..store.clock import db_now
 from ..store.commit import WorkflowWrites
-from . import cascade, ownership, sessions, signal_delivery
+from . import ahead, cascade, ownership, sessions, signal_delivery
 from .activities import commit_atomic_attempt
 from .attention import Attention
 from .claimer import Claimer
+from .committer import CommitThread
 from .containment import LockedRows, contain_refused_commit, contain_tick_failure
 from .executors import ActivityExecutors
 from .fencing import fenced_commit
@@ -132,6 +133,8 @@ class Engine:
         # transaction around cancel()): they open the next pass's writes, never overtaken by them.
         self._carried: dict[str, WorkflowWrites] = {}
         self._carry_retry_at, self.locked_rows = 0.0, LockedRows()
+        self.commits = CommitThread(self.using, self._session_limit, f"weft-commit-{self.engine_id}")
+        self.claimed_ahead = 0  # workflows the last commit's claim ahead took (engine/committer.py)
         self._last_maintenance = 0.0  # time.monotonic() when the maintenance scans last ran
         self.clock = PassClock(self.using)
 
@@ -230,6 +233,7 @@ class Engine:
         """Stop the threads, release the claims (and the lease), mark the engine stopped."""
         self._threads_stop.set()
         self.executor.shutdown(0)
+        self.commits.close()  # idle: every pass waits for its commit
         held = {**self.claimer.stranded, **self._reload, **self.residency.take_all(self.owned)}
         if ownership.release_at_shutdown(self, held):  # each write tried again over a new connection
             events.claims_released(self, len(self.owned))
@@ -350,10 +354,11 @@ class Engine:
                 writes.pop(wid, None)
             self._depose(deposed)
         if writes:
-            deferred = self._commit(list(writes.values()), now)
-            busy |= len(deferred) < len(writes)
-            if deferred:
-                self._carried = {wid: writes[wid] for wid in sorted(deferred)}
+            self.claimed_ahead = 0
+            deferred = self._commit(list(writes.values()), now, claim_ahead=ahead.due(self, claim))
+            busy |= len(deferred) < len(writes) or self.claimed_ahead > 0
+            if deferred:  # (after the next batch's writes a claim ahead carried: they are other workflows)
+                self._carried.update({wid: writes[wid] for wid in sorted(deferred)})
                 self._carry_retry_at = time.monotonic() + CARRY_RETRY
         if self.residency.evict(self):
             self._publish_epochs()
@@ -396,18 +401,27 @@ class Engine:
         return True
 
     # -- committing and dispatching ------------------------------------------------------------------
-    def _commit(self, batch: list[WorkflowWrites], now: datetime) -> set[str]:
+    def _commit(self, batch: list[WorkflowWrites], now: datetime, *, claim_ahead: bool = False) -> set[str]:
         """Fenced-commit these workflows' writes. Returns those deferred (a row it needed was locked
-        elsewhere; nothing of theirs written): kept for a later commit, their activities not dispatched."""
+        elsewhere; nothing of theirs written): kept for a later commit, their activities not dispatched.
+        ``claim_ahead``: the commit runs on its own thread while the loop claims ahead (engine/ahead.py)."""
         for writes in batch:  # a run that never started a child has none to close at its end
             note_children(self.owned.get(writes.workflow_id), writes)
         now = commit_time(self.owned, batch, now)  # not before a local step of this pass ended
         batch, alone, deferred = self.locked_rows.sort(batch)  # a row a user holds: tried alone, later
         deferred |= {wid for writes in alone for wid in self._commit([writes], now)}
+        commit = functools.partial(
+            fenced_commit, self.engine_id, batch, now, self.using, self.settings.workflow_claim_ttl
+        )
+        clash: dict[str, int] = {}  # claimed ahead at a new epoch while in this commit: loaded after it
+        failed: list[Exception] = []  # what the claim ahead raised: raised once the commit is handled
+        beside = functools.partial(ahead.claim_ahead, self, {w.workflow_id for w in batch}, clash, failed)
         try:
-            result = fenced_commit(self.engine_id, batch, now, self.using, self.settings.workflow_claim_ttl)
+            result = self.commits.run(commit, beside) if claim_ahead else commit()
         except (DatabaseError, UnicodeEncodeError) as exc:  # whose fault, what is kept: engine/containment.py
-            return deferred | contain_refused_commit(self, batch, now, exc, self._commit)
+            deferred |= contain_refused_commit(self, batch, now, exc, self._commit)
+            ahead.after(self, clash, failed)
+            return deferred
         self.locked_rows.forget(result.committed)
         events.committed(self, batch, result)  # after the commit: signals, metrics, status counts
         if result.children:
@@ -426,6 +440,7 @@ class Engine:
                 if ended is not None:
                     ended.run.close()
         self._publish_epochs()
+        ahead.after(self, clash, failed)
         return deferred | {wid for wid in result.busy if wid in self.owned}
 
     def reload_batch(self, workflow_ids: list[str]) -> None:

@@ -43,7 +43,9 @@ QUICK_EXIT = 10.0  # seconds: a child that dies sooner than this after its start
 MAX_QUICK_EXITS = 3  # such deaths in a row of one child: give up
 MAX_BACKOFF = 30.0  # seconds between restarts of a child that keeps dying
 STOP, FORCE = b"s", b"f"  # what the parent writes to a child's pipe
-CONNECTIONS_PER_ENGINE = 3  # PostgreSQL: an engine's loop, its claim renewal and its LISTEN connection
+# PostgreSQL: an engine's loop, its claim renewal, its LISTEN connection and its commit thread's (a
+# backlog's commit runs beside the next claim, WEFT["CLAIM_AHEAD"])
+CONNECTIONS_PER_ENGINE = 4
 
 
 def connection_shortfall(processes: int, alias: str) -> str | None:

@@ -39,6 +39,8 @@ class Backend:
         bounds_sessions: server-side session limits (lock_timeout, idle_in_transaction...) exist.
         batches_statements: several statements can run in one round trip with one CTE statement.
         has_clock: the database has its own clock (else the machine's clock is the database's).
+        concurrent_writers: two sessions can write at once (else a second writer waits for the first):
+            the engine's commit runs beside its next claim (``WEFT["CLAIM_AHEAD"]``) only where they can.
     """
 
     vendor: ClassVar[str] = ""
@@ -47,6 +49,7 @@ class Backend:
     bounds_sessions: ClassVar[bool] = False
     batches_statements: ClassVar[bool] = False
     has_clock: ClassVar[bool] = False
+    concurrent_writers: ClassVar[bool] = False
 
     def __init__(self, alias: str) -> None:
         self.alias = alias
@@ -207,6 +210,7 @@ class PostgreSQLBackend(Backend):
     bounds_sessions = True
     batches_statements = True
     has_clock = True
+    concurrent_writers = True
 
     # -- engine side: claims, the fenced commit, mailbox, timers, engines, epochs, sessions ------
 
