@@ -27,6 +27,7 @@ from ..status import OwnershipMode
 from ..store.backend import backend
 from ..store.commit import WorkflowWrites
 from . import cascade
+from .attention import Attention
 from .claimer import Claimer
 from .loader import Loader
 from .owned import Owned, collect_recorded
@@ -47,6 +48,7 @@ class AheadHost(Protocol):
     lease: StoreLease
     loader: Loader
     progress: Progress
+    attention: Attention
     residency: Residency
     claimed_ahead: int
     _carried: dict[str, WorkflowWrites]
@@ -61,7 +63,8 @@ class AheadHost(Protocol):
 
 def due(engine: AheadHost, claim: bool) -> bool:
     """Whether this pass's commit runs beside a claim ahead: a backlog waits (the last acquire was a
-    full batch), WEFT["CLAIM_AHEAD"] is on, the database has concurrent writers, the loop's connection
+    full batch), WEFT["CLAIM_AHEAD"] is on, no throttle may hold the acquire back once the pass's
+    attempts are dispatched, the database has concurrent writers, the loop's connection
     is not inside a caller's transaction (a second connection would not see it), the engine is not
     stopping and, in "lease" mode, holds the store lease.
 
@@ -71,6 +74,8 @@ def due(engine: AheadHost, claim: bool) -> bool:
     """
     if not (claim and engine.settings.claim_ahead and engine.claimer.backlog) or engine.stopping.is_set():
         return False
+    if engine.attention.dispatching and engine.claimer.may_throttle():  # saturated or not is known after
+        return False  # the dispatch: the throttle (engine/claimer.py) leaves a backlog to engines with room
     found = backend(engine.using)
     leased = engine.mode != OwnershipMode.LEASE or (engine.lease.epoch is not None and not engine.lease.lost)
     return found.concurrent_writers and not found.connection.in_atomic_block and leased

@@ -224,6 +224,11 @@ class Claimer:
         self._ahead = True
         return claimed
 
+    def may_throttle(self) -> bool:
+        """Whether a saturated executor would hold new acquires back now ("workflow-lease" with another
+        engine live): a claim ahead, which runs before the pass's attempts are dispatched, then waits."""
+        return self.mode == OwnershipMode.WORKFLOW_LEASE and self._others_live(time.monotonic())
+
     def _throttled(self, clock: float) -> bool:
         """Whether new unheld workflows are acquired only once per maintenance pass (about once per
         POLL_INTERVAL) instead of on every wake-up and full-batch rescan: the activity threads have as

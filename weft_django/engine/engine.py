@@ -422,6 +422,9 @@ class Engine:
             deferred |= contain_refused_commit(self, batch, now, exc, self._commit)
             ahead.after(self, clash, failed)
             return deferred
+        except BaseException:  # the commit's own error goes on (the pass's containment reloads)
+            ahead.after(self, clash, [])
+            raise
         self.locked_rows.forget(result.committed)
         events.committed(self, batch, result)  # after the commit: signals, metrics, status counts
         if result.children:
