@@ -117,3 +117,26 @@ def test_an_old_slot_locked_by_a_user_does_not_stall_the_next_attempt(lock, capl
             assert ActivitySlot.objects.filter(pk=old.pk).exists() and not released.is_set()
         assert len(weft.start("tests.limited", args=[1, 0], id="limited-after").result(timeout=20)) == 1
     assert not ActivitySlot.objects.filter(pk=old.pk).exists()  # deleted by a later take
+
+
+@pytest.mark.parametrize(("table", "column"), [("workflow", "id"), ("workflowclaim", "workflow_id")])
+@override_settings(WEFT={**BASE, "QUEUES": {"solo": {"concurrency": 1}}})
+def test_a_held_head_of_its_queue_does_not_keep_the_runs_behind_it_waiting(table, column, caplog):
+    """Admission chose as many waiting runs as the queue had free slots, in order, then skipped those whose
+    row or claim a user's open transaction held: with one free slot it chose the head alone, skipped it,
+    and admitted nothing, on every pass, for as long as the lock was held (the queue's slot stayed free).
+    Now a held run is passed over for this pass, the next ones in order take its place, and it is
+    admitted once free (the order among the others kept)."""
+    parked()
+    weft.start("tests.queued", id="head", queue="solo")
+    behind = [weft.start("tests.queued", id=f"behind-{n}", queue="solo") for n in range(2)]
+    with Held(*row_lock(table, column, "head")) as held, running_engine("queue-engine"):
+        _holds("queue-engine")
+        took = [finishes_within(handle, 20) for handle in behind]
+        log = noisy(caplog.records)
+        assert (all(t < 10 for t in took), log) == (True, []), (took, log)
+        admitted = Workflow.objects.filter(pk__startswith="behind-").order_by("admitted_at", "id")
+        assert list(admitted.values_list("pk", flat=True)) == ["behind-0", "behind-1"]
+        assert Workflow.objects.get(pk="head").status == "pending" and not held.released.is_set()
+        held.let_go()
+        assert isinstance(weft.get_handle("head").result(timeout=20), int)

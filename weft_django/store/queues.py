@@ -21,7 +21,9 @@ The transaction, in this order:
 5. the runs still waiting among them (a cancel may have won their claim lock), their rows locked SKIP
    LOCKED (a row a user's open transaction holds is never waited for: that run waits for a later
    admission), made ``running``, their ``execution_deadline`` set from their start's
-   ``execution_timeout`` (it counts from admission);
+   ``execution_timeout`` (it counts from admission); runs passed over in 4-5 leave their slots to the
+   next in order: 3 again past them (``ROUNDS`` times at most), so a held head does not keep the runs
+   behind it waiting (ADR 0011);
 6. their claims held by this engine (``store.claims.hold_admitted``).
 
 A frozen engine's admitted runs keep their slots until they end (after a takeover); a frozen engine
@@ -54,6 +56,7 @@ from .moments import Readable, StoredText
 QUEUE_LOCKS = 0x77656671  # the advisory-lock namespace of queue admissions ("wefq")
 PAGE = 200  # waiting runs read per round while keys in use are skipped
 MAX_PAGES = 25  # at most PAGE * MAX_PAGES waiting runs looked at per admission
+ROUNDS = 4  # choices per admission: after runs passed over (held elsewhere), the next in order, this often
 
 
 def _active(queue: str, using: str) -> Any:
@@ -91,39 +94,56 @@ def admit(
             return {}  # another transaction admits from this queue (or is stopped inside it): next pass
         now = db_now(using)
         free = _free_slots(engine_id, queue, limit, now, using)
-        if free <= 0:
-            return {}
-        chosen = _choose(queue.name, free, using)
-        if not chosen:
-            return {}
-        # The one entry point of workflow-scoped writes: the claims locked first, in one statement in
-        # workflow_id order, skipping rows another transaction holds (nested: a savepoint of this one).
-        with fenced(chosen, using, wait=False) as fence:
-            # ``limit`` is CLAIM_BATCH_SIZE: its ids go in chunks past the database's parameter limit.
-            runs, found = Workflow.objects.using(using), backend(using)
-            unadmitted = runs.filter(status=WorkflowStatus.PENDING, admitted_at__isnull=True, queue=queue.name)
-            # Their rows too, SKIP LOCKED: a run whose row a user's open transaction holds waits for a later
-            # admission (the UPDATE below waited for it, on the engine's loop, then failed the admission).
-            if found.skips_locked:
-                unadmitted = unadmitted.select_for_update(skip_locked=True, no_key=True).order_by("id")
-            timeouts = {
-                wid: timeout
-                for chunk in found.chunks(sorted(fence.held))
-                for wid, timeout in unadmitted.filter(id__in=chunk).values_list("id", _BOUNDED_TIMEOUT)
-            }
-            waiting = sorted(timeouts)
-            if not waiting:
-                return {}
-            for chunk in found.chunks(waiting):
-                runs.filter(id__in=chunk).update(
-                    status=WorkflowStatus.RUNNING, admitted_at=now, started_at=now, updated_at=now
-                )
-            _set_deadlines(timeouts, now, using)
-            held = claims.hold_admitted(engine_id, waiting, ttl, using)
-            if len(held) < len(waiting):  # a claim held elsewhere (never expected): admit none of it
+        admitted: dict[str, int] = {}
+        passed: set[str] = set()  # chosen, not admitted: held elsewhere (a user's open transaction) or ended
+        for _ in range(ROUNDS):
+            chosen = _choose(queue.name, free - len(admitted), using, passed=passed) if free > len(admitted) else []
+            if not chosen:
+                break
+            held = _admit_chosen(engine_id, queue.name, chosen, now, ttl, using)
+            if held is None:  # a claim held elsewhere (never expected): admit none of it
                 transaction.set_rollback(True, using=using)
                 return {}
-        return held
+            admitted.update(held)
+            if len(held) == len(chosen):
+                break
+            # Some were passed over: the next in order take their places (a held head kept every run behind
+            # it waiting while the queue had room); they are admitted on a later pass, once free.
+            passed.update(wid for wid in chosen if wid not in held)
+        return admitted
+
+
+def _admit_chosen(
+    engine_id: str, queue: str, chosen: list[str], now: datetime, ttl: timedelta, using: str
+) -> dict[str, int] | None:
+    """Steps 4-6 for the ``chosen`` runs: those whose claim and row are free and still waiting made
+    running and held by ``engine_id``. Returns {workflow_id: epoch} of those admitted ({} for none), or
+    None when a claim turned out held elsewhere (the caller rolls the admission back)."""
+    # The one entry point of workflow-scoped writes: the claims locked first, in one statement in
+    # workflow_id order, skipping rows another transaction holds (nested: a savepoint of this one).
+    with fenced(chosen, using, wait=False) as fence:
+        # ``limit`` is CLAIM_BATCH_SIZE: its ids go in chunks past the database's parameter limit.
+        runs, found = Workflow.objects.using(using), backend(using)
+        unadmitted = runs.filter(status=WorkflowStatus.PENDING, admitted_at__isnull=True, queue=queue)
+        # Their rows too, SKIP LOCKED: a run whose row a user's open transaction holds waits for a later
+        # admission (the UPDATE below waited for it, on the engine's loop, then failed the admission).
+        if found.skips_locked:
+            unadmitted = unadmitted.select_for_update(skip_locked=True, no_key=True).order_by("id")
+        timeouts = {
+            wid: timeout
+            for chunk in found.chunks(sorted(fence.held))
+            for wid, timeout in unadmitted.filter(id__in=chunk).values_list("id", _BOUNDED_TIMEOUT)
+        }
+        waiting = sorted(timeouts)
+        if not waiting:
+            return {}
+        for chunk in found.chunks(waiting):
+            runs.filter(id__in=chunk).update(
+                status=WorkflowStatus.RUNNING, admitted_at=now, started_at=now, updated_at=now
+            )
+        _set_deadlines(timeouts, now, using)
+        held = claims.hold_admitted(engine_id, waiting, ttl, using)
+        return held if len(held) == len(waiting) else None
 
 
 # The start's execution_timeout, bounded in SQL to what a start accepts (0 to MAX_DURATION): PostgreSQL's
@@ -194,16 +214,18 @@ def _free_slots(engine_id: str, queue: QueueConfig, limit: int, now: datetime, u
     return free
 
 
-def _choose(queue: str, free: int, using: str) -> list[str]:
+def _choose(queue: str, free: int, using: str, *, passed: set[str] | None = None) -> list[str]:
     """The next ``free`` waiting runs in order, at most one per concurrency key and none whose key an
-    admitted, not ended run holds. Each page is read past the keys in use (or chosen already), in SQL:
-    a long backlog of one busy key never fills the pages and starves the runs behind it."""
+    admitted, not ended run holds, none of ``passed``. Each page is read past the keys in use (or chosen
+    already), in SQL: a long backlog of one busy key never fills the pages and starves the runs behind it."""
     held = _active(queue, using).filter(concurrency_key__isnull=False).values("concurrency_key")
     waiting = (
         Workflow.objects.using(using)
         .filter(queue=queue, status=WorkflowStatus.PENDING, admitted_at__isnull=True)
         .exclude(concurrency_key__in=held)
     )
+    if passed:
+        waiting = waiting.exclude(id__in=sorted(passed))
     chosen: list[str] = []
     taken: set[str] = set()  # keys chosen in this admission: a few (at most ``free``)
     after: tuple[int, str] | None = None
