@@ -49,3 +49,29 @@ def test_a_held_lease_row_does_not_stop_the_claims_renewal_or_the_heartbeat(weft
     handle.signal("go", "after")
     assert handle.result(timeout=30) == "after"
     assert engine.stop() == 0
+
+
+def test_an_engine_waiting_for_a_free_lease_row_a_user_holds_heartbeats_and_stops_at_once(weft_engines):
+    """The lease free (its holder stopped, or died and its lease lapsed) but its row held by a user's open
+    transaction: an engine's attempt to take it (an UPDATE of the row, which matches) waited for the
+    session's whole lock_timeout (15 s with the default LEASE_TTL), each time: the heartbeat it writes
+    between attempts was that late, and SIGTERM waited for the attempt to end. Now a held row is waited
+    for COMMIT_LOCK_WAIT_MS and the lease is not taken this time (tried again a second later)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks are PostgreSQL's")
+    StoreLease.objects.create(id=1, epoch=0)  # free: no holder
+    slow = {"OWNERSHIP": "lease", "LEASE_WAIT_TIMEOUT": "120s"}  # LEASE_TTL 30 s: lock_timeout 15 s
+    with holding("SELECT 1 FROM weft_django_storelease WHERE id = 1 FOR UPDATE", [], hold_at_most=60) as released:
+        waiting = weft_engines("lrs-waiting", weft=slow)
+        wait_for(lambda: Engine.objects.filter(pk="lrs-waiting").exists(), timeout=30)
+        time.sleep(2)  # its first attempt is under way
+        beats = set()
+        for _ in range(6):
+            beats.add(Engine.objects.get(pk="lrs-waiting").heartbeat_at)
+            time.sleep(1)
+        began = time.monotonic()
+        code = waiting.stop()
+        took = time.monotonic() - began
+        assert (len(beats) >= 3, took < 5, code) == (True, True, 0), (sorted(beats), took, waiting.output()[-1500:])
+        assert not released.is_set()
+    assert StoreLease.objects.get().engine_id is None

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import socket
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from django.db import DataError, IntegrityError, transaction
+from django.db import DatabaseError, DataError, IntegrityError, OperationalError, transaction
 from django.db.models import Q
 from django.utils.dateparse import parse_datetime
 
@@ -14,7 +15,7 @@ from ..models import Engine, OwnershipMarker, StoreLease
 from .backend import backend
 from .clock import _python_now, db_clock
 from .epochs import next_epoch, next_epoch_sql
-from .sessions import write_within_lock_wait
+from .sessions import lock_wait_bounded, lock_wait_ended, write_within_lock_wait
 
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
 
@@ -49,13 +50,34 @@ def register_engine(engine_id: str, mode: str, using: str, *, queues: list[str] 
     # written over, never read first: an earlier row of this id may hold a value the driver cannot
     # convert (a timestamp past year 9999 on PostgreSQL), which must not keep this engine from starting
     row = Engine.objects.using(using).filter(id=engine_id)
-    if row.update(**values):
-        return
     try:
-        with transaction.atomic(using=using):
-            Engine.objects.using(using).create(id=engine_id, **values)
-    except IntegrityError:  # registered meanwhile under this id
-        row.update(**values)
+        with lock_wait_bounded(using):
+            if row.update(**values):
+                return
+        try:
+            with transaction.atomic(using=using):
+                Engine.objects.using(using).create(id=engine_id, **values)
+        except IntegrityError:  # registered meanwhile under this id
+            with lock_wait_bounded(using):
+                row.update(**values)
+    except DatabaseError as exc:
+        if not lock_wait_ended(exc):
+            raise
+        raise EngineRowHeld(engine_id) from exc
+
+
+class EngineRowHeld(OperationalError):
+    """``register_engine``: another transaction holds the engine's row (a user's open transaction, e.g.
+    ``SELECT ... FOR UPDATE`` left open in psql) for more than COMMIT_LOCK_WAIT_MS. Its wait, the
+    session's lock_timeout (15 s), kept the start-up's transaction, and the ownership mode marker it had
+    locked, open meanwhile: every other engine's start-up waited for the marker. An OperationalError:
+    start-up tries again after its back-off (``engine.ownership.retried_at_start_up``), saying so."""
+
+    def __init__(self, engine_id: str) -> None:
+        super().__init__(
+            f"row id={engine_id!r} of {Engine._meta.db_table} is locked by another transaction (a user's open "
+            "transaction?); the engine starts once it ends"
+        )
 
 
 def heartbeat_engine(engine_id: str, using: str) -> bool:
@@ -177,28 +199,25 @@ def acquire_store_lease(engine_id: str, *, ttl: timedelta, grace: timedelta, usi
     heartbeat is more than ``ttl`` + ``grace`` old, or its holder has no engine row. Such a row held by
     a dead engine kept every engine from starting, for ever.
 
+    A lease row another transaction holds (a user's open transaction) is waited for COMMIT_LOCK_WAIT_MS
+    at most, then not taken this time: the wait for the session's lock_timeout, on every attempt, kept
+    a standby's heartbeat (written between attempts) and its SIGTERM waiting as long.
+
     Returns:
-        The new lease epoch, or None (another engine holds it).
+        The new lease epoch, or None (another engine holds it, or its row is held elsewhere).
     """
     found = backend(using)
     engines = Engine._meta.db_table
     with transaction.atomic(using=using), found.connection.cursor() as cursor:
         if found.has_clock:
             cursor.execute(f"INSERT INTO {LEASE_TABLE} (id, epoch) VALUES (1, 0) ON CONFLICT (id) DO NOTHING")
-            cursor.execute(
-                f"""UPDATE {LEASE_TABLE} SET epoch = {next_epoch_sql("postgresql")}, engine_id = %s,
-                        claimed_at = clock_timestamp(), expires_at = clock_timestamp() + %s * interval '1 millisecond'
-                    WHERE id = 1 AND (engine_id IS NULL OR engine_id = %s
-                        OR expires_at + %s * interval '1 millisecond' < clock_timestamp()
-                        OR (expires_at > clock_timestamp() + %s * interval '1 millisecond' AND (EXISTS (
-                            SELECT 1 FROM {engines} e WHERE e.id = {LEASE_TABLE}.engine_id
-                            AND e.heartbeat_at < clock_timestamp() - %s * interval '1 millisecond')
-                            OR NOT EXISTS (SELECT 1 FROM {engines} e WHERE e.id = {LEASE_TABLE}.engine_id))))
-                    RETURNING epoch""",
-                [engine_id, _ms(ttl), engine_id, _ms(grace), _ms(ttl), _ms(ttl + grace)],
-            )
-            row = cursor.fetchone()
-            return int(row[0]) if row else None
+            try:
+                with lock_wait_bounded(using):
+                    return _take_lease(cursor, engine_id, ttl, grace)
+            except DatabaseError as exc:
+                if not lock_wait_ended(exc):
+                    raise
+                return None  # its row held elsewhere (a user's open transaction): tried again later
         now = _python_now()
         cursor.execute(f"INSERT OR IGNORE INTO {LEASE_TABLE} (id, epoch) VALUES (1, 0)")
         cursor.execute(f"SELECT engine_id, expires_at FROM {LEASE_TABLE} WHERE id = 1")
@@ -216,6 +235,25 @@ def acquire_store_lease(engine_id: str, *, ttl: timedelta, grace: timedelta, usi
             [epoch, engine_id, now, now + ttl],
         )
         return epoch
+
+
+def _take_lease(cursor: Any, engine_id: str, ttl: timedelta, grace: timedelta) -> int | None:
+    """``acquire_store_lease``'s UPDATE on PostgreSQL (the database clock). Returns the new epoch or None."""
+    engines = Engine._meta.db_table
+    cursor.execute(
+        f"""UPDATE {LEASE_TABLE} SET epoch = {next_epoch_sql("postgresql")}, engine_id = %s,
+                claimed_at = clock_timestamp(), expires_at = clock_timestamp() + %s * interval '1 millisecond'
+            WHERE id = 1 AND (engine_id IS NULL OR engine_id = %s
+                OR expires_at + %s * interval '1 millisecond' < clock_timestamp()
+                OR (expires_at > clock_timestamp() + %s * interval '1 millisecond' AND (EXISTS (
+                    SELECT 1 FROM {engines} e WHERE e.id = {LEASE_TABLE}.engine_id
+                    AND e.heartbeat_at < clock_timestamp() - %s * interval '1 millisecond')
+                    OR NOT EXISTS (SELECT 1 FROM {engines} e WHERE e.id = {LEASE_TABLE}.engine_id))))
+            RETURNING epoch""",
+        [engine_id, _ms(ttl), engine_id, _ms(grace), _ms(ttl), _ms(ttl + grace)],
+    )
+    row = cursor.fetchone()
+    return int(row[0]) if row else None
 
 
 def _moment(value: object) -> datetime | None:
