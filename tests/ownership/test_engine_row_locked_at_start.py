@@ -18,7 +18,7 @@ from django.db import connection
 
 import weft_django as weft
 from tests.engine.locked import Held, row_lock
-from weft_django.models import Engine
+from weft_django.models import Engine, OwnershipMarker
 from weft_django.store.clock import db_clock
 from weft_django.testing import wait_for
 
@@ -48,3 +48,23 @@ def test_an_engine_whose_row_a_user_holds_at_start_up_neither_holds_up_others_no
         assert restarted.process.poll() is None and not held.released.is_set()
     wait_for(lambda: Engine.objects.get(pk="ers-restarted").pid != 1, timeout=20, message="registered once free")
     assert Engine.objects.get(pk="ers-restarted").stopped_at is None
+
+
+def test_an_engine_whose_ownership_marker_a_user_holds_says_which_row_it_waits_for(weft_engines):
+    """The marker stays locked FOR UPDATE and waited for (the session's lock_timeout): the engine cannot
+    check its mode without it. It said only ``canceling statement due to lock timeout``; now the line
+    names the row, and the engine comes up once the row is free."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks are PostgreSQL's")
+    OwnershipMarker.objects.create(id=1, mode="workflow-lease", set_by="earlier", set_at=db_clock("default"))
+    fast = {"WORKFLOW_CLAIM_TTL": "4s", "WORKFLOW_CLAIM_RENEW_INTERVAL": "1s"}  # lock_timeout 2 s
+    with Held(*row_lock("ownershipmarker", "id", 1), hold_at_most=60):
+        engine = weft_engines("ers-marker", weft=fast)
+        waits = "engine start-up waits for the database engine=ers-marker step=mode marker and engine row"
+        wait_for(lambda: waits in engine.output(), timeout=30, message="the engine waits for the marker")
+        line = next(line for line in engine.output().splitlines() if waits in line)
+        assert "row id=1 of weft_django_ownershipmarker is locked by another transaction" in line, line
+        assert not Engine.objects.filter(pk="ers-marker").exists()
+    handle = weft.start("tests.sum", args=[1, 1])
+    assert handle.result(timeout=30) == {"total": 2}
+    assert Engine.objects.get(pk="ers-marker").stopped_at is None

@@ -63,20 +63,22 @@ def register_engine(engine_id: str, mode: str, using: str, *, queues: list[str] 
     except DatabaseError as exc:
         if not lock_wait_ended(exc):
             raise
-        raise EngineRowHeld(engine_id) from exc
+        raise RowHeld(Engine._meta.db_table, engine_id) from exc
 
 
-class EngineRowHeld(OperationalError):
-    """``register_engine``: another transaction holds the engine's row (a user's open transaction, e.g.
-    ``SELECT ... FOR UPDATE`` left open in psql) for more than COMMIT_LOCK_WAIT_MS. Its wait, the
-    session's lock_timeout (15 s), kept the start-up's transaction, and the ownership mode marker it had
-    locked, open meanwhile: every other engine's start-up waited for the marker. An OperationalError:
-    start-up tries again after its back-off (``engine.ownership.retried_at_start_up``), saying so."""
+class RowHeld(OperationalError):
+    """A start-up statement found its row locked by another transaction (a user's open transaction, e.g.
+    ``SELECT ... FOR UPDATE`` left open in psql), past its lock wait: the engine's own row
+    (``register_engine``, COMMIT_LOCK_WAIT_MS: waiting out the session's lock_timeout, 15 s, kept the
+    start-up's transaction, and the ownership mode marker it had locked, open, so every other engine's
+    start-up waited for the marker) or the marker (``mode_marker``, the session's lock_timeout). An
+    OperationalError naming the row: start-up tries again after its back-off and logs it
+    (``engine.ownership.retried_at_start_up``), where the driver's message named none."""
 
-    def __init__(self, engine_id: str) -> None:
+    def __init__(self, table: str, key: object) -> None:
         super().__init__(
-            f"row id={engine_id!r} of {Engine._meta.db_table} is locked by another transaction (a user's open "
-            "transaction?); the engine starts once it ends"
+            f"row id={key!r} of {table} is locked by another transaction (a user's open transaction?); "
+            "the engine starts once it ends"
         )
 
 
@@ -155,7 +157,12 @@ def mode_marker(engine_id: str, mode: str, using: str) -> tuple[str, str, bool]:
     """
     markers = OwnershipMarker.objects.using(using)
     with transaction.atomic(using=using):
-        found = markers.select_for_update().filter(id=1).values_list("mode", "set_by").first()
+        try:
+            found = markers.select_for_update().filter(id=1).values_list("mode", "set_by").first()
+        except DatabaseError as exc:
+            if not lock_wait_ended(exc):
+                raise
+            raise RowHeld(OwnershipMarker._meta.db_table, 1) from exc
         if found is not None:
             return found[0], found[1], False
         marker, created = markers.get_or_create(
