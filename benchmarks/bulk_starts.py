@@ -92,6 +92,7 @@ def weft_many(
     engines: int = 1,
     processes: int = 1,
     steps: str = "regular",
+    weft_settings: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     import weft_django as weft
     from benchmarks.benchapp.workflows import three_local, three_noop
@@ -100,9 +101,12 @@ def weft_many(
     workflow = three_local if steps == "local" else three_noop
     name = "bench.three_local" if steps == "local" else "bench.three_noop"
     label = "loop" if loop else f"many{engines}" + (f"x{processes}" if processes > 1 else "")
+    label += "-serial" if weft_settings else ""
     logs = {k: RESULTS / f"{stamp}-bulk-engine-{label}-{k}.log" for k in range(2, engines + 1)}
     others = [Engine(f"bulk-{k}", concurrency, log) for k, log in logs.items()]
-    engine = Engine("bulk-1", concurrency, RESULTS / f"{stamp}-bulk-engine-{label}.log", processes=processes)
+    engine = Engine(
+        "bulk-1", concurrency, RESULTS / f"{stamp}-bulk-engine-{label}.log", processes=processes, weft=weft_settings
+    )
     try:
         for other in others:
             other.wait_ready()
@@ -185,6 +189,7 @@ def report_many(
     loop: dict[str, Any],
     two: dict[str, Any] | None = None,
     processes: dict[str, Any] | None = None,
+    serial: dict[str, Any] | None = None,
 ) -> str:
     w = weft.get("workflows_per_s")
     rows = [["weft_django start_many, one engine", _fmt(w), _fmt(weft.get("starts_per_s"), 0), "1.00x"]]
@@ -192,6 +197,7 @@ def report_many(
         ("weft_django start_many, two engines", two),
         ("weft_django start_many, one weft_engine --processes 2", processes),
         ("weft_django start() loop, one engine", loop),
+        ("weft_django start_many, one engine, CLAIM_AHEAD off", serial),
     )
     for label, other in others:
         if other:
@@ -390,7 +396,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--systems",
         default="weft,loop,dbos,raw",
-        help="many: which (loop: weft start() loop; weft2: two engines; weftp2: weft_engine --processes 2)",
+        help="many: which (loop: weft start() loop; weft2: two engines; weftp2: weft_engine --processes 2; "
+        "weft_serial: one engine with CLAIM_AHEAD off)",
     )
     parser.add_argument("--steps", choices=("regular", "local"), default="regular", help="many: weft's activities")
     parser.add_argument("--per-client", type=int, default=400, help="concurrent: starts per client")
@@ -418,6 +425,9 @@ def main(argv: list[str] | None = None) -> None:
             "weft_loop": lambda: weft_many(n, stamp, concurrency=options.engine_concurrency, loop=True, steps=steps),
             "weft2": lambda: weft_many(n, stamp, concurrency=options.engine_concurrency, engines=2, steps=steps),
             "weftp2": lambda: weft_many(n, stamp, concurrency=options.engine_concurrency, processes=2, steps=steps),
+            "weft_serial": lambda: weft_many(
+                n, stamp, concurrency=options.engine_concurrency, steps=steps, weft_settings={"CLAIM_AHEAD": False}
+            ),
             "raw": lambda: raw_many(n, stamp, steps),
             "dbos": lambda: dbos_many(n, stamp),
         }
@@ -439,6 +449,7 @@ def main(argv: list[str] | None = None) -> None:
                 found["weft_loop"],
                 found["weft2"],
                 found["weftp2"],
+                found["weft_serial"],
             ),
         ]
         lines.append("load average (1 min) before each: " + ", ".join(f"{k} {v:.1f}" for k, v in load.items()))

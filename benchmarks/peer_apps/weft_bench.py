@@ -40,8 +40,15 @@ os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
 
 class Engine:
     def __init__(
-        self, engine_id: str, concurrency: int, log: Path, trace_out: Path | None = None, processes: int = 1
+        self,
+        engine_id: str,
+        concurrency: int,
+        log: Path,
+        trace_out: Path | None = None,
+        processes: int = 1,
+        weft: dict[str, Any] | None = None,
     ) -> None:
+        """``weft``: WEFT settings for this engine only (merged over WEFT_BENCH_OVERRIDES)."""
         command = [sys.executable, "-m"]
         command += ["benchmarks.sqltrace", "--out", str(trace_out), "--"] if trace_out else ["django"]
         command += ["weft_engine", "--engine-id", engine_id, "--concurrency", str(concurrency), "-v", "1"]
@@ -52,9 +59,10 @@ class Engine:
         self.command = command
         self.log_path = log
         self._log = open(log, "w")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(
-            command, cwd=ROOT, env=dict(os.environ), stdout=self._log, stderr=subprocess.STDOUT
-        )
+        env = dict(os.environ)
+        if weft:
+            env["WEFT_BENCH_OVERRIDES"] = json.dumps({**json.loads(env.get("WEFT_BENCH_OVERRIDES") or "{}"), **weft})
+        self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         from weft_django.models import Engine as EngineRow
