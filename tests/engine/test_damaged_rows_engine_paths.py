@@ -10,6 +10,8 @@ cover the load (runs, steps, timers, signals, inputs); these are the other reade
 - the ownership-mode marker's ``set_at`` (read at every engine's start: no engine could start);
 - the store lease (``OWNERSHIP="lease"``) held by a dead engine with an expiry no renewal sets (no
   engine could take it, ever);
+- on SQLite, the store lease whose expiry, or whose holder's heartbeat, is text that is no date (the
+  acquire's read raised ValueError: no engine could take the lease);
 - on SQLite, a timer whose ``fire_at`` is text that is no date (the ORM reads it as None: it poisoned
   the engine's timer heap, failing every pass) and an admitted update whose id is no uuid (its read
   raised in a loop over other workflows, which got stuck in its place).
@@ -194,6 +196,55 @@ def test_a_lease_a_live_engine_holds_is_not_taken(errors):
 
     _sql("UPDATE weft_django_storelease SET engine_id = 'live-engine', expires_at = %s", [now + timedelta(hours=1)])
     assert acquire_store_lease("me", ttl=timedelta(seconds=3), grace=timedelta(seconds=2), using="default") is None
+
+
+NO_DATE = ["0000-01-01 00:00:00", "2024-13-01 00:00:00", "2024-02-30 10:00:00", "garbage"]
+
+
+@pytest.mark.sqlite
+@pytest.mark.parametrize("column", ["expires_at", "heartbeat_at"])
+@pytest.mark.parametrize("text", NO_DATE)
+def test_a_lease_whose_expiry_or_holders_heartbeat_is_no_date_keeps_no_engine_from_starting(errors, column, text):
+    """SQLite, OWNERSHIP="lease": the lease's expiry, or its (dead) holder's heartbeat, is text that is
+    no real date. The acquire read both through the driver's conversion of the datetime column, which
+    raised ValueError ("month must be in 1..12"): no engine could take the lease, or start, while the
+    row stayed so. They are read as text now: one that is no date is no time (the lease is taken when
+    its expiry is none, kept by an expiry when its holder's heartbeat is none)."""
+    with override_settings(WEFT=LEASE):
+        run_until_idle(timeout=15)  # the mode marker and the lease row
+        old = "datetime('now', '-1 hour')"
+        _sql(
+            "INSERT INTO weft_django_engine (id, host, pid, mode, started_at, heartbeat_at, stopped_at) "
+            f"VALUES ('dead-engine', 'elsewhere', 1, 'lease', {old}, {old}, NULL)"
+        )
+        _sql(f"UPDATE weft_django_storelease SET engine_id = 'dead-engine', expires_at = {old}")
+        _sql(f"UPDATE weft_django_{'storelease' if column == 'expires_at' else 'engine'} SET {column} = %s", [text])
+        _good_one_completes(errors)  # before: ValueError from acquire_store_lease
+
+
+@pytest.mark.parametrize("at", ["far ahead", "far behind"])
+def test_another_engines_heartbeat_python_cannot_hold_stops_no_engine(errors, at):
+    """Another engine's row whose heartbeat Python cannot hold (PostgreSQL: 'infinity', '-infinity';
+    SQLite: text that is no date), holding a claim that expired: the engines compare heartbeats in SQL
+    and never read one, so the claim is taken over and both runs complete (a guard: this held before)."""
+    postgres = connection.vendor == "postgresql"
+    heartbeat = {
+        True: "infinity" if at == "far ahead" else "-infinity",
+        False: "soon" if at == "far ahead" else "0000-01-01 00:00:00",
+    }[postgres]
+    past = "now() - interval '1 minute'" if postgres else "datetime('now', '-1 minute')"
+    _sql(
+        "INSERT INTO weft_django_engine (id, host, pid, mode, started_at, heartbeat_at, stopped_at) "
+        f"VALUES ('other-engine', 'elsewhere', 1, 'workflow-lease', {past}, %s, NULL)",
+        [heartbeat],
+    )
+    held = weft.start("tests.sum", args=[1, 2], id="held")
+    _sql(
+        f"UPDATE weft_django_workflowclaim SET engine_id = 'other-engine', expires_at = {past} "
+        "WHERE workflow_id = 'held'"
+    )
+    _good_one_completes(errors)
+    assert held.result(timeout=5) == {"total": 3}
 
 
 # -- SQLite: text that is no date in a timer, text that is no uuid in an update's id ------------------

@@ -22,6 +22,7 @@ from ..models import Engine, Timer, Workflow, WorkflowClaim
 from ..status import ACTIVE_STATUSES, WORKFLOW_SCOPED_TIMERS, WorkflowStatus
 from ..store.backend import backend
 from ..store.claims import TAKEOVER_GRACE_MULTIPLIER, holder_heartbeat, lapsed, takeover_grace
+from ..store.moments import UNREADABLE, Readable, StoredText, readable_rows
 from .formatting import format_duration
 
 OK, WARNING, ERROR, SKIPPED = "ok", "warning", "error", "skipped"
@@ -105,17 +106,13 @@ def _lapsed_claims(using: str, now: datetime, ttl: timedelta, renew: timedelta) 
     count = found.count()
     if not count:
         return Finding("lapsed claims", OK, "no claim is past its takeover grace")
+    # a time a hand edit put out of Python's reach reads as None (store/moments.py): named with its stored text
+    shown = found.annotate(
+        holder_heartbeat=Readable(holder_heartbeat(using)), heartbeat_stored=StoredText(holder_heartbeat(using))
+    )
     details = [
-        f"{c.workflow_id} held by {c.engine_id} (epoch {c.epoch}) "
-        + (
-            f"expired {format_duration(now - c.expires_at)} ago"
-            if c.expires_at < now
-            else f"its engine silent for {format_duration(now - c.holder_heartbeat)}"
-        )
-        for c in found.annotate(holder_heartbeat=holder_heartbeat(using)).order_by("expires_at", "workflow_id")[
-            :DETAIL_LIMIT
-        ]
-        if c.expires_at is not None
+        f"{c.workflow_id} held by {c.engine_id} (epoch {c.epoch}) " + _lapse(c, now)
+        for c in readable_rows(shown.order_by("expires_at", "workflow_id"))[:DETAIL_LIMIT]
     ]
     return Finding(
         "lapsed claims",
@@ -125,6 +122,23 @@ def _lapsed_claims(using: str, now: datetime, ttl: timedelta, renew: timedelta) 
         details,
         "Start an engine (`python manage.py weft_engine`): a live engine takes lapsed claims over.",
     )
+
+
+def unreadable_text(stored: str) -> str:
+    return f"{UNREADABLE} ({stored})"
+
+
+def _lapse(claim: Any, now: datetime) -> str:
+    """Why a lapsed claim (of ``_lapsed_claims``) lapsed, its unreadable times named with their stored text."""
+    if "expires_at" in claim.weft_unreadable:
+        return f"its expiry {unreadable_text(claim.weft_unreadable['expires_at'])}"
+    if claim.expires_at < now:
+        return f"expired {format_duration(now - claim.expires_at)} ago"
+    if claim.heartbeat_stored is not None:
+        return f"its engine's heartbeat {unreadable_text(claim.heartbeat_stored)}"
+    if claim.holder_heartbeat is None:
+        return "its engine has no engine row"
+    return f"its engine silent for {format_duration(now - claim.holder_heartbeat)}"
 
 
 def _overdue_timers(using: str, wf_now: datetime) -> Finding:
@@ -153,9 +167,10 @@ def _dead_engines(using: str, now: datetime, ttl: timedelta, renew: timedelta) -
     is an error once it is silent past the takeover grace too (its claims should have been taken by
     then); before that it is being taken over, a warning: the "lapsed claims" check waits the same
     grace, and a liveness probe of the healthy engines must not fail while the system heals itself."""
-    dead = list(
-        Engine.objects.using(using).filter(stopped_at__isnull=True, heartbeat_at__lt=now - ttl).order_by("heartbeat_at")
-    )
+    silent = Engine.objects.using(using).filter(stopped_at__isnull=True, heartbeat_at__lt=now - ttl)
+    # compared as stored, as the engines do; a time a hand edit put out of Python's reach is named, not read
+    overdue_ids = set(silent.filter(heartbeat_at__lt=now - ttl - takeover_grace(renew)).values_list("id", flat=True))
+    dead = list(readable_rows(silent.order_by("heartbeat_at")))
     if not dead:
         return Finding("dead engines", OK, "every engine that has not stopped is heartbeating")
     holding = dict(
@@ -167,11 +182,16 @@ def _dead_engines(using: str, now: datetime, ttl: timedelta, renew: timedelta) -
         .values_list("engine_id", "n")
     )
     details = [
-        f"{e.id} (host {e.host}, pid {e.pid}): last heartbeat {format_duration(now - e.heartbeat_at)} ago, "
-        f"holds {holding.get(e.id, 0)} claim(s)"
+        f"{e.id} (host {e.host}, pid {e.pid}): last heartbeat "
+        + (
+            unreadable_text(e.weft_unreadable["heartbeat_at"])
+            if e.heartbeat_at is None
+            else f"{format_duration(now - e.heartbeat_at)} ago"
+        )
+        + f", holds {holding.get(e.id, 0)} claim(s)"
         for e in dead[:DETAIL_LIMIT]
     ]
-    overdue = [e for e in dead if e.id in holding and e.heartbeat_at < now - ttl - takeover_grace(renew)]
+    overdue = [e for e in dead if e.id in holding and e.id in overdue_ids]
     return Finding(
         "dead engines",
         ERROR if overdue else WARNING,

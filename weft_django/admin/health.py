@@ -9,14 +9,25 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import CharField, Count, F, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models import (
+    BooleanField,
+    CharField,
+    Count,
+    ExpressionWrapper,
+    F,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+)
 from django.db.models.functions import Cast, Concat
 
 from ..models import Engine, Step, Workflow, WorkflowClaim
 from ..status import WorkflowStatus
 from ..store import runs
 from ..store.claims import has_lapsed, holder_heartbeat, holder_silent, lapsed
-from ..store.moments import Readable, StoredText
+from ..store.moments import Readable, StoredText, readable_rows
 
 ALIVE, STOPPED, DEAD = "alive", "stopped", "dead"
 
@@ -71,19 +82,30 @@ def current_step(workflow: Workflow) -> str | None:
     return workflow.current_step or (getattr(workflow, "last_step", None) or "").strip() or None
 
 
-def engine_state(engine: Engine, now: datetime, ttl: timedelta) -> str:
+def readable_engines(queryset: QuerySet[Engine], now: datetime, ttl: timedelta) -> QuerySet[Engine]:
+    """``queryset`` of engine rows for ``engine_state``: each annotated ``heartbeat_silent`` (its heartbeat,
+    as stored, older than ``ttl``: the engines' own comparison, store/engines.py), its timestamps read
+    through ``store.moments`` (one a hand edit put out of Python's reach is None, named with its stored
+    text in ``weft_unreadable``). Apply it last."""
+    silent = ExpressionWrapper(Q(heartbeat_at__lt=now - ttl), output_field=BooleanField())
+    return readable_rows(queryset.annotate(heartbeat_silent=silent))
+
+
+def engine_state(engine: Engine) -> str:
     """alive: heartbeat within the claim TTL; stopped: shut down cleanly; dead: silent for longer
-    than the TTL without stopping (killed, frozen, or cut off from the database)."""
-    if engine.stopped_at is not None:
+    than the TTL without stopping (killed, frozen, or cut off from the database). ``engine`` comes from
+    ``readable_engines``: a heartbeat Python cannot hold has the state the engines give it ('infinity':
+    alive, as ``other_live_engines`` counts it)."""
+    if engine.stopped_at is not None or "stopped_at" in engine.weft_unreadable:  # type: ignore[attr-defined]
         return STOPPED
-    return ALIVE if engine.heartbeat_at >= now - ttl else DEAD
+    return DEAD if engine.heartbeat_silent else ALIVE  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
 class EngineRow:
     engine: Engine
     state: str
-    heartbeat_age: timedelta
+    heartbeat_age: timedelta | None  # None: a heartbeat Python cannot hold (``unreadable``)
     claims_held: int
     claims_lapsed: int
 
@@ -97,11 +119,19 @@ class EngineRow:
             "state": self.state,
             "started_at": e.started_at,
             "heartbeat_at": e.heartbeat_at,
-            "heartbeat_age_seconds": round(self.heartbeat_age.total_seconds(), 3),
+            "heartbeat_age_seconds": None
+            if self.heartbeat_age is None
+            else round(self.heartbeat_age.total_seconds(), 3),
             "stopped_at": e.stopped_at,
             "claims_held": self.claims_held,
             "claims_lapsed": self.claims_lapsed,
+            **({"unreadable": dict(self.unreadable)} if self.unreadable else {}),
         }
+
+    @property
+    def unreadable(self) -> dict[str, str]:
+        """The engine row's timestamps Python cannot hold: {column: stored text}."""
+        return dict(self.engine.weft_unreadable)  # type: ignore[attr-defined]
 
 
 def engine_rows(using: str, now: datetime, ttl: timedelta) -> list[EngineRow]:
@@ -119,14 +149,15 @@ def engine_rows(using: str, now: datetime, ttl: timedelta) -> list[EngineRow]:
         .order_by()
     }
     rows = []
-    for engine in Engine.objects.using(using).order_by("-heartbeat_at"):
+    # a timestamp a hand edit put out of Python's reach reads as None, shown marked (store/moments.py)
+    for engine in readable_engines(Engine.objects.using(using).order_by("-heartbeat_at"), now, ttl):
         counts = held.get(engine.id, {})
-        silent = engine.heartbeat_at < now - ttl  # its dormant claims have lapsed too (lapse.py)
+        silent = engine.heartbeat_silent  # type: ignore[attr-defined]  # its dormant claims have lapsed too (lapse.py)
         rows.append(
             EngineRow(
                 engine,
-                engine_state(engine, now, ttl),
-                now - engine.heartbeat_at,
+                engine_state(engine),
+                None if engine.heartbeat_at is None else now - engine.heartbeat_at,
                 counts.get("n", 0),
                 counts.get("lapsed", 0) + (counts.get("dormant", 0) if silent else 0),
             )
@@ -147,11 +178,14 @@ class ClaimRow:
     expires_at: datetime | None
     expires_in: timedelta | None
     lapsed: bool
+    unreadable: dict[str, str]  # the claim's timestamps Python cannot hold: {column: stored text}
 
     def as_dict(self) -> dict[str, Any]:
         data = dict(self.__dict__)
         data["expires_in_seconds"] = None if self.expires_in is None else round(self.expires_in.total_seconds(), 3)
         del data["expires_in"]
+        if not self.unreadable:
+            del data["unreadable"]
         return data
 
 
@@ -160,18 +194,21 @@ def claim_rows(
 ) -> list[ClaimRow]:
     """Claims (held ones by default): those of silent engines first, then soonest expiry first, with
     their workflow's type and status and whether they lapsed (expired, or their holder silent for
-    longer than ``ttl``)."""
+    longer than ``ttl``), decided on the times as stored, as the engines do: a claim's or its holder's
+    time a hand edit put out of Python's reach is None, named in the row's ``unreadable``."""
     workflow = Workflow.objects.using(using).filter(pk=OuterRef("pk"))
     claims = WorkflowClaim.objects.using(using).annotate(
         workflow_type=Subquery(workflow.values("workflow_type")[:1]),
         status=Subquery(workflow.values("status")[:1]),
-        holder_heartbeat=holder_heartbeat(using),
+        lapsed_now=ExpressionWrapper(lapsed(using, now, ttl), output_field=BooleanField()),
     )
     if held_only:
         claims = claims.filter(engine_id__isnull=False)
     # Soonest expiry first, after the claims of silent engines (dormant ones expire ten TTLs out, and
     # would fall past the limit while the summary counts them as lapsed).
-    claims = claims.annotate(silent=holder_silent(using, now - ttl)).order_by("-silent", "expires_at", "workflow_id")
+    claims = readable_rows(
+        claims.annotate(silent=holder_silent(using, now - ttl)).order_by("-silent", "expires_at", "workflow_id")
+    )
     if limit is not None:
         claims = claims[:limit]
     rows = []
@@ -187,7 +224,8 @@ def claim_rows(
                 claim.claimed_at,
                 claim.expires_at,
                 expires_in,
-                claim.engine_id is not None and has_lapsed(claim.expires_at, claim.holder_heartbeat, now, ttl),
+                bool(claim.lapsed_now),
+                dict(claim.weft_unreadable),  # type: ignore[attr-defined]
             )
         )
     return rows

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin.utils import quote
-from django.db.models import Count, DateTimeField, DurationField, IntegerField, OuterRef, QuerySet, Subquery, Value
+from django.db.models import Count, DateTimeField, IntegerField, OuterRef, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest
 from django.urls import reverse
@@ -32,7 +32,7 @@ from .formatting import (
     relative,
     state_badge,
 )
-from .health import engine_state
+from .health import engine_state, readable_engines
 
 
 class ReadOnlyAdmin(GuardedChangelist):
@@ -164,6 +164,7 @@ class EngineAdmin(ReadOnlyAdmin):
     stopped_at_display = moment_column("stopped_at", "stopped at")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        now, ttl = claim_now(request), claim_ttl(request)
         held = (
             WorkflowClaim.objects.using(database_alias())
             .filter(engine_id=OuterRef("pk"))
@@ -172,22 +173,24 @@ class EngineAdmin(ReadOnlyAdmin):
             .annotate(n=Count("pk"))
             .values("n")
         )
-        return (
+        annotated = (
             super()
             .get_queryset(request)
             .annotate(
                 held=Coalesce(Subquery(held, output_field=IntegerField()), 0),
-                observed_at=Value(claim_now(request), output_field=DateTimeField()),
-                observed_ttl=Value(claim_ttl(request), output_field=DurationField()),
+                observed_at=Value(now, output_field=DateTimeField()),
             )
         )
+        return readable_engines(annotated, now, ttl)  # a time Python cannot represent (a hand edit): shown marked
 
     @admin.display(description="state")
     def state_display(self, obj: Engine) -> SafeString:
-        return state_badge(engine_state(obj, obj.observed_at, obj.observed_ttl))  # type: ignore[attr-defined]
+        return state_badge(engine_state(obj))
 
     @admin.display(description="last heartbeat", ordering="heartbeat_at")
-    def heartbeat_display(self, obj: Engine) -> str:
+    def heartbeat_display(self, obj: Engine) -> SafeString | str:
+        if obj.heartbeat_at is None:  # unreadable (store.moments): its stored text, marked
+            return moment_of(obj, "heartbeat_at")
         return format_duration(obj.observed_at - obj.heartbeat_at) + " ago"  # type: ignore[attr-defined]
 
     @admin.display(description="claims held", ordering="held")

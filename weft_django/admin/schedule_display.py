@@ -37,6 +37,7 @@ def spec_summary(row: Schedule) -> str:
 def next_fires_html(row: Schedule, now: datetime) -> SafeString | str:
     """The next five fire times (UTC) after ``now``; for a row whose timing cannot be used, the reason."""
     try:
+        schedules.check_timing_readable(row)  # a next fire time Python cannot represent (a hand edit)
         times = schedules.next_fire_times(row, now)
     except UnusableScheduleError as exc:
         return format_html('<span class="weft-error-text weft-odd">Cannot fire: {}</span>', str(exc))

@@ -30,9 +30,10 @@ from ..conf import database_alias
 from ..exceptions import ScheduleNotFoundError, UnusableScheduleError, WorkflowNotRegisteredError
 from ..models import Schedule
 from ..store.clock import db_now
+from ..store.moments import readable_rows
 from .base import GuardedChangelist
 from .clocks import workflow_now
-from .formatting import format_duration, moment, pretty_payload, relative, state_badge
+from .formatting import format_duration, moment, moment_of, pretty_payload, relative, state_badge
 from .readonly import moment_column
 from .schedule_display import next_fires_html, runs_html, spec_summary
 from .schedule_form import API_FIELDS, INPUT_ERRORS, ScheduleForm, validate  # noqa: F401 - importable from here
@@ -111,12 +112,13 @@ class ScheduleAdmin(GuardedChangelist):
         return database_alias()
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Schedule]:
-        return (
+        annotated = (
             super()
             .get_queryset(request)
             .using(self.weft_alias)
             .annotate(observed_at=Value(workflow_now(request), output_field=DateTimeField()))
         )
+        return readable_rows(annotated)  # a time Python cannot represent (a hand edit): shown marked
 
     def get_fieldsets(self, request: HttpRequest, obj: Schedule | None = None) -> Any:
         return self.change_fieldsets if obj is not None else self.add_fieldsets
@@ -148,6 +150,8 @@ class ScheduleAdmin(GuardedChangelist):
 
     @admin.display(description="next fire", ordering="next_fire_at")
     def next_fire_display(self, obj: Schedule) -> SafeString | str:
+        if "next_fire_at" in getattr(obj, "weft_unreadable", {}):
+            return moment_of(obj, "next_fire_at")
         if obj.paused or obj.next_fire_at is None:
             return "-"
         now = getattr(obj, "observed_at", None)
@@ -162,10 +166,11 @@ class ScheduleAdmin(GuardedChangelist):
 
     @admin.display(description="last fire", ordering="last_fired_at")
     def last_fired_display(self, obj: Schedule) -> SafeString | str:
-        return moment(obj.last_fired_at, short=True)
+        return moment_of(obj, "last_fired_at", short=True)
 
     @admin.display(description="next fire times (UTC)")
     def next_fires_display(self, obj: Schedule) -> SafeString | str:
+        obj.unreadable = set(getattr(obj, "weft_unreadable", {}))  # type: ignore[attr-defined]  # read by the timing
         now = getattr(obj, "observed_at", None)
         return next_fires_html(obj, now if now is not None else db_now(self.weft_alias))
 

@@ -16,7 +16,16 @@ from ..conf import get_settings
 from . import health, terminal
 from .base import WeftModelAdmin
 from .clocks import claim_now, workflow_now
-from .formatting import error_summary, format_duration, marked, moment_of, relative, state_badge, status_badge
+from .formatting import (
+    error_summary,
+    format_duration,
+    marked,
+    moment_of,
+    relative,
+    state_badge,
+    status_badge,
+    unreadable_moment,
+)
 from .queues import queue_report
 
 DAYS = 14
@@ -62,6 +71,11 @@ def _refresh(request: HttpRequest) -> int:
     return seconds if seconds in REFRESH_CHOICES else 0
 
 
+def _marked_or(unreadable: dict[str, str], name: str, shown: Any) -> Any:
+    """``shown``, or the column's ``unreadable_moment`` when a row's ``name`` could not be read."""
+    return unreadable_moment(unreadable[name]) if name in unreadable else shown
+
+
 def ownership(modeladmin: WeftModelAdmin, request: HttpRequest) -> TemplateResponse:
     """Engines (alive / dead / stopped, claims held) and the claims they hold, soonest expiry first."""
     settings = get_settings()
@@ -71,12 +85,20 @@ def ownership(modeladmin: WeftModelAdmin, request: HttpRequest) -> TemplateRespo
     engines = health.engine_rows(using, now, ttl)
     claims = health.claim_rows(using, now, ttl, limit=200)
     summary = health.ownership_summary(using, now, ttl, engines)
+    # a time a hand edit put out of Python's reach is None in the rows: shown marked, with its stored text
     engine_items = [
         {
             "row": row,
             "badge": state_badge(row.state),
-            "heartbeat_age": format_duration(row.heartbeat_age) + " ago",
-            "uptime": format_duration((row.engine.stopped_at or now) - row.engine.started_at),
+            "started": _marked_or(row.unreadable, "started_at", row.engine.started_at),
+            "heartbeat_age": _marked_or(
+                row.unreadable,
+                "heartbeat_at",
+                None if row.heartbeat_age is None else format_duration(row.heartbeat_age) + " ago",
+            ),
+            "uptime": "-"
+            if row.unreadable
+            else format_duration((row.engine.stopped_at or now) - row.engine.started_at),
         }
         for row in engines
     ]
@@ -85,7 +107,8 @@ def ownership(modeladmin: WeftModelAdmin, request: HttpRequest) -> TemplateRespo
             "row": row,
             "url": _change_url(modeladmin, row.workflow_id),
             "badge": status_badge(row.status) if row.status else "-",
-            "expires": relative(row.expires_at, now),
+            "claimed": _marked_or(row.unreadable, "claimed_at", row.claimed_at),
+            "expires": _marked_or(row.unreadable, "expires_at", relative(row.expires_at, now)),
             "state": state_badge("lapsed") if row.lapsed else state_badge("held"),
         }
         for row in claims

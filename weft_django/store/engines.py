@@ -227,9 +227,12 @@ def acquire_store_lease(engine_id: str, *, ttl: timedelta, grace: timedelta, usi
                 return None  # its row held elsewhere (a user's open transaction): tried again later
         now = _python_now()
         cursor.execute(f"INSERT OR IGNORE INTO {LEASE_TABLE} (id, epoch) VALUES (1, 0)")
-        cursor.execute(f"SELECT engine_id, expires_at FROM {LEASE_TABLE} WHERE id = 1")
+        # as stored text (SQLiteBackend.moment_text_sql), parsed by ``_moment``: the driver's own conversion
+        # of the declared datetime column raised ValueError for text that is no date (a hand edit), and no
+        # engine could take the lease
+        cursor.execute(f"SELECT engine_id, CAST(expires_at AS TEXT) FROM {LEASE_TABLE} WHERE id = 1")
         holder, expires_at = cursor.fetchone()
-        cursor.execute(f"SELECT heartbeat_at FROM {engines} WHERE id = %s", [holder])
+        cursor.execute(f"SELECT CAST(heartbeat_at AS TEXT) FROM {engines} WHERE id = %s", [holder])
         registered = cursor.fetchone()
         heartbeat, expires = _moment(registered[0]) if registered else None, _moment(expires_at)
         silent = registered is None or (heartbeat is not None and heartbeat < now - ttl - grace)
