@@ -251,6 +251,8 @@ class Renewal:
 
     def _loop(self, stop: threading.Event) -> None:
         interval = self.settings.workflow_claim_renew_interval.total_seconds()
+        if self.settings.ownership == OwnershipMode.LEASE:  # each pass renews the store lease too: at its pace
+            interval = min(interval, self.settings.lease_renew_interval.total_seconds())
         store_sessions.bind(self.using, self.session_limit)
         due = time.monotonic() + interval  # passes start every interval, however long each took
         try:
