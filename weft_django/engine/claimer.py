@@ -78,7 +78,7 @@ class Claimer:
         self.on_taken_over = on_taken_over
         self.last_claim_scan = 0.0  # time.monotonic() of the last acquire scan; 0.0: scan on the next pass
         self.backlog = False  # the last acquire was a full batch: more may be waiting (claim_ahead)
-        self._ahead = False  # claim_ahead took this pass's full-batch rescan: claim() skips it once
+        self._ahead = False  # claim_ahead took the next pass's full-batch rescan: claim() skips that once
         self.last_takeover_scan = 0.0
         self.last_full_takeover_scan = 0.0
         self.take_over_now = False  # take the claims of other engines on the next pass
@@ -153,10 +153,12 @@ class Claimer:
         # A full batch or new children: look again now; so too once a throttle that held work back ends.
         requested = self.last_claim_scan == 0.0 or (self._held_back and not throttled)
         scan_due = requested or (scan and clock - self.last_claim_scan >= poll)
-        ahead, self._ahead = self._ahead, False  # this pass's acquire ran beside the last commit
+        # The rescan a full batch asks for ran beside the last commit (claim_ahead); a wake-up naming a
+        # workflow not held, or a maintenance pass, still acquires (a run started since waits for neither).
+        skip, self._ahead = self._ahead and not (force or scan), False
         if force or scan_due:
             self._held_back = throttled and not scan
-            if not (self._held_back or ahead):  # a backlog of attempts: one batch per maintenance pass only
+            if not (self._held_back or skip):  # a backlog of attempts: one batch per maintenance pass only
                 # (a pass held back leaves last_claim_scan alone: the next maintenance pass is due)
                 self.last_claim_scan = clock
                 got = self._acquire_free(claimed)
