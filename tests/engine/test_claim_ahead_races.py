@@ -2,20 +2,30 @@
 ``aheadreview`` helper), each seen failing before its fix:
 
 - the pass after a claim ahead still acquires what a wake-up names (the claim ahead stands for the
-  next pass's full-batch rescan only), not a POLL_INTERVAL later.
+  next pass's full-batch rescan only), not a POLL_INTERVAL later;
+- a workflow of the commit in flight claimed again beside it is not forgotten when the commit's result
+  handling raises a database error (its new claim would be held by this engine and driven by nobody
+  until it lapsed).
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
 
 import pytest
+from django.db import OperationalError
 from django.test import override_settings
 
 import weft_django as weft
 from tests.engine.test_claim_ahead import AHEAD, BATCH, _drain, _each_step_once, _engine, _start_backlog
 from tests.testapp.workflows import local_steps
-from weft_django.models import Workflow
+from weft_django.engine import ahead
+from weft_django.models import Workflow, WorkflowClaim
+from weft_django.store import runs
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 
@@ -44,3 +54,77 @@ def test_the_pass_after_a_claim_ahead_acquires_what_a_wake_up_names() -> None:
         engine.shutdown()
     _each_step_once(ids, 3)
     assert Workflow.objects.get(pk=late).status == "completed"
+
+
+@override_settings(WEFT=AHEAD)
+def test_a_workflow_claimed_again_beside_the_commit_is_not_forgotten_when_the_result_handling_fails(
+    monkeypatch: Any,
+) -> None:
+    """The first batch's commit is in flight; a transition releases one of its claims and the claim
+    ahead takes it at a new epoch (the commit then refuses its writes: lost). Handling that loss reads
+    the database, which fails once (a connection cut): the pass's containment reloads every workflow.
+    The one claimed again must be loaded at its new epoch, not looked for at its old one and forgotten
+    while this engine holds its claim."""
+    ids = _start_backlog("car-clash-db", 3 * BATCH)
+    target = ids[0]
+    released, acquired = threading.Event(), threading.Event()
+    claim_ahead = ahead.claim_ahead
+
+    def claim_after_release(engine: Any, inflight: set[str], clash: dict[str, int], failed: list[Exception]) -> None:
+        if target in inflight:
+            assert released.wait(10)
+        claimer_claim_ahead = engine.claimer.claim_ahead
+
+        def noted() -> Any:
+            try:
+                return claimer_claim_ahead()
+            finally:
+                acquired.set()
+
+        engine.claimer.claim_ahead = noted
+        try:
+            claim_ahead(engine, inflight, clash, failed)
+        finally:
+            engine.claimer.claim_ahead = claimer_claim_ahead
+
+    monkeypatch.setattr(ahead, "claim_ahead", claim_after_release)
+    engine = _engine("car-clash-db")
+    run = engine.commits.run
+
+    def release_then_commit(job: Callable[[], Any], beside: Callable[[], None]) -> Any:
+        def released_first() -> Any:  # on the commit thread: the release, then the fence after the acquire
+            if not released.is_set():
+                old = datetime(2000, 1, 1, tzinfo=UTC)  # the acquire takes the oldest run first
+                WorkflowClaim.objects.filter(pk=target).update(engine_id=None, expires_at=None, run_created_at=old)
+                released.set()
+                assert acquired.wait(10)
+            return job()
+
+        return run(released_first, beside)
+
+    monkeypatch.setattr(engine.commits, "run", release_then_commit)
+    cancelled_among = runs.cancelled_among
+    cut: list[list[str]] = []
+
+    def cut_once(workflow_ids: list[str], using: str) -> set[str]:
+        if target in workflow_ids and not cut:
+            cut.append(list(workflow_ids))
+            raise OperationalError("server closed the connection unexpectedly")
+        return cancelled_among(workflow_ids, using)
+
+    monkeypatch.setattr(runs, "cancelled_among", cut_once)
+    try:
+        for _ in range(50):
+            engine.tick()
+            if cut:
+                break
+        assert cut, "the commit in flight never lost the workflow claimed again beside it"
+        holder, epoch = WorkflowClaim.objects.filter(pk=target).values_list("engine_id", "epoch").get()
+        assert holder == engine.engine_id
+        context = engine.owned.get(target)
+        known = engine._reload.get(target) if context is None else context.epoch
+        assert known == epoch, f"claim held at epoch {epoch}, the engine knows it at {known}: driven by nobody"
+        _drain(engine, ids)
+    finally:
+        engine.shutdown()
+    _each_step_once(ids, 3)

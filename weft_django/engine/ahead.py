@@ -18,7 +18,9 @@ What makes it safe:
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Protocol
 
@@ -130,4 +132,26 @@ def after(engine: AheadHost, clash: dict[str, int], failed: list[Exception]) -> 
         raise failed[0]
 
 
-__all__ = ["AheadHost", "after", "claim_ahead", "due"]
+@contextlib.contextmanager
+def handling(engine: AheadHost, clash: dict[str, int], failed: list[Exception]) -> Iterator[None]:
+    """Around the handling of the commit's result: then ``after``. If the handling raised (a database
+    error deposing a workflow the commit lost), the workflows claimed again are still handed to the
+    next pass at their new epochs before that error goes on (the pass's containment reloads the others
+    at the epochs of their contexts: one left at its old epoch would be looked for there and
+    forgotten, its new claim held by this engine and driven by nobody until it lapsed); what the claim
+    ahead raised is then dropped.
+
+    Args:
+        engine: the loop.
+        clash: what ``claim_ahead`` left for the next pass, id: new epoch.
+        failed: what it raised.
+    """
+    try:
+        yield
+    except BaseException:
+        after(engine, clash, [])
+        raise
+    after(engine, clash, failed)
+
+
+__all__ = ["AheadHost", "after", "claim_ahead", "due", "handling"]

@@ -419,31 +419,31 @@ class Engine:
         try:
             result = self.commits.run(commit, beside) if claim_ahead else commit()
         except (DatabaseError, UnicodeEncodeError) as exc:  # whose fault, what is kept: engine/containment.py
-            deferred |= contain_refused_commit(self, batch, now, exc, self._commit)
-            ahead.after(self, clash, failed)
+            with ahead.handling(self, clash, failed):  # then the workflows claimed again (engine/ahead.py)
+                deferred |= contain_refused_commit(self, batch, now, exc, self._commit)
             return deferred
         except BaseException:  # the commit's own error goes on (the pass's containment reloads)
             ahead.after(self, clash, [])
             raise
-        self.locked_rows.forget(result.committed)
-        events.committed(self, batch, result)  # after the commit: signals, metrics, status counts
-        if result.children:
-            self.claimer.scan_soon()  # children were started: look for claimable work on the next tick
-        self.refused_commits += len(result.lost)
-        if result.lost:
-            self._depose(set(result.lost), reason="fenced commit refused")
-        for owned in filter(None, map(self.owned.get, result.stale)):  # a step it believed running was settled
-            self._refused(owned)
-        for writes in batch:
-            if writes.workflow_id not in result.committed:
-                continue
-            if writes.finish is not None or writes.stuck is not None or writes.continued is not None:
-                self.claimer.slot_freed(writes.finish is not None)
-                ended = self.owned.pop(writes.workflow_id, None)
-                if ended is not None:
-                    ended.run.close()
-        self._publish_epochs()
-        ahead.after(self, clash, failed)
+        with ahead.handling(self, clash, failed):  # even if the handling raises (a database error)
+            self.locked_rows.forget(result.committed)
+            events.committed(self, batch, result)  # after the commit: signals, metrics, status counts
+            if result.children:
+                self.claimer.scan_soon()  # children were started: look for claimable work on the next tick
+            self.refused_commits += len(result.lost)
+            if result.lost:
+                self._depose(set(result.lost), reason="fenced commit refused")
+            for owned in filter(None, map(self.owned.get, result.stale)):  # a step it believed running was settled
+                self._refused(owned)
+            for writes in batch:
+                if writes.workflow_id not in result.committed:
+                    continue
+                if writes.finish is not None or writes.stuck is not None or writes.continued is not None:
+                    self.claimer.slot_freed(writes.finish is not None)
+                    ended = self.owned.pop(writes.workflow_id, None)
+                    if ended is not None:
+                        ended.run.close()
+            self._publish_epochs()
         return deferred | {wid for wid in result.busy if wid in self.owned}
 
     def reload_batch(self, workflow_ids: list[str]) -> None:
