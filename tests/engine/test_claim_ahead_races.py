@@ -5,7 +5,9 @@
   next pass's full-batch rescan only), not a POLL_INTERVAL later;
 - a workflow of the commit in flight claimed again beside it is not forgotten when the commit's result
   handling raises a database error (its new claim would be held by this engine and driven by nobody
-  until it lapsed).
+  until it lapsed);
+- an attempt the commit recorded is not dispatched for a workflow a peer took over while the claim
+  ahead's code ran (a stall, engine/stall.py): its new owner runs it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from django.db import OperationalError
 from django.test import override_settings
 
 import weft_django as weft
-from tests.engine.test_claim_ahead import AHEAD, BATCH, _drain, _each_step_once, _engine, _start_backlog
+from tests.engine.test_claim_ahead import AHEAD, BATCH, SEEN_DURABLE, _drain, _each_step_once, _engine, _start_backlog
 from tests.testapp.workflows import local_steps
 from weft_django.engine import ahead
 from weft_django.models import Workflow, WorkflowClaim
@@ -128,3 +130,53 @@ def test_a_workflow_claimed_again_beside_the_commit_is_not_forgotten_when_the_re
     finally:
         engine.shutdown()
     _each_step_once(ids, 3)
+
+
+@override_settings(WEFT=AHEAD)
+def test_an_attempt_of_a_workflow_taken_over_while_the_claim_ahead_ran_is_not_dispatched(monkeypatch: Any) -> None:
+    """The first batch's commit records each run's regular attempt; beside it the claim ahead runs the
+    next batch's code, which stalls (engine/stall.py): renewal lets the other claims lapse, a peer takes
+    one over and renewal reports it lost (``Wake.report_lost``). Once the claim ahead returns, the pass
+    must not dispatch that workflow's attempt: its new owner runs it (the lost context would run it a
+    second time, beside the owner's)."""
+    ids = _start_backlog("car-taken", 3 * BATCH, regular=True)
+    target = ids[0]
+    committed = threading.Event()
+    taken: list[int] = []
+    claim_ahead = ahead.claim_ahead
+
+    def taken_over_meanwhile(engine: Any, inflight: set[str], clash: dict[str, int], failed: list[Exception]) -> None:
+        if target in inflight and not taken:
+            assert committed.wait(10)  # the commit recording the attempt landed; then the stall, the takeover
+            epoch = engine.owned[target].epoch
+            WorkflowClaim.objects.filter(pk=target).update(engine_id="car-taken-peer", epoch=epoch + 1000)
+            engine.wake.report_lost({target: epoch})
+            taken.append(epoch)
+        claim_ahead(engine, inflight, clash, failed)
+
+    monkeypatch.setattr(ahead, "claim_ahead", taken_over_meanwhile)
+    engine = _engine("car-taken")
+    run = engine.commits.run
+
+    def noted(job: Callable[[], Any], beside: Callable[[], None]) -> Any:
+        def commit() -> Any:
+            try:
+                return job()
+            finally:
+                committed.set()
+
+        return run(commit, beside)
+
+    monkeypatch.setattr(engine.commits, "run", noted)
+    try:
+        for _ in range(50):
+            engine.tick()
+            if taken:
+                break
+        assert taken, "the claim ahead never ran beside the commit of the target's attempt"
+        context = engine.owned.get(target)
+        assert context is None or not context.inflight, "the attempt of a workflow taken over was dispatched"
+        assert target not in engine.attention.running
+    finally:
+        engine.shutdown()
+    assert target not in [wid for wid, _ in SEEN_DURABLE], "the lost context ran the new owner's attempt"

@@ -500,6 +500,9 @@ class Engine:
             if self.stopping.is_set():  # draining: start nothing new (the attempts stay recorded as
                 owned.dispatch = []  # running: the next owner runs them under the same attempt numbers)
                 continue
+            if self.wake.gone(wid, owned.epoch):  # taken over since its commit (a stall, engine/stall.py,
+                owned.dispatch = []  # in a claim ahead's code): its new owner runs them; the next pass drops it
+                continue
             if wid in self._carried:  # the commit recording these attempts was deferred: dispatch after it
                 self.attention.dispatching[wid] = None
                 continue

@@ -15,10 +15,11 @@ not a stuck loop, and hands nothing over.
 
 While it is stuck, renewal reports the claims peers took over as lost as soon as it sees them taken
 (``Renewal._report_taken``), so that what is left of the pass once the call returns advances none of
-them (``Progress.advance``). When the pass ends, the loop renews what it still holds itself before
-its next pass and drops the rest first (``LoopWatch.after_stuck``); renewal goes back to renewing
-whatever the loop still holds. Any late write of the stuck pass for a workflow taken from it is
-refused by the fence (its epoch moved on).
+them (``Progress.advance``) and dispatches none of their attempts (``Engine._dispatch``: a claim ahead,
+engine/ahead.py, runs workflow code after the commit that recorded them). When the pass ends, the
+loop renews what it still holds itself before its next pass and drops the rest first
+(``LoopWatch.after_stuck``); renewal goes back to renewing whatever the loop still holds. Any late
+write of the stuck pass for a workflow taken from it is refused by the fence (its epoch moved on).
 """
 
 from __future__ import annotations
