@@ -7,7 +7,9 @@
   handling raises a database error (its new claim would be held by this engine and driven by nobody
   until it lapsed);
 - an attempt the commit recorded is not dispatched for a workflow a peer took over while the claim
-  ahead's code ran (a stall, engine/stall.py): its new owner runs it.
+  ahead's code ran (a stall, engine/stall.py): its new owner runs it;
+- the claims the claim ahead took are not forgotten when the database clock read after the acquire
+  fails (held by this engine, driven by nobody until they lapsed).
 """
 
 from __future__ import annotations
@@ -180,3 +182,49 @@ def test_an_attempt_of_a_workflow_taken_over_while_the_claim_ahead_ran_is_not_di
     finally:
         engine.shutdown()
     assert target not in [wid for wid, _ in SEEN_DURABLE], "the lost context ran the new owner's attempt"
+
+
+@override_settings(WEFT=AHEAD)
+def test_claims_taken_ahead_are_not_forgotten_when_the_clock_read_after_the_acquire_fails(
+    monkeypatch: Any,
+) -> None:
+    """The claim ahead acquires the next batch, then reads the database clock for their load, which
+    fails once (a connection cut): the claims it took are this engine's and must be loaded by a later
+    pass, not held and driven by nobody until they lapse."""
+    ids = _start_backlog("car-clock", 3 * BATCH)
+    inside: list[bool] = []
+    cut: list[bool] = []
+    claim_ahead = ahead.claim_ahead
+
+    def noted(engine: Any, inflight: set[str], clash: dict[str, int], failed: list[Exception]) -> None:
+        inside.append(True)
+        try:
+            claim_ahead(engine, inflight, clash, failed)
+        finally:
+            inside.clear()
+
+    monkeypatch.setattr(ahead, "claim_ahead", noted)
+    engine = _engine("car-clock")
+    now = engine.clock.now
+
+    def cut_once(*, fresh: bool, reuse: float) -> datetime:
+        if inside and not cut:
+            cut.append(True)
+            raise OperationalError("server closed the connection unexpectedly")
+        return now(fresh=fresh, reuse=reuse)
+
+    monkeypatch.setattr(engine.clock, "now", cut_once)
+    try:
+        for _ in range(50):
+            engine.tick()
+            if cut:
+                break
+        assert cut, "no claim ahead read the clock"
+        held = dict(WorkflowClaim.objects.filter(engine_id=engine.engine_id).values_list("pk", "epoch"))
+        known = {**engine._reload, **{wid: owned.epoch for wid, owned in engine.owned.items()}}
+        forgotten = {wid: epoch for wid, epoch in held.items() if known.get(wid) != epoch}
+        assert not forgotten, f"claims held by the engine, driven by nobody: {forgotten}"
+        _drain(engine, ids)
+    finally:
+        engine.shutdown()
+    _each_step_once(ids, 3)

@@ -99,9 +99,10 @@ def claim_ahead(engine: AheadHost, inflight: set[str], clash: dict[str, int], fa
         engine.claimed_ahead = len(claimed)
         if not claimed:
             return
-        now, writes, changed = engine._workflow_now(fresh=False), dict[str, WorkflowWrites](), set[str]()
         engine.residency.forget(claimed)  # an evicted entry of theirs is stale
-        engine._reload.update(claimed)  # until loaded: a load that raises leaves them to a later pass
+        # Until loaded, before anything that can raise (the clock read too): they are this engine's claims.
+        engine._reload.update(claimed)
+        now, writes, changed = engine._workflow_now(fresh=False), dict[str, WorkflowWrites](), set[str]()
         engine.loader.load(claimed, now, writes, changed, preloaded=claimed.loaded, preloaded_for=claimed.loaded_for)
         for wid in claimed:
             engine._reload.pop(wid, None)
