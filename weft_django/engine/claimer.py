@@ -153,9 +153,9 @@ class Claimer:
         # A full batch or new children: look again now; so too once a throttle that held work back ends.
         requested = self.last_claim_scan == 0.0 or (self._held_back and not throttled)
         scan_due = requested or (scan and clock - self.last_claim_scan >= poll)
-        # The rescan a full batch asks for ran beside the last commit (claim_ahead); a wake-up naming a
-        # workflow not held, or a maintenance pass, still acquires (a run started since waits for neither).
-        skip, self._ahead = self._ahead and not (force or scan), False
+        # The rescan a full batch asks for, or a maintenance pass's, ran beside the last commit (claim_ahead,
+        # the same acquire a moment ago); a wake-up naming a workflow not held still acquires at once.
+        skip, self._ahead = self._ahead and not force, False
         if force or scan_due:
             self._held_back = throttled and not scan
             if not (self._held_back or skip):  # a backlog of attempts: one batch per maintenance pass only
@@ -208,8 +208,8 @@ class Claimer:
     def claim_ahead(self) -> Claimed:
         """The next batch of a backlog (the last acquire was full), taken while the pass's commit is in
         flight (engine.py): unheld runnable workflows only, no takeover, admission or delayed start.
-        It is the full-batch rescan of the next pass, which then does not acquire again unless a
-        wake-up or a maintenance pass asks. Returns what it claimed (with its load, as ``claim``).
+        It is the acquire of the next pass (its full-batch rescan or maintenance scan), which then does
+        not acquire again unless a wake-up names a workflow it does not hold. Returns what it claimed (with its load, as ``claim``).
 
         Raises:
             DatabaseError: the acquire failed (nothing claimed: one transaction).
