@@ -209,7 +209,8 @@ class Claimer:
         """The next batch of a backlog (the last acquire was full), taken while the pass's commit is in
         flight (engine.py): unheld runnable workflows only, no takeover, admission or delayed start.
         It is the acquire of the next pass (its full-batch rescan or maintenance scan), which then does
-        not acquire again unless a wake-up names a workflow it does not hold. Returns what it claimed (with its load, as ``claim``).
+        not acquire again unless a wake-up names a workflow it does not hold. Returns what it claimed
+        (with its load, as ``claim``).
 
         Raises:
             DatabaseError: the acquire failed (nothing claimed: one transaction).
