@@ -93,55 +93,43 @@ def _engine(name: str) -> Engine:
     return engine
 
 
-@pytest.mark.postgres
-@override_settings(WEFT=AHEAD)
-def test_a_backlog_drains_with_commits_beside_the_next_claim_each_step_once() -> None:
-    ids = _start_backlog("ca-local", 7 * BATCH + 2)
-    engine = _engine("ca-local")
+def _drained(prefix: str, n: int, steps: int = 3, regular: bool = False) -> Engine:
+    """Start a backlog of ``n`` runs, drain it with an engine (shut down after), check each step once."""
+    ids = _start_backlog(prefix, n, regular=regular)
+    engine = _engine(prefix)
     try:
         _drain(engine, ids)
     finally:
         engine.shutdown()
-    _each_step_once(ids, 3)
+    _each_step_once(ids, steps)
+    return engine
+
+
+@pytest.mark.postgres
+@override_settings(WEFT=AHEAD)
+def test_a_backlog_drains_with_commits_beside_the_next_claim_each_step_once() -> None:
+    engine = _drained("ca-local", 7 * BATCH + 2)
     assert engine.commits.overlapped >= 5, "no commit ran beside a claim ahead"
 
 
 @pytest.mark.postgres
 @override_settings(WEFT=AHEAD)
 def test_an_attempt_claimed_ahead_is_dispatched_only_after_its_record_is_durable() -> None:
-    ids = _start_backlog("ca-regular", 6 * BATCH, regular=True)
-    engine = _engine("ca-regular")
-    try:
-        _drain(engine, ids)
-    finally:
-        engine.shutdown()
-    _each_step_once(ids, 2)
+    engine = _drained("ca-regular", 6 * BATCH, steps=2, regular=True)
     assert engine.commits.overlapped >= 3
-    assert sorted(wid for wid, _ in SEEN_DURABLE) == ids
+    assert sorted(wid for wid, _ in SEEN_DURABLE) == [f"ca-regular-{i:03d}" for i in range(6 * BATCH)]
     assert [wid for wid, durable in SEEN_DURABLE if not durable] == [], "dispatched before its record committed"
 
 
 @override_settings(WEFT={**AHEAD, "CLAIM_AHEAD": False})
 def test_claim_ahead_off_commits_on_the_loop() -> None:
-    ids = _start_backlog("ca-off", 3 * BATCH + 1)
-    engine = _engine("ca-off")
-    try:
-        _drain(engine, ids)
-    finally:
-        engine.shutdown()
-    _each_step_once(ids, 3)
+    engine = _drained("ca-off", 3 * BATCH + 1)
     assert engine.commits.overlapped == 0
 
 
 @override_settings(WEFT=AHEAD)
 def test_where_the_database_has_one_writer_the_commit_stays_on_the_loop() -> None:
-    ids = _start_backlog("ca-one-writer", 3 * BATCH + 1)
-    engine = _engine("ca-one-writer")
-    try:
-        _drain(engine, ids)
-    finally:
-        engine.shutdown()
-    _each_step_once(ids, 3)
+    engine = _drained("ca-one-writer", 3 * BATCH + 1)
     assert (engine.commits.overlapped > 0) == backend("default").concurrent_writers
 
 
