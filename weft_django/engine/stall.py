@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Callable
@@ -119,9 +120,27 @@ def _call_of(frame: FrameType | None) -> tuple[FrameType | None, str | None]:
     return innermost, None
 
 
+# The standard library's own code (a frozen module, or a file under the stdlib directory): a stuck call
+# is reported at the innermost frame outside it, the user's code that called it, not at the
+# ``os.path.exists`` or ``time.sleep`` wrapper the sample happened to land in.
+_STDLIB = tuple(
+    os.path.join(os.path.realpath(path), "")
+    for path in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]}
+)
+
+
 def _where(frame: FrameType) -> str:
-    code = frame.f_code
-    return f"{code.co_filename}:{frame.f_lineno} ({code.co_name})"
+    """Where the stuck call is: the innermost frame that is not the standard library's (else the innermost)."""
+    found: FrameType | None = frame
+    while found is not None and _in_stdlib(found.f_code.co_filename):
+        found = found.f_back
+    shown = found or frame
+    code = shown.f_code
+    return f"{code.co_filename}:{shown.f_lineno} ({code.co_name})"
+
+
+def _in_stdlib(filename: str) -> bool:
+    return filename.startswith("<frozen ") or os.path.realpath(filename).startswith(_STDLIB)
 
 
 _ENGINE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
