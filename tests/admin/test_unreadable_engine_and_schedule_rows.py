@@ -22,13 +22,10 @@ from django.db import connection
 import weft_django as weft
 from weft_django.models import Engine, Schedule, WorkflowClaim
 
+from .test_unreadable_attribute_and_claim import ADMIN, DAMAGE, UNREADABLE  # the same damaged values
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ADMIN = "/admin/weft_django"
-UNREADABLE = "unreadable timestamp"  # store.moments.UNREADABLE
-POSTGRESQL = ["infinity", "-infinity", "10000-01-01 00:00:00+00", "0001-01-01 00:00:00+00 BC"]
-SQLITE = ["0000-01-01 00:00:00", "2024-13-01 00:00:00", "2024-02-30 10:00:00"]
-DAMAGE = SQLITE if connection.vendor == "sqlite" else POSTGRESQL
 NOW = "now()" if connection.vendor == "postgresql" else "datetime('now')"
 
 
