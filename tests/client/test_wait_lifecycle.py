@@ -146,22 +146,41 @@ def test_many_concurrent_waits_each_get_their_runs_result(weft_run_until_idle):
 def test_many_waits_past_their_timeout_each_raise_the_typed_timeout(monkeypatch):
     """Proven fine with the fix of test_wait_bounds: 40 aresult(timeout=0.3) at once on a run that does
     not end, on a pool of 8 threads, all raise WaitTimeoutError (a TimeoutError) saying what to do:
-    those that waited 'call result() again', those that never got a thread say so."""
+    those that never got a thread say so, those that waited 'call result() again'.
+
+    The pool's threads are held on a gate while the 40 wait, so none of them gets a thread whatever
+    the machine's load (a thread freed at the deadline used to take a queued wait before its caller's
+    timer withdrew it: all 40 then said 'still running', none 'busy'); then, the gate open, waits that
+    get a thread each say the run is still running."""
     client.close_connections()
     monkeypatch.setattr(waits, "WAIT_THREADS", 8)
     handle = weft.start("tests.signals", id="never-ends")
+    gate, holding = threading.Event(), threading.Semaphore(0)
 
-    async def scenario() -> list[BaseException]:
-        return await asyncio.gather(*(handle.aresult(timeout=0.3) for _ in range(40)), return_exceptions=True)
+    def hold_a_thread() -> None:
+        holding.release()
+        gate.wait(30)
+
+    async def scenario(n: int) -> list[BaseException]:
+        return await asyncio.gather(*(handle.aresult(timeout=0.3) for _ in range(n)), return_exceptions=True)
 
     try:
-        outcomes = asyncio.run(scenario())
+        held = [waits.wait_executor().submit(hold_a_thread) for _ in range(8)]
+        for _ in held:
+            assert holding.acquire(timeout=30), "the pool's threads did not start"
+        queued = asyncio.run(scenario(40))
+        gate.set()
+        for future in held:
+            future.result(timeout=30)
+        started = asyncio.run(scenario(4))
     finally:
+        gate.set()
         client.close_connections()
+    outcomes = queued + started
     assert all(isinstance(o, weft.WaitTimeoutError) and isinstance(o, TimeoutError) for o in outcomes), outcomes
     assert all("result() again" in str(o) for o in outcomes)
-    assert any("is still running" in str(o) for o in outcomes)
-    assert any("8 weft-wait threads" in str(o) for o in outcomes)
+    assert all("8 weft-wait threads" in str(o) for o in queued), queued
+    assert all("is still running" in str(o) for o in started), started
 
 
 @pytest.mark.postgres

@@ -169,18 +169,23 @@ def test_the_commits_result_is_handled_before_what_the_claim_ahead_raised(monkey
 @pytest.mark.postgres
 @override_settings(WEFT=AHEAD)
 def test_a_workflow_of_the_commit_in_flight_claimed_again_beside_it_is_loaded_after_it(monkeypatch) -> None:
-    """While the first batch's commit is in flight, a transition releases one of its claims (as a
+    """While the first overlapped commit is in flight, a transition releases one of its claims (as a
     suspend-and-resume does) and the claim ahead takes it at a new epoch: the commit refuses its writes,
     the old context is dropped, and the next pass loads it at the new epoch; it ends once, each step
-    recorded once."""
+    recorded once.
+
+    The target is taken from the commit in flight (the acquire orders by creation time only, and
+    start_many gives the backlog one: which runs the first batch holds is the database's choice)."""
     ids = _start_backlog("ca-clash", 3 * BATCH)
-    target = ids[0]  # in the first batch (start_many gives the batch one creation time)
-    released = threading.Event()
+    chosen, released = threading.Event(), threading.Event()
+    target: list[str] = []
     clashes: list[dict[str, int]] = []
     claim_ahead = ahead.claim_ahead
 
     def claim_after_release(engine: Any, inflight: set[str], clash: dict[str, int], failed: list[Exception]) -> None:
-        if target in inflight:
+        if not chosen.is_set():  # the first overlapped commit: one of its workflows is released
+            target.append(min(inflight))
+            chosen.set()
             assert released.wait(10)
         claim_ahead(engine, inflight, clash, failed)
         if clash:
@@ -193,8 +198,9 @@ def test_a_workflow_of_the_commit_in_flight_claimed_again_beside_it_is_loaded_af
     def release_then_commit(job: Callable[[], Any], beside: Callable[[], None]) -> Any:
         def released_first() -> Any:  # on the commit thread, before the fenced commit
             if not released.is_set():
+                assert chosen.wait(10)
                 old = datetime(2000, 1, 1, tzinfo=UTC)  # the acquire takes the oldest run first
-                WorkflowClaim.objects.filter(pk=target).update(engine_id=None, expires_at=None, run_created_at=old)
+                WorkflowClaim.objects.filter(pk=target[0]).update(engine_id=None, expires_at=None, run_created_at=old)
                 released.set()
             return job()
 
@@ -205,7 +211,7 @@ def test_a_workflow_of_the_commit_in_flight_claimed_again_beside_it_is_loaded_af
         _drain(engine, ids)
     finally:
         engine.shutdown()
-    assert clashes and target in clashes[0], f"the claim ahead did not take {target} again: {clashes}"
+    assert clashes and target[0] in clashes[0], f"the claim ahead did not take {target} again: {clashes}"
     _each_step_once(ids, 3)
 
 
