@@ -13,22 +13,13 @@ from pathlib import Path
 import pytest
 
 import weft_django as weft
+from tests.ownership.test_stuck_loop import FAST, _holder, _last_holder
 from tests.testapp.models import ActivityCall
-from weft_django.models import PendingUpdate, Step, WorkflowClaim
+from weft_django.models import PendingUpdate, Step
 from weft_django.testing import wait_for
 from weft_django.waits import close_connections
 
 pytestmark = [pytest.mark.postgres, pytest.mark.subprocess, pytest.mark.django_db(transaction=True)]
-
-FAST = {"WORKFLOW_CLAIM_TTL": "3s", "WORKFLOW_CLAIM_RENEW_INTERVAL": "1s", "POLL_INTERVAL": "200ms"}
-
-
-def _holder(workflow_id: str) -> str | None:
-    return WorkflowClaim.objects.filter(pk=workflow_id).values_list("engine_id", flat=True).first()
-
-
-def _last_holder(workflow_id: str) -> str | None:
-    return WorkflowClaim.objects.filter(pk=workflow_id).values_list("last_engine_id", flat=True).first()
 
 
 @pytest.fixture(autouse=True)

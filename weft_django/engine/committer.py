@@ -13,7 +13,6 @@ bounds (``store.sessions.bind``), as the loop's do.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
@@ -22,8 +21,6 @@ from typing import TypeVar
 from django.db import DatabaseError, connections
 
 from ..store import sessions as store_sessions
-
-logger = logging.getLogger(__name__)
 
 R = TypeVar("R")
 
