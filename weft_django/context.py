@@ -3,6 +3,7 @@ the query, update and cancel handlers the owning engine calls between turns."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import threading
@@ -13,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from . import deterministic
-from .codec import is_storable
+from .codec import encode_payload, is_storable
 from .durations import InvalidDuration, to_nonnegative_timedelta
 from .exceptions import WorkflowDefinitionError
 from .operations import (
@@ -79,7 +80,6 @@ class WorkflowContext:
         self.exposed: dict[str, Callable[[], Any]] = {}
         self.update_handlers: dict[str, tuple[Callable[[Any], Any], Any]] = {}
         self.cancel_handlers: list[Callable[[], Any]] = []
-        self.log = _ReplayAwareLogger(self)
         # Search attributes (issue 19): the declared kinds (set by the engine from the definition),
         # the current values, and the checked calls not yet handed to a fenced commit.
         self.attribute_kinds: Mapping[str, str] = {}
@@ -89,6 +89,13 @@ class WorkflowContext:
         # A fork's values below its fork point are its source's (weft.fork); set by the driver's start.
         self.lineage = deterministic.Lineage()
         self._random: tuple[int, random.Random] | None = None
+
+    @functools.cached_property
+    def log(self) -> logging.LoggerAdapter[logging.Logger]:
+        """A logger (``ctx.log.info(...)``) silent while the run replays its history, so a recovered
+        run does not log again what it logged before; its lines start with the workflow id. Made on
+        first use (most runs never log)."""
+        return _ReplayAwareLogger(self)
 
     # -- safe deploys and deterministic values (weft_django/deterministic.py) -------------------
     def patched(self, change_id: str) -> bool:
@@ -158,8 +165,6 @@ class WorkflowContext:
         """Run an activity: ``result = yield ctx.run(charge_card, order_id, "12.00")``."""
         if self.detached:
             return Inert()
-        from .codec import encode_payload
-
         definition = resolve_activity(activity)
         text = encode_payload({"args": list(args), "kwargs": kwargs}, path="activity input")
         return RunActivity(definition, text)
@@ -249,7 +254,6 @@ class WorkflowContext:
         """
         if self.detached:
             return Inert()
-        from .codec import encode_payload
         from .queueing import queue_options
         from .registry import resolve_workflow
 
@@ -276,7 +280,6 @@ class WorkflowContext:
             PayloadNotSerializableError, PayloadSizeExceededError: the input cannot be stored.
             WorkflowTerminalError: the run was cancelled or has ended (a cancel handler, a finally).
         """
-        from .codec import encode_payload
         from .exceptions import WorkflowTerminalError
         from .operations import ContinueAsNew
         from .registry import registry

@@ -291,14 +291,24 @@ def _required(value: datetime | None, what: str) -> datetime:
 def _decode_runs(values: list[Any], aware: _Aware, into: dict[str, RunRow]) -> None:
     for columns in values:
         row = RunRow(*columns)
-        into[row.id] = row._replace(
-            run_id=_uuid_text(row.run_id),
-            parent_run_id=_uuid_text(row.parent_run_id) if row.parent_run_id else None,
-            started_at=aware(row.started_at),
-            execution_deadline=aware(row.execution_deadline),
-            stuck_error=_json_value(row.stuck_error),
-            fork_origin=_json_value(row.fork_origin),
-            continued=bool(row.continued),
+        into[row.id] = RunRow(  # built once more, positionally (``_replace`` goes through a dict)
+            row.id,
+            _uuid_text(row.run_id),
+            row.workflow_type,
+            row.version,
+            row.status,
+            row.input,
+            aware(row.started_at),
+            aware(row.execution_deadline),
+            _json_value(row.stuck_error),
+            row.stuck_attempts,
+            row.parent_id,
+            _uuid_text(row.parent_run_id) if row.parent_run_id else None,
+            row.parent_seq,
+            row.depth,
+            row.trace_context,
+            _json_value(row.fork_origin),
+            bool(row.continued),
         )
 
 
