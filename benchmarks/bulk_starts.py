@@ -101,7 +101,7 @@ def weft_many(
     workflow = three_local if steps == "local" else three_noop
     name = "bench.three_local" if steps == "local" else "bench.three_noop"
     label = "loop" if loop else f"many{engines}" + (f"x{processes}" if processes > 1 else "")
-    label += "-serial" if weft_settings else ""
+    label += "".join(f"-{key.lower()}" for key in weft_settings or {})
     logs = {k: RESULTS / f"{stamp}-bulk-engine-{label}-{k}.log" for k in range(2, engines + 1)}
     others = [Engine(f"bulk-{k}", concurrency, log) for k, log in logs.items()]
     engine = Engine(
@@ -190,6 +190,7 @@ def report_many(
     two: dict[str, Any] | None = None,
     processes: dict[str, Any] | None = None,
     serial: dict[str, Any] | None = None,
+    python_switch: dict[str, Any] | None = None,
 ) -> str:
     w = weft.get("workflows_per_s")
     rows = [["weft_django start_many, one engine", _fmt(w), _fmt(weft.get("starts_per_s"), 0), "1.00x"]]
@@ -198,6 +199,7 @@ def report_many(
         ("weft_django start_many, one weft_engine --processes 2", processes),
         ("weft_django start() loop, one engine", loop),
         ("weft_django start_many, one engine, CLAIM_AHEAD off", serial),
+        ("weft_django start_many, one engine, ENGINE_SWITCH_INTERVAL None (Python's 5 ms)", python_switch),
     )
     for label, other in others:
         if other:
@@ -397,7 +399,7 @@ def main(argv: list[str] | None = None) -> None:
         "--systems",
         default="weft,loop,dbos,raw",
         help="many: which (loop: weft start() loop; weft2: two engines; weftp2: weft_engine --processes 2; "
-        "weft_serial: one engine with CLAIM_AHEAD off)",
+        "weft_serial: one engine with CLAIM_AHEAD off; weft_pyswitch: one engine with ENGINE_SWITCH_INTERVAL None)",
     )
     parser.add_argument("--steps", choices=("regular", "local"), default="regular", help="many: weft's activities")
     parser.add_argument("--per-client", type=int, default=400, help="concurrent: starts per client")
@@ -428,6 +430,13 @@ def main(argv: list[str] | None = None) -> None:
             "weft_serial": lambda: weft_many(
                 n, stamp, concurrency=options.engine_concurrency, steps=steps, weft_settings={"CLAIM_AHEAD": False}
             ),
+            "weft_pyswitch": lambda: weft_many(
+                n,
+                stamp,
+                concurrency=options.engine_concurrency,
+                steps=steps,
+                weft_settings={"ENGINE_SWITCH_INTERVAL": None},
+            ),
             "raw": lambda: raw_many(n, stamp, steps),
             "dbos": lambda: dbos_many(n, stamp),
         }
@@ -450,6 +459,7 @@ def main(argv: list[str] | None = None) -> None:
                 found["weft2"],
                 found["weftp2"],
                 found["weft_serial"],
+                found["weft_pyswitch"],
             ),
         ]
         lines.append("load average (1 min) before each: " + ", ".join(f"{k} {v:.1f}" for k, v in load.items()))

@@ -43,6 +43,7 @@ DEFAULTS: dict[str, Any] = {
     "DATABASE": "default",
     "PREPARED_STATEMENTS": True,
     "CLAIM_AHEAD": True,
+    "ENGINE_SWITCH_INTERVAL": "1ms",
     "HISTORY_WARN_STEPS": 10000,
     "MAX_RESIDENT_WORKFLOWS": None,
     "QUEUES": {},
@@ -86,6 +87,9 @@ class WeftSettings:
     database: str
     prepared_statements: bool = True
     claim_ahead: bool = True  # a backlog's next batch is claimed and run while the commit is in flight
+    # weft_engine's sys.setswitchinterval (None: Python's own, 5 ms): how soon a thread back from the
+    # database (the commit thread, the LISTEN thread, an activity) gets the interpreter from a busy loop
+    engine_switch_interval: timedelta | None = timedelta(milliseconds=1)
     history_warn_steps: int | None = 10000  # None: never warn
     max_resident_workflows: int | None = None  # None: every held workflow stays in memory
     queues: Mapping[str, QueueConfig] = field(default_factory=dict)  # WEFT["QUEUES"], by name
@@ -267,6 +271,20 @@ class _Validation:
     def claim_ahead(self) -> bool:
         return self.boolean("CLAIM_AHEAD", "E033", "Set CLAIM_AHEAD to True (the default) or False.")
 
+    def engine_switch_interval(self) -> timedelta | None:
+        value = self.value("ENGINE_SWITCH_INTERVAL")
+        if value is None:
+            return None
+        ms = self.duration_ms("ENGINE_SWITCH_INTERVAL", value)
+        if ms is not None and not 1 <= ms <= 1000:
+            self.report(
+                "E034",
+                f"ENGINE_SWITCH_INTERVAL must be None or a duration from 1ms to 1s (got {value!r}).",
+                'Set ENGINE_SWITCH_INTERVAL to a duration such as "1ms" (the default), or None to keep Python\'s '
+                "own switch interval (5 ms).",
+            )
+        return None if ms is None or not 1 <= ms <= 1000 else _ms(ms)
+
     def history_warn_steps(self) -> int | None:
         value = self.value("HISTORY_WARN_STEPS")
         if value is None:
@@ -393,6 +411,7 @@ def _evaluate() -> tuple[WeftSettings | None, list[SettingsProblem]]:
     database = check.database()
     prepared = check.prepared_statements()
     claim_ahead = check.claim_ahead()
+    switch_interval = check.engine_switch_interval()
     history_warn = check.history_warn_steps()
     max_resident = check.max_resident_workflows()
     queues = check.queues()
@@ -419,6 +438,7 @@ def _evaluate() -> tuple[WeftSettings | None, list[SettingsProblem]]:
         database=database,
         prepared_statements=prepared,
         claim_ahead=claim_ahead,
+        engine_switch_interval=switch_interval,
         history_warn_steps=history_warn,
         max_resident_workflows=max_resident,
         queues=queues,

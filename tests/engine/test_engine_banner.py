@@ -62,7 +62,7 @@ def test_bad_observability_arguments(args):
 def test_a_running_engine_freezes_its_start_up_objects(weft_engines):
     """The long-running engine moves its start-up objects out of the cyclic collector's reach
     (weft_engine.freeze_startup_objects), so full collections no longer walk Django and the app
-    registry in the middle of its passes."""
+    registry in the middle of its passes; and takes its thread switch interval from the settings."""
     engine = weft_engines("gc-freeze-1", "-v", "3")
     output = wait_for(
         lambda: (
@@ -72,4 +72,6 @@ def test_a_running_engine_freezes_its_start_up_objects(weft_engines):
         message="the engine's log line for its frozen start-up objects",
     )
     assert int(output.group(1)) > 10_000, output.group(0)
+    # WEFT["ENGINE_SWITCH_INTERVAL"] (default 1 ms), set beside the freeze (weft_engine.set_switch_interval)
+    assert re.search(r"thread switch interval engine=gc-freeze-1 seconds=0\.001\b", engine.output()), engine.output()
     assert engine.stop() == 0

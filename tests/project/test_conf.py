@@ -120,6 +120,10 @@ CASES: dict[str, tuple[Any, str]] = {
         {"CLAIM_AHEAD": "on"},
         "CLAIM_AHEAD must be True or False (got 'on').",
     ),
+    "weft.E034": (
+        {"ENGINE_SWITCH_INTERVAL": "2s"},
+        "ENGINE_SWITCH_INTERVAL must be None or a duration from 1ms to 1s (got '2s').",
+    ),
     "weft.E027": (
         {"HISTORY_WARN_STEPS": 0},
         "HISTORY_WARN_STEPS must be a positive integer (got 0).",
@@ -172,6 +176,7 @@ def test_defaults_are_the_documented_ones() -> None:
         "DATABASE": "default",
         "PREPARED_STATEMENTS": True,
         "CLAIM_AHEAD": True,
+        "ENGINE_SWITCH_INTERVAL": "1ms",
         "HISTORY_WARN_STEPS": 10000,
         "MAX_RESIDENT_WORKFLOWS": None,
         "QUEUES": {},
@@ -632,3 +637,11 @@ def test_max_resident_workflows_rejects(value: object) -> None:
 @pytest.mark.parametrize("value", [None, 1, 10_000])
 def test_max_resident_workflows_accepts(value: object) -> None:
     assert problem_ids({"MAX_RESIDENT_WORKFLOWS": value}) == []
+
+
+def test_engine_switch_interval_reads_a_short_duration_or_none() -> None:
+    assert resolved({}).engine_switch_interval == timedelta(milliseconds=1)
+    assert resolved({"ENGINE_SWITCH_INTERVAL": None}).engine_switch_interval is None
+    assert resolved({"ENGINE_SWITCH_INTERVAL": "20ms"}).engine_switch_interval == timedelta(milliseconds=20)
+    assert problem_ids({"ENGINE_SWITCH_INTERVAL": "0ms"}) == ["weft.E034"]
+    assert problem_ids({"ENGINE_SWITCH_INTERVAL": "soon"}) == ["weft.E002"]
