@@ -149,13 +149,15 @@ def timed_renewal(engine_id: str, ttl_seconds: float) -> dict[str, float]:
     return {"claims": len(owned), "seconds": time.perf_counter() - t0, "lost": len(lost)}
 
 
-def timed_takeover_scans() -> dict[str, float]:
+def timed_takeover_scans(ttl_seconds: float, renew_seconds: float) -> dict[str, float]:
     """The takeover scan as the claimer runs it, timed from here: the full one (every held claim) and
-    the frequent one (the claims of silent engines; here an engine id that holds none). Nothing has
-    lapsed, so neither takes anything."""
+    the frequent one (the claims of silent engines; here an engine id that holds none), with the
+    engines' own TTL and grace (a shorter TTL would judge their dormant claims by a heartbeat they
+    write only once per renew interval). Nothing has lapsed, so neither takes anything."""
     from datetime import timedelta
 
     from weft_django.store import claims
+    from weft_django.store.claims.lapse import takeover_grace
 
     out = {}
     for name, holders in (("full", None), ("silent_only", ["no-such-engine"])):
@@ -163,9 +165,9 @@ def timed_takeover_scans() -> dict[str, float]:
         got = claims.acquire(
             "scan-probe",
             limit=500,
-            ttl=timedelta(seconds=30),
+            ttl=timedelta(seconds=ttl_seconds),
             using="default",
-            grace=timedelta(seconds=15),
+            grace=takeover_grace(timedelta(seconds=renew_seconds)),
             holders=holders,
         )
         out[f"{name}_seconds"] = time.perf_counter() - t0
@@ -191,7 +193,7 @@ def phase(label: str, ids: list[str], engine_ids: list[str], procs: list[Any], a
     # dirty pages and the autovacuum it sets off would otherwise fall on the signals that follow.
     out["signal"] = signal_latency(ids, args.spread)
     out["renewal"] = timed_renewal(engine_ids[0], args.ttl_seconds)
-    out["takeover_scan"] = timed_takeover_scans()
+    out["takeover_scan"] = timed_takeover_scans(args.ttl_seconds, args.renew_seconds)
     return out
 
 
@@ -212,6 +214,7 @@ def main() -> None:
     from weft_django.durations import to_ms
 
     args.ttl_seconds = to_ms(args.ttl) / 1000
+    args.renew_seconds = to_ms(args.renew) / 1000
     os.environ["WEFT_BENCH_PG_NAME"] = DBNAME
     os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
     common.recreate_database(DBNAME)
