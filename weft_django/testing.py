@@ -309,6 +309,7 @@ class FrozenEngine:
         store/claims/holding.py takes either)."""
         from .models import Engine, WorkflowClaim
         from .store.clock import db_clock
+        from .store.liveness import is_live
 
         ttl, grace = self.engine.claim_timing()
 
@@ -319,7 +320,7 @@ class FrozenEngine:
                 .filter(id=self.engine.engine_id)
                 .values_list("heartbeat_at", flat=True)
             )
-            if beat and beat[0] + ttl + grace < now:
+            if beat and not is_live(beat[0], now, ttl + grace):
                 return True
             rows = WorkflowClaim.objects.using(self.engine.alias).filter(workflow_id__in=list(self.claims))
             expiries = [

@@ -4,8 +4,8 @@ fails the whole read: the admin's engine list and change page, its ownership pag
 ``weft claims``, ``weft doctor``, the admin's schedule list and change page and ``weft schedules``
 answer, the damaged value shown "unreadable timestamp (<stored text>)" (None with an "unreadable"
 entry in JSON), the other rows as they are (store/moments.py). An engine's state is decided on its
-heartbeat as stored, as the engines decide it (store/engines.py): 'infinity' is alive, '-infinity'
-dead.
+heartbeat as stored, as the engines decide it (store/liveness.py): 'infinity' and '-infinity' are both
+dead (a heartbeat is evidence of life only within the TTL of the clock, either side).
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def test_weft_engines_claims_and_doctor_answer_for_an_engine_time_they_cannot_re
 
 @pytest.mark.parametrize("value", DAMAGE)
 def test_an_engine_heartbeat_it_cannot_read_has_the_state_the_engines_give_it(value):
-    """The state shown is the engines' own reading of the stored heartbeat (store/engines.py)."""
+    """The state shown is the engines' own reading of the stored heartbeat (store/liveness.py)."""
     from datetime import timedelta
 
     from weft_django.store.engines import other_live_engines

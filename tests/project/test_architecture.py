@@ -128,6 +128,26 @@ CLAIM_ORM_WRITE = re.compile(
 )
 
 
+# An engine heartbeat compared with a time: an ORM lookup, or SQL with the column beside an operator.
+HEARTBEAT_COMPARED = re.compile(
+    r"heartbeat_at__(lt|lte|gt|gte|range)\b|heartbeat_at\s*[-+]|heartbeat_at\s*[<>]=?|[<>]=?\s*\w*\.?heartbeat_at\b"
+)
+
+
+def test_heartbeats_judged_only_by_the_liveness_rule() -> None:
+    """Whether an engine's heartbeat is evidence of life is decided in weft_django/store/liveness.py only
+    (``now - ttl <= heartbeat_at <= now + ttl``): every reader calls it, none compares the column itself
+    (a copy that forgot the upper bound kept an engine with a heartbeat of 'infinity' alive for ever)."""
+    offenders = []
+    for path in _library_files():
+        if path == PACKAGE / "store" / "liveness.py":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if HEARTBEAT_COMPARED.search(line.split("#", 1)[0]):
+                offenders.append(f"{_rel(path)}:{number}: {line.strip()}")
+    assert offenders == []
+
+
 def test_claims_written_only_by_claims_module() -> None:
     """Claim rows are written (SQL or ORM) only by weft_django/store/claims/."""
     offenders = []

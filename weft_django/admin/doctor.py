@@ -22,8 +22,9 @@ from ..models import Engine, Timer, Workflow, WorkflowClaim
 from ..status import ACTIVE_STATUSES, WORKFLOW_SCOPED_TIMERS, WorkflowStatus
 from ..store.backend import backend
 from ..store.claims import TAKEOVER_GRACE_MULTIPLIER, holder_heartbeat, lapsed, takeover_grace
+from ..store.liveness import live, silent
 from ..store.moments import UNREADABLE, Readable, StoredText, readable_rows
-from .formatting import format_duration
+from .formatting import format_duration, heartbeat_age
 
 OK, WARNING, ERROR, SKIPPED = "ok", "warning", "error", "skipped"
 OVERDUE_TIMER_SLACK = timedelta(minutes=1)
@@ -138,6 +139,8 @@ def _lapse(claim: Any, now: datetime) -> str:
         return f"its engine's heartbeat {unreadable_text(claim.heartbeat_stored)}"
     if claim.holder_heartbeat is None:
         return "its engine has no engine row"
+    if claim.holder_heartbeat > now:
+        return f"its engine's heartbeat {heartbeat_age(now - claim.holder_heartbeat)}"
     return f"its engine silent for {format_duration(now - claim.holder_heartbeat)}"
 
 
@@ -163,14 +166,15 @@ def _overdue_timers(using: str, wf_now: datetime) -> Finding:
 
 
 def _dead_engines(using: str, now: datetime, ttl: timedelta, renew: timedelta) -> Finding:
-    """Engines that have not stopped and are silent for longer than the TTL. One that claims still name
-    is an error once it is silent past the takeover grace too (its claims should have been taken by
-    then); before that it is being taken over, a warning: the "lapsed claims" check waits the same
-    grace, and a liveness probe of the healthy engines must not fail while the system heals itself."""
-    silent = Engine.objects.using(using).filter(stopped_at__isnull=True, heartbeat_at__lt=now - ttl)
+    """Engines that have not stopped and are silent for longer than the TTL (or whose heartbeat is further
+    ahead than it: no evidence of life, store/liveness.py). One that claims still name is an error once
+    it is silent past the takeover grace too (its claims should have been taken by then); before that it
+    is being taken over, a warning: the "lapsed claims" check waits the same grace, and a liveness probe
+    of the healthy engines must not fail while the system heals itself."""
+    quiet = Engine.objects.using(using).filter(silent(now, ttl), stopped_at__isnull=True)
     # compared as stored, as the engines do; a time a hand edit put out of Python's reach is named, not read
-    overdue_ids = set(silent.filter(heartbeat_at__lt=now - ttl - takeover_grace(renew)).values_list("id", flat=True))
-    dead = list(readable_rows(silent.order_by("heartbeat_at")))
+    overdue_ids = set(quiet.filter(silent(now, ttl + takeover_grace(renew))).values_list("id", flat=True))
+    dead = list(readable_rows(quiet.order_by("heartbeat_at")))
     if not dead:
         return Finding("dead engines", OK, "every engine that has not stopped is heartbeating")
     holding = dict(
@@ -186,7 +190,7 @@ def _dead_engines(using: str, now: datetime, ttl: timedelta, renew: timedelta) -
         + (
             unreadable_text(e.weft_unreadable["heartbeat_at"])
             if e.heartbeat_at is None
-            else f"{format_duration(now - e.heartbeat_at)} ago"
+            else heartbeat_age(now - e.heartbeat_at)
         )
         + f", holds {holding.get(e.id, 0)} claim(s)"
         for e in dead[:DETAIL_LIMIT]
@@ -205,7 +209,7 @@ def _dead_engines(using: str, now: datetime, ttl: timedelta, renew: timedelta) -
 
 
 def _no_live_engine(using: str, now: datetime, ttl: timedelta, manual: bool) -> Finding:
-    alive = Engine.objects.using(using).filter(stopped_at__isnull=True, heartbeat_at__gte=now - ttl).exists()
+    alive = Engine.objects.using(using).filter(live(now, ttl), stopped_at__isnull=True).exists()
     runnable = Workflow.objects.using(using).filter(status=WorkflowStatus.RUNNING).count()
     if alive or not runnable:
         return Finding("engines", OK, "an engine is alive" if alive else "no engine is alive, and nothing is running")

@@ -48,6 +48,14 @@ def relative(moment: datetime | None, now: datetime) -> str:
     return f"in {text}" if delta >= timedelta(0) else f"{text} ago"
 
 
+def heartbeat_age(age: timedelta) -> str:
+    """An engine's heartbeat age (the database clock minus the heartbeat): "12 s ago", or, for one in
+    the future (a hand edit: no evidence of life, store/liveness.py), "365 d ahead of the database clock"."""
+    if age < timedelta(0):
+        return f"{format_duration(age)} ahead of the database clock"
+    return f"{format_duration(age)} ago"
+
+
 def pretty_payload(text: str | None) -> str:
     """Codec text decoded and pretty-printed as Python values (tuples, Decimals and datetimes stay
     what the workflow sees). Undecodable text is shown raw, with the reason."""
@@ -176,6 +184,12 @@ def claim_expiry_badge(expires_at: datetime, heartbeat: datetime | None, silent:
     if expires_at < now:
         return format_html(
             '<span class="weft-lapsed" title="{}">lapsed {}</span>', expires_at, relative(expires_at, now)
+        )
+    if silent and heartbeat is not None and heartbeat > now:
+        return format_html(
+            '<span class="weft-lapsed" title="expires {}">lapsed: engine heartbeat {}</span>',
+            expires_at,
+            heartbeat_age(now - heartbeat),
         )
     if silent:
         return format_html(

@@ -27,6 +27,7 @@ from ..models import Engine, Step, Workflow, WorkflowClaim
 from ..status import WorkflowStatus
 from ..store import runs
 from ..store.claims import has_lapsed, holder_heartbeat, holder_silent, lapsed
+from ..store.liveness import silent as heartbeat_silent
 from ..store.moments import Readable, StoredText, readable_rows
 
 ALIVE, STOPPED, DEAD = "alive", "stopped", "dead"
@@ -84,18 +85,19 @@ def current_step(workflow: Workflow) -> str | None:
 
 def readable_engines(queryset: QuerySet[Engine], now: datetime, ttl: timedelta) -> QuerySet[Engine]:
     """``queryset`` of engine rows for ``engine_state``: each annotated ``heartbeat_silent`` (its heartbeat,
-    as stored, older than ``ttl``: the engines' own comparison, store/engines.py), its timestamps read
-    through ``store.moments`` (one a hand edit put out of Python's reach is None, named with its stored
-    text in ``weft_unreadable``). Apply it last."""
-    silent = ExpressionWrapper(Q(heartbeat_at__lt=now - ttl), output_field=BooleanField())
+    as stored, no evidence of life: older than ``ttl`` or further ahead than it, the engines' own rule,
+    store/liveness.py), its timestamps read through ``store.moments`` (one a hand edit put out of
+    Python's reach is None, named with its stored text in ``weft_unreadable``). Apply it last."""
+    silent = ExpressionWrapper(heartbeat_silent(now, ttl), output_field=BooleanField())
     return readable_rows(queryset.annotate(heartbeat_silent=silent))
 
 
 def engine_state(engine: Engine) -> str:
-    """alive: heartbeat within the claim TTL; stopped: shut down cleanly; dead: silent for longer
-    than the TTL without stopping (killed, frozen, or cut off from the database). ``engine`` comes from
-    ``readable_engines``: a heartbeat Python cannot hold has the state the engines give it ('infinity':
-    alive, as ``other_live_engines`` counts it)."""
+    """alive: heartbeat within the claim TTL of the database clock; stopped: shut down cleanly; dead:
+    silent for longer than the TTL without stopping (killed, frozen, or cut off from the database), or a
+    heartbeat further ahead than the TTL (a hand edit: no engine writes one, store/liveness.py).
+    ``engine`` comes from ``readable_engines``: a heartbeat Python cannot hold has the state the engines
+    give it ('infinity', '-infinity': dead, as ``other_live_engines`` counts them)."""
     if engine.stopped_at is not None or "stopped_at" in engine.weft_unreadable:  # type: ignore[attr-defined]
         return STOPPED
     return DEAD if engine.heartbeat_silent else ALIVE  # type: ignore[attr-defined]
@@ -207,7 +209,7 @@ def claim_rows(
     # Soonest expiry first, after the claims of silent engines (dormant ones expire ten TTLs out, and
     # would fall past the limit while the summary counts them as lapsed).
     claims = readable_rows(
-        claims.annotate(silent=holder_silent(using, now - ttl)).order_by("-silent", "expires_at", "workflow_id")
+        claims.annotate(silent=holder_silent(using, now, ttl)).order_by("-silent", "expires_at", "workflow_id")
     )
     if limit is not None:
         claims = claims[:limit]

@@ -25,7 +25,7 @@ from .filters import ClaimStateFilter
 from .formatting import (
     claim_expiry_badge,
     error_summary,
-    format_duration,
+    heartbeat_age,
     moment_of,
     pretty_json,
     pretty_payload,
@@ -109,7 +109,7 @@ class WorkflowClaimAdmin(ReadOnlyAdmin):
             .annotate(
                 observed_at=Value(now, output_field=DateTimeField()),
                 holder_heartbeat=Readable(holder_heartbeat(using)),
-                holder_silent=holder_silent(using, now - claim_ttl(request)),
+                holder_silent=holder_silent(using, now, claim_ttl(request)),
             )
         )
         return readable_rows(annotated)  # an expiry Python cannot represent (a hand edit): shown marked
@@ -191,7 +191,7 @@ class EngineAdmin(ReadOnlyAdmin):
     def heartbeat_display(self, obj: Engine) -> SafeString | str:
         if obj.heartbeat_at is None:  # unreadable (store.moments): its stored text, marked
             return moment_of(obj, "heartbeat_at")
-        return format_duration(obj.observed_at - obj.heartbeat_at) + " ago"  # type: ignore[attr-defined]
+        return heartbeat_age(obj.observed_at - obj.heartbeat_at)  # type: ignore[attr-defined]
 
     @admin.display(description="claims held", ordering="held")
     def claims_held(self, obj: Engine) -> int:

@@ -19,6 +19,7 @@ from .clocks import claim_now, workflow_now
 from .formatting import (
     error_summary,
     format_duration,
+    heartbeat_age,
     marked,
     moment_of,
     relative,
@@ -94,7 +95,7 @@ def ownership(modeladmin: WeftModelAdmin, request: HttpRequest) -> TemplateRespo
             "heartbeat_age": _marked_or(
                 row.unreadable,
                 "heartbeat_at",
-                None if row.heartbeat_age is None else format_duration(row.heartbeat_age) + " ago",
+                None if row.heartbeat_age is None else heartbeat_age(row.heartbeat_age),
             ),
             "uptime": "-"
             if row.unreadable

@@ -208,7 +208,7 @@ class WorkflowAdmin(WeftModelAdmin):
         now = claim_now(request)
         annotated = health.with_ownership(queryset, self.weft_alias).annotate(
             observed_at=Value(now, output_field=DateTimeField()),
-            owner_silent=holder_silent(self.weft_alias, now - claim_ttl(request), engine="owner_engine"),
+            owner_silent=holder_silent(self.weft_alias, now, claim_ttl(request), engine="owner_engine"),
         )
         # A timestamp Python cannot represent (a hand edit) reads as None and is shown marked
         # (obj.weft_unreadable), instead of failing the whole page.

@@ -15,6 +15,7 @@ from ..models import Engine, OwnershipMarker, StoreLease
 from .backend import backend
 from .clock import _python_now, db_clock
 from .epochs import next_epoch, next_epoch_sql
+from .liveness import live, silent, silent_params, silent_sql
 from .sessions import lock_wait_bounded, lock_wait_ended, write_within_lock_wait
 
 # -- client side (start, handles, transitions, schedules, testing) --------------------------
@@ -125,24 +126,23 @@ def stop_engine(engine_id: str, using: str) -> bool:
 
 
 def other_live_engines(engine_id: str, *, within: timedelta, using: str) -> list[str]:
-    """Engines other than this one with a heartbeat within ``within`` and no stop recorded."""
-    since = db_clock(using) - within
+    """Engines other than this one with a heartbeat within ``within`` of the database clock, either side
+    (``store/liveness.py``: one further ahead is no evidence of life), and no stop recorded."""
     return list(
         Engine.objects.using(using)
-        .filter(stopped_at__isnull=True, heartbeat_at__gte=since)
+        .filter(live(db_clock(using), within), stopped_at__isnull=True)
         .exclude(id=engine_id)
         .values_list("id", flat=True)
     )
 
 
 def silent_engines(*, within: timedelta, using: str) -> list[str]:
-    """Engines whose heartbeat is older than ``within`` or that recorded a stop: the only holders
-    whose claims the frequent takeover scan looks at (engine/claimer.py). A few rows: one per
-    engine id ever registered."""
-    since = db_clock(using) - within
+    """Engines whose heartbeat is no evidence of life (older than ``within``, or further ahead than it:
+    ``store/liveness.py``) or that recorded a stop: the only holders whose claims the frequent takeover
+    scan looks at (engine/claimer.py). A few rows: one per engine id ever registered."""
     return list(
         Engine.objects.using(using)
-        .filter(Q(stopped_at__isnull=False) | Q(heartbeat_at__lt=since))
+        .filter(Q(stopped_at__isnull=False) | silent(db_clock(using), within))
         .values_list("id", flat=True)
     )
 
@@ -203,8 +203,9 @@ def acquire_store_lease(engine_id: str, *, ttl: timedelta, grace: timedelta, usi
     """Take the store-wide lease if nobody holds it, we do, or its holder's lease expired more than
     ``grace`` ago (the same rule as a workflow claim, store/claims/lapse.py): or its expiry is further
     ahead than a renewal ever sets it (more than ``ttl``: a hand edit, ``'infinity'``) and its holder's
-    heartbeat is more than ``ttl`` + ``grace`` old, or its holder has no engine row. Such a row held by
-    a dead engine kept every engine from starting, for ever.
+    heartbeat is no evidence of life (more than ``ttl`` + ``grace`` old, or as far ahead:
+    ``store/liveness.py``), or its holder has no engine row. Such a row held by a dead engine kept every
+    engine from starting, for ever.
 
     A lease row another transaction holds (a user's open transaction) is waited for COMMIT_LOCK_WAIT_MS
     at most, then not taken this time: the wait for the session's lock_timeout, on every attempt, kept
@@ -220,7 +221,7 @@ def acquire_store_lease(engine_id: str, *, ttl: timedelta, grace: timedelta, usi
             cursor.execute(f"INSERT INTO {LEASE_TABLE} (id, epoch) VALUES (1, 0) ON CONFLICT (id) DO NOTHING")
             try:
                 with lock_wait_bounded(using):
-                    return _take_lease(cursor, engine_id, ttl, grace)
+                    return _take_lease(cursor, engine_id, ttl, grace, using)
             except DatabaseError as exc:
                 if not lock_wait_ended(exc):
                     raise
@@ -232,11 +233,16 @@ def acquire_store_lease(engine_id: str, *, ttl: timedelta, grace: timedelta, usi
         # engine could take the lease
         cursor.execute(f"SELECT engine_id, CAST(expires_at AS TEXT) FROM {LEASE_TABLE} WHERE id = 1")
         holder, expires_at = cursor.fetchone()
-        cursor.execute(f"SELECT CAST(heartbeat_at AS TEXT) FROM {engines} WHERE id = %s", [holder])
+        # the holder's heartbeat compared in SQL, as stored (store/liveness.py): text that is no date
+        # compares as text, as in the takeover of claims
+        cursor.execute(
+            f"SELECT {silent_sql('heartbeat_at', found.vendor)} FROM {engines} WHERE id = %s",
+            [*silent_params(ttl + grace, using, now), holder],
+        )
         registered = cursor.fetchone()
-        heartbeat, expires = _moment(registered[0]) if registered else None, _moment(expires_at)
-        silent = registered is None or (heartbeat is not None and heartbeat < now - ttl - grace)
-        dormant = expires is not None and expires > now + ttl and silent
+        expires = _moment(expires_at)
+        gone = registered is None or bool(registered[0])
+        dormant = expires is not None and expires > now + ttl and gone
         if holder not in (None, engine_id) and expires is not None and expires + grace >= now and not dormant:
             return None
         epoch = next_epoch(using)
@@ -247,7 +253,7 @@ def acquire_store_lease(engine_id: str, *, ttl: timedelta, grace: timedelta, usi
         return epoch
 
 
-def _take_lease(cursor: Any, engine_id: str, ttl: timedelta, grace: timedelta) -> int | None:
+def _take_lease(cursor: Any, engine_id: str, ttl: timedelta, grace: timedelta, using: str) -> int | None:
     """``acquire_store_lease``'s UPDATE on PostgreSQL (the database clock). Returns the new epoch or None."""
     engines = Engine._meta.db_table
     cursor.execute(
@@ -257,10 +263,10 @@ def _take_lease(cursor: Any, engine_id: str, ttl: timedelta, grace: timedelta) -
                 OR expires_at + %s * interval '1 millisecond' < clock_timestamp()
                 OR (expires_at > clock_timestamp() + %s * interval '1 millisecond' AND (EXISTS (
                     SELECT 1 FROM {engines} e WHERE e.id = {LEASE_TABLE}.engine_id
-                    AND e.heartbeat_at < clock_timestamp() - %s * interval '1 millisecond')
+                    AND {silent_sql("e.heartbeat_at", "postgresql")})
                     OR NOT EXISTS (SELECT 1 FROM {engines} e WHERE e.id = {LEASE_TABLE}.engine_id))))
             RETURNING epoch""",
-        [engine_id, _ms(ttl), engine_id, _ms(grace), _ms(ttl), _ms(ttl + grace)],
+        [engine_id, _ms(ttl), engine_id, _ms(grace), _ms(ttl), *silent_params(ttl + grace, using)],
     )
     row = cursor.fetchone()
     return int(row[0]) if row else None

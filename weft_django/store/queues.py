@@ -51,6 +51,7 @@ from . import claims
 from .backend import backend
 from .clock import db_clock, db_now
 from .commit import fenced
+from .liveness import live
 from .moments import Readable, StoredText
 
 QUEUE_LOCKS = 0x77656671  # the advisory-lock namespace of queue admissions ("wefq")
@@ -330,7 +331,7 @@ def queues_in_use(using: str) -> list[str]:
 
 
 def served_queues(*, within: timedelta, using: str) -> dict[str, list[str] | None]:
-    """Live engines (a heartbeat within ``within``, not stopped) and the queues each serves (None: all)."""
-    cutoff = db_clock(using) - within
-    rows = Engine.objects.using(using).filter(stopped_at__isnull=True, heartbeat_at__gte=cutoff)
+    """Live engines (a heartbeat within ``within`` of the database clock, either side: store/liveness.py;
+    not stopped) and the queues each serves (None: all)."""
+    rows = Engine.objects.using(using).filter(live(db_clock(using), within), stopped_at__isnull=True)
     return {engine_id: queues for engine_id, queues in rows.values_list("id", "queues")}

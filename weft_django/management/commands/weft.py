@@ -225,7 +225,7 @@ class Command(BaseCommand):
         listing.describe_command(self, options)
 
     def _engines(self, options: dict[str, Any]) -> None:
-        from ...admin.formatting import format_duration
+        from ...admin.formatting import heartbeat_age
         from ...admin.health import engine_rows
         from ...conf import get_settings
         from ...store.clock import db_clock
@@ -251,7 +251,7 @@ class Command(BaseCommand):
                         when(r.engine.started_at, r.unreadable.get("started_at")),  # a hand edit: marked
                         when(None, r.unreadable["heartbeat_at"])
                         if r.heartbeat_age is None
-                        else format_duration(r.heartbeat_age) + " ago",
+                        else heartbeat_age(r.heartbeat_age),
                         r.claims_held,
                         r.claims_lapsed,
                     )

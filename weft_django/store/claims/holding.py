@@ -13,6 +13,7 @@ from ...models import Engine, Workflow, WorkflowClaim
 from ..backend import backend
 from ..clock import _python_now, offset, workflow_now_sql
 from ..epochs import next_epoch, next_epoch_sql
+from ..liveness import silent_params, silent_sql
 from ..sessions import COMMIT_LOCK_WAIT_SQL, write_within_lock_wait
 
 # -- engine side (ownership, the fenced commit, messages, chores) ----------------------------
@@ -83,9 +84,11 @@ def _held_pg(holder: str) -> str:
 
 # Takeover candidates (constant SQL: the conditions take their values as parameters). A held claim has
 # lapsed when its expiry is more than the grace past, or, for a claim renewed as dormant (its expiry more
-# than one TTL ahead), when its holder's heartbeat is more than the TTL and the grace past (the expiry a
-# claim renewed at that heartbeat would have): an engine renews the claims of its evicted workflows
-# rarely (engine/renewal.py, "dormant" claims, ADR 0014), and its heartbeat is what keeps them. A claim
+# than one TTL ahead), when its holder's heartbeat is no evidence of life: more than the TTL and the grace
+# past (the expiry a claim renewed at that heartbeat would have), or as far ahead (a hand edit,
+# 'infinity': store/liveness.py, the one rule for every reader of heartbeats): an engine renews the
+# claims of its evicted workflows rarely (engine/renewal.py, "dormant" claims, ADR 0014), and its
+# heartbeat is what keeps them. A claim
 # renewed with the TTL is kept by its expiry alone: a heartbeat skipped behind a locked engine row (a
 # user's transaction) must not take the claims a live engine keeps renewing (its renewal renews its
 # dormant claims with the TTL meanwhile). A holder with no engine row has no heartbeat to keep such a
@@ -97,7 +100,7 @@ _HELD_BY_OTHERS = "c.engine_id IS NOT NULL AND c.engine_id <> %s"
 _LAPSED_PG = (
     "(c.expires_at + %s * interval '1 millisecond' < clock_timestamp() OR ("
     "c.expires_at > clock_timestamp() + %s * interval '1 millisecond' AND (c.engine_id = ANY(ARRAY("
-    f"SELECT e.id FROM {ENGINE_TABLE} e WHERE e.heartbeat_at + %s * interval '1 millisecond' < clock_timestamp())) "
+    f"SELECT e.id FROM {ENGINE_TABLE} e WHERE {silent_sql('e.heartbeat_at', 'postgresql')})) "
     f"OR c.engine_id <> ALL(ARRAY(SELECT e.id FROM {ENGINE_TABLE} e)))))"
 )
 _EXPIRED_PG = _held_pg(f"c.engine_id IS NOT NULL AND {_LAPSED_PG}")
@@ -108,7 +111,7 @@ _EXPIRED_OF_PG = _held_pg(f"c.engine_id = ANY(%s) AND {_LAPSED_PG}")
 # Where one writer runs (SQLite): the same rule, its times computed by the caller.
 _LAPSED_ONE_WRITER = (
     f"c.engine_id IS NOT NULL AND (c.expires_at < %s OR (c.expires_at > %s AND (c.engine_id IN "
-    f"(SELECT e.id FROM {ENGINE_TABLE} e WHERE e.heartbeat_at < %s) "
+    f"(SELECT e.id FROM {ENGINE_TABLE} e WHERE {silent_sql('e.heartbeat_at', 'sqlite')}) "
     f"OR c.engine_id NOT IN (SELECT e.id FROM {ENGINE_TABLE} e))))"
 )
 
@@ -156,7 +159,7 @@ def acquire(
 ) -> dict[str, tuple[int, str | None]]:
     """Claim up to ``limit`` running workflows that no engine holds (or, with ``grace``, whose claim
     lapsed: it expired more than ``grace`` ago, or its holder's heartbeat is more than ``ttl`` +
-    ``grace`` old; a takeover), oldest first, SKIP LOCKED.
+    ``grace`` old, or as far ahead; a takeover), oldest first, SKIP LOCKED.
 
     Args:
         engine_id: the new holder.
@@ -181,16 +184,17 @@ def acquire(
             if served is not None:
                 return _claim_pg(_FREE_SERVED_PG, [list(served), limit], engine_id, ttl, using)
             return _claim_pg(_FREE_PG, [limit], engine_id, ttl, using)
-        lapsed = [_ms(grace), _ms(ttl), _ms(ttl + grace)]
+        lapsed = [_ms(grace), _ms(ttl), *silent_params(ttl + grace, using)]
         if holders is not None:
             return _claim_pg(_EXPIRED_OF_PG, [holders, *lapsed, limit], engine_id, ttl, using)
         return _claim_pg(_EXPIRED_PG, [*lapsed, limit], engine_id, ttl, using)
     if grace is not None:
         now = _python_now()
         # heartbeat_at is written by the ORM (naive, in the connection's time zone): compared as the ORM
-        # would write this instant; the claims' expiry is written by this module's raw statements.
-        beat = backend(using).connection.ops.adapt_datetimefield_value(now - ttl - grace)
-        return _acquire_one_writer(engine_id, _LAPSED_ONE_WRITER, [now - grace, now + ttl, beat], limit, ttl, using)
+        # would write these instants (silent_params); the claims' expiry is written by this module's raw
+        # statements.
+        beats = silent_params(ttl + grace, using, now)
+        return _acquire_one_writer(engine_id, _LAPSED_ONE_WRITER, [now - grace, now + ttl, *beats], limit, ttl, using)
     return _acquire_one_writer(engine_id, None, [], limit, ttl, using, served=served)
 
 
