@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -76,10 +78,10 @@ class RowHeld(OperationalError):
     OperationalError naming the row: start-up tries again after its back-off and logs it
     (``engine.ownership.retried_at_start_up``), where the driver's message named none."""
 
-    def __init__(self, table: str, key: object) -> None:
+    def __init__(self, table: str, key: object, then: str = "the engine starts once it ends") -> None:
+        self.table, self.key = table, key
         super().__init__(
-            f"row id={key!r} of {table} is locked by another transaction (a user's open transaction?); "
-            "the engine starts once it ends"
+            f"row id={key!r} of {table} is locked by another transaction (a user's open transaction?); {then}"
         )
 
 
@@ -181,8 +183,13 @@ def mode_set_at(using: str) -> datetime | None:
 
 
 def reset_mode_marker(using: str) -> None:
-    """Delete the ownership-mode marker (after every engine stopped: a deliberate change of mode)."""
-    OwnershipMarker.objects.using(using).filter(id=1).delete()
+    """Delete the ownership-mode marker (after every engine stopped: a deliberate change of mode).
+
+    Raises:
+        RowHeld: another transaction holds the marker's row past COMMIT_LOCK_WAIT_MS (nothing deleted).
+    """
+    with _marker_lock_wait(using):
+        OwnershipMarker.objects.using(using).filter(id=1).delete()
 
 
 def reset_mode_marker_unless_alive(*, within: timedelta, using: str) -> list[str]:
@@ -190,13 +197,33 @@ def reset_mode_marker_unless_alive(*, within: timedelta, using: str) -> list[str
     those engines (nothing deleted), else []. The marker's row is locked before the look, and an
     engine checks its mode and registers its row under that lock, in one transaction
     (``engine.ownership.start_up``): no engine can start between the look and the delete and run on
-    without its mode recorded (the next engine then recorded any mode it had)."""
+    without its mode recorded (the next engine then recorded any mode it had).
+
+    Raises:
+        RowHeld: another transaction holds the marker's row past COMMIT_LOCK_WAIT_MS (nothing deleted;
+            the caller may try again). The lock used to be waited for without bound (the command's
+            session has no lock_timeout), so a user's open transaction on it hung the command.
+    """
     with transaction.atomic(using=using):
-        list(OwnershipMarker.objects.using(using).select_for_update().filter(id=1).values_list("id", flat=True))
+        with _marker_lock_wait(using):
+            list(OwnershipMarker.objects.using(using).select_for_update().filter(id=1).values_list("id", flat=True))
         alive = other_live_engines("", within=within, using=using)
         if not alive:
             OwnershipMarker.objects.using(using).filter(id=1).delete()
         return alive
+
+
+@contextmanager
+def _marker_lock_wait(using: str) -> Iterator[None]:
+    """Statements on the ownership-mode marker's row that wait COMMIT_LOCK_WAIT_MS at most for a lock
+    another transaction holds (``lock_wait_bounded``), then raise ``RowHeld`` naming the row."""
+    try:
+        with lock_wait_bounded(using):
+            yield
+    except DatabaseError as exc:
+        if not lock_wait_ended(exc):
+            raise
+        raise RowHeld(OwnershipMarker._meta.db_table, 1, "nothing was changed") from exc
 
 
 def acquire_store_lease(engine_id: str, *, ttl: timedelta, grace: timedelta, using: str) -> int | None:

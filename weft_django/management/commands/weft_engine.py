@@ -254,17 +254,12 @@ class Command(BaseCommand):
             os._exit(0)
 
     def _reset_ownership_mode(self, settings: Any, *, force: bool) -> None:
-        from ...store.engines import reset_mode_marker, reset_mode_marker_unless_alive
+        from ..mode_reset import reset_ownership_mode
 
         # Two modes owning work at once breaks the ownership rules: refuse while engines still run (the
-        # look and the delete under the marker's lock, which a starting engine's mode check waits for).
-        if force:
-            reset_mode_marker(settings.database)
-        elif alive := reset_mode_marker_unless_alive(within=settings.workflow_claim_ttl, using=settings.database):
-            raise CommandError(
-                f"{len(alive)} engine(s) still heartbeat ({', '.join(sorted(alive)[:5])}): stop every engine "
-                "before resetting the ownership mode (or pass --force if they are gone)."
-            )
+        # look and the delete under the marker's lock, which a starting engine's mode check waits for; a
+        # lock held elsewhere is waited for a bounded time, then named: management/mode_reset.py).
+        reset_ownership_mode(settings.database, within=settings.workflow_claim_ttl, force=force, say=self.stderr.write)
         self.stdout.write("Ownership mode marker cleared; the next engine to start records its mode.")
 
     def _start_metrics(self, engine: Any, port: int | None, addr: str) -> str | None:
