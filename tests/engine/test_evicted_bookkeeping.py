@@ -22,6 +22,7 @@ from tests.engine.ticking import tick_until
 from weft_django.engine.engine import Engine
 from weft_django.models import WorkflowClaim
 from weft_django.store.clock import db_now
+from weft_django.testing import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ONE_RESIDENT = {"POLL_INTERVAL": "60s", "MAX_RESIDENT_WORKFLOWS": 1}
@@ -79,5 +80,26 @@ def test_a_workflow_claimed_again_at_a_new_epoch_leaves_the_evicted_record() -> 
         assert weft.get_handle(wid).result(timeout=1) == "again"
         assert engine.refused_commits == 0
         assert WorkflowClaim.objects.get(pk=wid).engine_id is None
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.postgres
+@override_settings(WEFT=ONE_RESIDENT)
+def test_the_pass_that_recalls_an_evicted_workflow_delivers_the_signal_that_woke_it() -> None:
+    """The recall renews the claim, then the same pass loads the workflow before it delivers signals: the
+    signal carried in the wake-up is consumed by that pass (before, the load came after the delivery,
+    and a second pass read the mailbox again: one pass and a transaction more per evicted wake-up,
+    docs/benchmarks.md session 27)."""
+    engine = Engine("eb-one-pass", concurrency=2)
+    engine.start()
+    try:
+        wid = _two_evicted(engine, "eb-one-pass")[0]
+        tick_until(engine, lambda: not engine.tick(), "a quiet engine")
+        weft.signal(wid, "go", "woken")
+        wait_for(lambda: wid in engine.wake.carried, timeout=30, message="the signal's wake-up")
+        engine.tick()
+        assert weft.get_handle(wid).describe()["status"] == "completed", "the recalling pass left the signal"
+        assert weft.get_handle(wid).result(timeout=1) == "woken"
     finally:
         engine.shutdown()

@@ -303,6 +303,8 @@ class Engine:
         writes: dict[str, WorkflowWrites] = {wid: w for wid, w in self._carried.items() if wid in self.owned}
         self._carried = {}
         changed: set[str] = set()
+        if claim and not self.stopping.is_set() and self.mode != OwnershipMode.LEASE:
+            busy |= self._load_recalled(now, writes, changed)  # before the mail that woke them is delivered
 
         self.executor.poll(notified)  # outcomes remote workers committed (Celery)
         for outcome in self.executor.take_outcomes():
@@ -399,6 +401,16 @@ class Engine:
         self._reload = later
         self._publish_epochs()
         return True
+
+    def _load_recalled(self, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]) -> bool:
+        """Load at once the evicted workflows this pass's recall renewed (a wake-up named them), so this pass
+        delivers what woke them (residency.py); those it skipped wait for ``_claim``, which renews them."""
+        recalled = self.residency.renewed_lately(self._reload, self.settings.workflow_claim_renew_interval)
+        if recalled:
+            self.loader.load(recalled, now, writes, changed)  # until loaded they stay in _reload
+            self._reload = {wid: epoch for wid, epoch in self._reload.items() if wid not in recalled}
+            self._publish_epochs()
+        return bool(recalled)
 
     # -- committing and dispatching ------------------------------------------------------------------
     def _commit(self, batch: list[WorkflowWrites], now: datetime, *, claim_ahead: bool = False) -> set[str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from ..operations import WaitForSignal, WaitForUpdate
 from ..store import mailbox
@@ -49,6 +49,7 @@ class Residency:
         self.evictions = 0
         self.recalls = 0
         self._short: tuple[float, int] | None = None  # after a short scan: (retry at, resident count then)
+        self._renewed: dict[str, tuple[int, float]] = {}  # recalled and renewed: id -> (epoch, monotonic time)
 
     def recall(self, engine: EngineHost, workflow_ids: Iterable[str], lost: Mapping[str, int] | None = None) -> None:
         """Load these evicted workflows again on the next pass (they got mail or a wake-up); forget
@@ -75,9 +76,30 @@ class Residency:
         renewed, later = ownership.held_to_load(engine, named, "dormant claim lost before its recall")
         for wid in named:
             del self.evicted[wid]
-        for wid, epoch in {**renewed, **later}.items():  # the pass's load renews them again (Engine._claim)
+        at = time.monotonic()
+        for wid, epoch in {**renewed, **later}.items():  # the pass's load renews the skipped ones again
             self.recalls += 1
             self.reload(wid, epoch)
+            if wid in renewed:  # not renewed again by the load that follows (renewed_lately)
+                self._renewed[wid] = (epoch, at)
+
+    def renewed_lately(self, epochs: Mapping[str, int], within: timedelta) -> dict[str, int]:
+        """Those of ``epochs`` whose claim a recall renewed at that very epoch less than ``within`` ago
+        (the renew interval: as fresh as the claims the renewal thread keeps for resident workflows):
+        the load right after the recall (``Engine._claim``) need not renew them again, a transaction
+        each. The record is then cleared: any later load renews.
+
+        Args:
+            epochs: the workflows about to be loaded, id: epoch.
+            within: how long a recall's renewal stands for the load's.
+        """
+        recent, self._renewed = self._renewed, {}
+        now, seconds = time.monotonic(), within.total_seconds()
+        return {
+            wid: epoch
+            for wid, epoch in epochs.items()
+            if (seen := recent.get(wid)) is not None and seen[0] == epoch and now - seen[1] < seconds
+        }
 
     def forget(self, workflow_ids: Iterable[str]) -> None:
         """Drop the evicted entries of these workflows: claimed again at a new epoch, the engine lost the
