@@ -290,7 +290,7 @@ class Engine:
 
     def _tick(self, claim: bool) -> bool:
         arrivals, (lost_at, notified, rescan, carried, read) = self.wake.arrivals, self.wake.take()
-        self.residency.recall(self, notified, lost_at)  # an evicted workflow named by a wake-up is loaded again
+        recalled = self.residency.recall(self, notified, lost_at)  # an evicted workflow a wake-up named: loaded again
         lost = {wid for wid, epoch in lost_at.items() if wid in self.owned and self.owned[wid].epoch == epoch}
         if not (lost or notified or rescan) and self._quiet(claim):
             return False
@@ -304,7 +304,7 @@ class Engine:
         self._carried = {}
         changed: set[str] = set()
         if claim and not self.stopping.is_set() and self.mode != OwnershipMode.LEASE:
-            busy |= self._load_recalled(now, writes, changed)  # before the mail that woke them is delivered
+            busy |= self._load_recalled(recalled, now, writes, changed)  # before the mail that woke them is delivered
 
         self.executor.poll(notified)  # outcomes remote workers committed (Celery)
         for outcome in self.executor.take_outcomes():
@@ -402,10 +402,11 @@ class Engine:
         self._publish_epochs()
         return True
 
-    def _load_recalled(self, now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]) -> bool:
-        """Load at once the evicted workflows this pass's recall renewed (a wake-up named them), so this pass
-        delivers what woke them (residency.py); those it skipped wait for ``_claim``, which renews them."""
-        recalled = self.residency.renewed_lately(self._reload, self.settings.workflow_claim_renew_interval)
+    def _load_recalled(
+        self, renewed: dict[str, int], now: datetime, writes: dict[str, WorkflowWrites], changed: set[str]
+    ) -> bool:
+        """Load now what this pass's recall just renewed, not a later pass's (residency.recall): its mail is next."""
+        recalled = {wid: epoch for wid, epoch in renewed.items() if self._reload.get(wid) == epoch}
         if recalled:
             self.loader.load(recalled, now, writes, changed)  # until loaded they stay in _reload
             self._reload = {wid: epoch for wid, epoch in self._reload.items() if wid not in recalled}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from ..operations import WaitForSignal, WaitForUpdate
 from ..store import mailbox
@@ -49,11 +49,15 @@ class Residency:
         self.evictions = 0
         self.recalls = 0
         self._short: tuple[float, int] | None = None  # after a short scan: (retry at, resident count then)
-        self._renewed: dict[str, tuple[int, float]] = {}  # recalled and renewed: id -> (epoch, monotonic time)
 
-    def recall(self, engine: EngineHost, workflow_ids: Iterable[str], lost: Mapping[str, int] | None = None) -> None:
-        """Load these evicted workflows again on the next pass (they got mail or a wake-up); forget
-        the evicted ones whose claim was found ``lost`` at the epoch they were evicted at.
+    def recall(
+        self, engine: EngineHost, workflow_ids: Iterable[str], lost: Mapping[str, int] | None = None
+    ) -> dict[str, int]:
+        """Load these evicted workflows again (they got mail or a wake-up); forget the evicted ones
+        whose claim was found ``lost`` at the epoch they were evicted at. Returns those whose claim
+        this call renewed (id: epoch): the caller may load them at once, without renewing them again
+        (``Engine._load_recalled``); all of them wait in the loop's reloads until loaded, and a later
+        load renews them first (``Engine._claim``: a transition may move a claim in between).
 
         A dormant claim's loss is found late (its renewal is rare): this engine frozen past it, another
         engine took it over. So a recall renews the claims first (one round trip, only when a named
@@ -63,43 +67,27 @@ class Residency:
         and the workflow's next step (a local activity runs before the fenced commit) run on a non-owner.
         A claim whose row another transaction holds (a peer's takeover about to commit?) is kept if a read
         shows it still ours, and loaded only once a later pass renewed it. The same rule serves the loop's
-        reloads (``ownership.held_to_load``)."""
+        reloads (``ownership.held_to_load``).
+
+        Raises:
+            DatabaseError: the renewal failed (nothing is recalled: a later wake-up or sweep tries again).
+        """
         for wid, gone in (lost or {}).items():
             if self.evicted.get(wid) == gone:
                 del self.evicted[wid]
         if not self.evicted:
-            return
+            return {}
         named = {wid: self.evicted[wid] for wid in workflow_ids if wid in self.evicted}
         if not named:
-            return
+            return {}
         # Resident again: renewed with the TTL (raises before any pop); those found lost are logged, forgotten.
         renewed, later = ownership.held_to_load(engine, named, "dormant claim lost before its recall")
         for wid in named:
             del self.evicted[wid]
-        at = time.monotonic()
-        for wid, epoch in {**renewed, **later}.items():  # the pass's load renews the skipped ones again
+        for wid, epoch in {**renewed, **later}.items():  # the skipped ones wait for the pass's load, which renews
             self.recalls += 1
             self.reload(wid, epoch)
-            if wid in renewed:  # not renewed again by the load that follows (renewed_lately)
-                self._renewed[wid] = (epoch, at)
-
-    def renewed_lately(self, epochs: Mapping[str, int], within: timedelta) -> dict[str, int]:
-        """Those of ``epochs`` whose claim a recall renewed at that very epoch less than ``within`` ago
-        (the renew interval: as fresh as the claims the renewal thread keeps for resident workflows):
-        the load right after the recall (``Engine._claim``) need not renew them again, a transaction
-        each. The record is then cleared: any later load renews.
-
-        Args:
-            epochs: the workflows about to be loaded, id: epoch.
-            within: how long a recall's renewal stands for the load's.
-        """
-        recent, self._renewed = self._renewed, {}
-        now, seconds = time.monotonic(), within.total_seconds()
-        return {
-            wid: epoch
-            for wid, epoch in epochs.items()
-            if (seen := recent.get(wid)) is not None and seen[0] == epoch and now - seen[1] < seconds
-        }
+        return renewed
 
     def forget(self, workflow_ids: Iterable[str]) -> None:
         """Drop the evicted entries of these workflows: claimed again at a new epoch, the engine lost the
