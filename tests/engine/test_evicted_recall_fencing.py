@@ -52,3 +52,31 @@ def test_a_workflow_the_sweep_recalled_is_not_loaded_at_an_epoch_a_transition_mo
         assert not stale, f"loaded at an epoch it does not hold (workflow, epoch loaded, claim row): {stale}"
     finally:
         engine.shutdown()
+
+
+@override_settings(WEFT=ONE_RESIDENT)
+def test_a_workflow_recalled_between_passes_is_renewed_again_before_its_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recall made anywhere but at the start of the pass that loads (a query's, engine/messages.py, made
+    after that pass's early load): the next pass's early load takes only what its own recall renewed,
+    so this workflow waits for the claim step, which renews it first and finds the claim moved."""
+    engine = Engine("erf-between", concurrency=2)
+    engine.start()
+    try:
+        wid = _two_evicted(engine, "erf-between")[0]
+        epoch = engine.residency.evicted[wid]
+        engine.residency.recall(engine, [wid])  # renewed now, loaded by a later pass
+        assert engine._reload.get(wid) == epoch
+        handle = weft.get_handle(wid)
+        handle.suspend()
+        handle.resume()
+        real, loads = engine.loader.load, []
+
+        def recorded(claimed: dict[str, int], *args: Any, **kwargs: Any) -> None:
+            loads.append(dict(claimed))
+            real(claimed, *args, **kwargs)
+
+        monkeypatch.setattr(engine.loader, "load", recorded)
+        tick_until(engine, lambda: not engine.tick(), "a quiet engine")
+        assert all(claimed.get(wid) != epoch for claimed in loads), f"loaded at its old epoch {epoch}: {loads}"
+    finally:
+        engine.shutdown()
