@@ -275,15 +275,18 @@ class _Validation:
         value = self.value("ENGINE_SWITCH_INTERVAL")
         if value is None:
             return None
-        ms = self.duration_ms("ENGINE_SWITCH_INTERVAL", value)
-        if ms is not None and not 1 <= ms <= 1000:
+        ms = self.duration_ms("ENGINE_SWITCH_INTERVAL", value)  # None: reported already (weft.E002)
+        if ms is None:
+            return None
+        if not 1 <= ms <= 1000:
             self.report(
                 "E034",
                 f"ENGINE_SWITCH_INTERVAL must be None or a duration from 1ms to 1s (got {value!r}).",
                 'Set ENGINE_SWITCH_INTERVAL to a duration such as "1ms" (the default), or None to keep Python\'s '
                 "own switch interval (5 ms).",
             )
-        return None if ms is None or not 1 <= ms <= 1000 else _ms(ms)
+            return None
+        return _ms(ms)
 
     def history_warn_steps(self) -> int | None:
         value = self.value("HISTORY_WARN_STEPS")

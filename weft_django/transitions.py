@@ -85,7 +85,7 @@ def is_retryable(error: DatabaseError) -> bool:
     (PostgreSQL), or SQLite's busy timeout."""
     if getattr(error.__cause__, "sqlstate", None) in _RETRYABLE_SQLSTATES:
         return True
-    return "database is locked" in str(error)  # SQLite, when a writer outlasts the busy timeout
+    return sessions.write_lock_busy(error)  # SQLite, when a writer outlasts the busy timeout
 
 
 def run_in_transaction(using: str, body: Callable[[], T], *, lock: Iterable[str] = (), family: bool = False) -> T:

@@ -20,6 +20,7 @@ from django.core.management.base import CommandError
 from django.db import OperationalError
 
 from ..store.engines import RowHeld, reset_mode_marker, reset_mode_marker_unless_alive
+from ..store.sessions import write_lock_busy
 
 LOCK_WAIT = 5.0  # seconds of attempts before the command gives up on a held marker row
 RETRY_EVERY = 0.2  # seconds between two attempts (each waits 100 ms for the row)
@@ -60,7 +61,7 @@ def reset_ownership_mode(
                 told = True
             time.sleep(RETRY_EVERY)
         except OperationalError as exc:
-            if "database is locked" not in str(exc):  # SQLite's one write lock, held past the busy timeout
+            if not write_lock_busy(exc):  # SQLite's one write lock, held past the busy timeout
                 raise
             raise CommandError(
                 "The database is locked by another connection's transaction (SQLite's one write lock, held past "

@@ -89,6 +89,16 @@ def lock_wait_ended(exc: BaseException) -> bool:
     return LOCK_NOT_AVAILABLE in (getattr(cause, "sqlstate", None), getattr(cause, "pgcode", None))
 
 
+def write_lock_busy(exc: BaseException) -> bool:
+    """Whether the statement failed because SQLite's one write lock stayed held past the busy timeout
+    ("database is locked").
+
+    Args:
+        exc: the DatabaseError Django raised.
+    """
+    return "database is locked" in str(exc)
+
+
 def write_within_lock_wait(cursor: Any, sql: str, params: Any, using: str) -> bool:
     """Run ``sql`` in a transaction of its own (a savepoint inside the caller's) whose row-lock waits
     end after COMMIT_LOCK_WAIT_MS, then put the session's lock_timeout back (inside a caller's
